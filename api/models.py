@@ -1,0 +1,1 @@
+"""(built out by a later issue)."""

@@ -1,0 +1,1 @@
+"""The append-only audit log (built out by the audit issue)."""

@@ -1,0 +1,49 @@
+"""Dramatiq actors: the scheduler, relay, reaper and task execution.
+
+Each is safe to run in many copies at once (SKIP LOCKED, unique constraints and
+conditional UPDATEs). They are woken by nudges sent on commit by the code that
+created the work, and periodically by the clock (``manage.py run_clock``).
+"""
+
+from __future__ import annotations
+
+import dramatiq
+
+from flowforge.broker import broker  # noqa: F401  (sets the broker before actors are declared)
+
+CONTROL_QUEUE = "flowforge.control"
+TASK_QUEUE = "flowforge.tasks"
+# A task attempt is bounded by its own timeout and lease, not by Dramatiq's time limit.
+EXECUTE_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def schedule_tick() -> int:
+    """Claim ready task runs and publish their dispatches. Returns how many were claimed."""
+    from engine.scheduler import schedule_once
+
+    return schedule_once()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def relay_outbox() -> int:
+    """Drain the outbox: publish every deliverable row. Returns how many were published."""
+    from engine.relay import relay_pending
+
+    return relay_pending()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def reap_leases() -> int:
+    """Take back expired leases. Returns how many."""
+    from engine.reaper import reap_once
+
+    return reap_once()
+
+
+@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
+def execute_task_run(task_run_id: str, fencing_token: int) -> str:
+    """Run one generation of one task run (see ``engine.runtime.execute``)."""
+    from engine.runtime import execute
+
+    return execute(task_run_id, fencing_token)

@@ -1,0 +1,67 @@
+"""Transaction helpers for the engine's hot paths."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, transaction
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# SQLSTATEs that mean "try the same transaction again": serialization_failure, deadlock_detected.
+RETRYABLE_SQLSTATES = {"40001", "40P01"}
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    cause = exc.__cause__ or exc.__context__
+    return getattr(cause, "sqlstate", None) or getattr(exc, "sqlstate", None)
+
+
+def atomic_retry(fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
+                 base_delay_seconds: float = 0.05) -> T:
+    """Run ``fn`` in ``transaction.atomic`` and return its result, retrying the whole
+    transaction on a deadlock or serialization failure (up to ``attempts`` times) and,
+    when ``connection_attempts`` > 0, on a lost database connection (a PostgreSQL
+    restart) with exponential backoff capped at 2 seconds.
+
+    Only safe for ``fn`` whose effects are all inside the transaction. Re-raises the
+    last error when the retries are spent.
+    """
+    tries = 0
+    conn_tries = 0
+    while True:
+        try:
+            with transaction.atomic():
+                return fn()
+        except OperationalError as exc:
+            state = _sqlstate(exc)
+            if state in RETRYABLE_SQLSTATES and tries < attempts:
+                tries += 1
+                time.sleep(random.uniform(0, base_delay_seconds * tries))
+                continue
+            if state not in RETRYABLE_SQLSTATES and conn_tries < connection_attempts:
+                conn_tries += 1
+                _reset_connection()
+                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
+                continue
+            raise
+        except InterfaceError:
+            if conn_tries < connection_attempts:
+                conn_tries += 1
+                _reset_connection()
+                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
+                continue
+            raise
+
+
+def _reset_connection() -> None:
+    try:
+        connection.close()
+    except DatabaseError:
+        log.debug("closing a broken connection failed", exc_info=True)
+    close_old_connections()

@@ -1,0 +1,238 @@
+"""Workflow definition documents: parsing and validation.
+
+A document is JSON (or YAML) of the shape::
+
+    {"name": "etl", "description": "...",
+     "tasks": [{"key": "extract", "type": "python", "config": {...},
+                "depends_on": ["..."], "max_attempts": 3,
+                "retry_backoff_seconds": 1.0, "timeout_seconds": 60,
+                "position": {"x": 0, "y": 0}}]}
+
+``validate_document`` either returns a normalized copy or raises DefinitionError
+listing every problem with the task (and field) it concerns. It writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import yaml
+
+from engine.handlers import REGISTRY, ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+TASK_FIELDS = {
+    "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
+    "position", "edge_labels",
+}
+DOC_FIELDS = {"name", "description", "tasks"}
+MAX_TASKS = 5000
+MAX_ATTEMPTS_LIMIT = 100
+
+
+class DefinitionError(ValueError):
+    """A definition was rejected. ``errors`` is a list of {"path", "message"}; ``path``
+    names the task (``tasks[extract].config``) or field where the problem is."""
+
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{e['path']}: {e['message']}" for e in errors))
+
+
+def parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
+    """Parse a JSON or YAML document (YAML when ``filename`` ends in .yaml/.yml or the
+    text is not JSON). Raises DefinitionError with the line of a syntax error."""
+    is_yaml = filename.endswith((".yaml", ".yml"))
+    if not is_yaml:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            if filename.endswith(".json"):
+                raise DefinitionError(
+                    [{"path": "document", "message": f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"}]
+                ) from exc
+            is_yaml = True
+    if is_yaml:
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise DefinitionError([{"path": "document", "message": f"invalid YAML: {exc}"}]) from exc
+    if not isinstance(doc, dict):
+        raise DefinitionError([{"path": "document", "message": "a definition must be an object with name and tasks"}])
+    return doc
+
+
+def _find_cycle(keys: list[str], deps: dict[str, list[str]]) -> list[str] | None:
+    """Return the keys of one cycle in order (first key repeated at the end), or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(keys, WHITE)
+    stack: list[str] = []
+
+    def visit(k: str) -> list[str] | None:
+        color[k] = GREY
+        stack.append(k)
+        for d in deps.get(k, []):
+            if d not in color:
+                continue
+            if color[d] == GREY:
+                return stack[stack.index(d):] + [d]
+            if color[d] == WHITE:
+                found = visit(d)
+                if found:
+                    return found
+        stack.pop()
+        color[k] = BLACK
+        return None
+
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, MAX_TASKS * 2 + 100))
+    try:
+        for k in keys:
+            if color[k] == WHITE:
+                found = visit(k)
+                if found:
+                    return found
+    finally:
+        sys.setrecursionlimit(old)
+    return None
+
+
+def _number(errors, path, value, *, minimum, integer=False, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and int(value) != value):
+        errors.append({"path": path, "message": f"must be {'a whole number' if integer else 'a number'}, got {value!r}"})
+        return None
+    if value < minimum:
+        errors.append({"path": path, "message": f"must be at least {minimum}, got {value!r}"})
+        return None
+    return int(value) if integer else float(value)
+
+
+def validate_document(doc: Any) -> dict[str, Any]:
+    """Validate a parsed definition and return its normalized form.
+
+    Rejects, naming the task and the problem: a missing or malformed name, an
+    empty workflow, duplicate task keys, an unknown dependency, a self-dependency,
+    a cycle (listing the keys on it), an unknown type and a config that the type
+    rejects. Raises DefinitionError with every problem found.
+    """
+    errors: list[dict[str, str]] = []
+    if not isinstance(doc, dict):
+        raise DefinitionError([{"path": "document", "message": "a definition must be an object with name and tasks"}])
+    for extra in sorted(set(doc) - DOC_FIELDS):
+        errors.append({"path": extra, "message": f"unknown field; allowed: {', '.join(sorted(DOC_FIELDS))}"})
+    name = doc.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        errors.append({"path": "name", "message": "required: 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"})
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        errors.append({"path": "description", "message": "must be a string"})
+        description = ""
+    tasks = doc.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        errors.append({"path": "tasks", "message": "a workflow needs at least one task"})
+        raise DefinitionError(errors)
+    if len(tasks) > MAX_TASKS:
+        errors.append({"path": "tasks", "message": f"at most {MAX_TASKS} tasks, got {len(tasks)}"})
+        raise DefinitionError(errors)
+
+    normalized: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(tasks):
+        where = f"tasks[{i}]"
+        if not isinstance(raw, dict):
+            errors.append({"path": where, "message": "each task must be an object"})
+            continue
+        key = raw.get("key")
+        if not isinstance(key, str) or not KEY_RE.match(key):
+            errors.append({"path": f"{where}.key", "message": "required: 1-100 letters, digits, '_', '-' or '.'"})
+            continue
+        where = f"tasks[{key}]"
+        if key in seen:
+            errors.append({"path": where, "message": f"duplicate task key {key!r} (tasks {seen[key]} and {i})"})
+            continue
+        seen[key] = i
+        for extra in sorted(set(raw) - TASK_FIELDS):
+            errors.append({"path": f"{where}.{extra}", "message": f"unknown field; allowed: {', '.join(sorted(TASK_FIELDS))}"})
+        type_name = raw.get("type")
+        config = raw.get("config", {})
+        if config is None:
+            config = {}
+        if not isinstance(config, dict):
+            errors.append({"path": f"{where}.config", "message": "must be an object"})
+            config = {}
+        if type_name not in REGISTRY:
+            errors.append({
+                "path": f"{where}.type",
+                "message": f"unknown task type {type_name!r}; known types: {', '.join(sorted(REGISTRY))}",
+            })
+        else:
+            try:
+                config = REGISTRY[type_name].validate_config(config)
+            except ConfigError as exc:
+                errors.append({"path": f"{where}.config", "message": f"{type_name} task: {exc}"})
+        depends_on = raw.get("depends_on", [])
+        if isinstance(depends_on, str):
+            depends_on = [depends_on]
+        if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
+            errors.append({"path": f"{where}.depends_on", "message": "must be a list of task keys"})
+            depends_on = []
+        if len(set(depends_on)) != len(depends_on):
+            errors.append({"path": f"{where}.depends_on", "message": "lists a dependency twice"})
+        max_attempts = _number(errors, f"{where}.max_attempts", raw.get("max_attempts", 1), minimum=1, integer=True)
+        if max_attempts is not None and max_attempts > MAX_ATTEMPTS_LIMIT:
+            errors.append({"path": f"{where}.max_attempts", "message": f"at most {MAX_ATTEMPTS_LIMIT}"})
+        backoff = _number(errors, f"{where}.retry_backoff_seconds", raw.get("retry_backoff_seconds", 1.0), minimum=0)
+        timeout = _number(errors, f"{where}.timeout_seconds", raw.get("timeout_seconds"), minimum=0.001, allow_none=True)
+        position = raw.get("position")
+        if position is not None and not (
+            isinstance(position, dict)
+            and all(isinstance(position.get(a), int) and not isinstance(position.get(a), bool) for a in ("x", "y"))
+        ):
+            errors.append({"path": f"{where}.position", "message": "must be {\"x\": int, \"y\": int}"})
+            position = None
+        edge_labels = raw.get("edge_labels", {})
+        if not isinstance(edge_labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in edge_labels.items()
+        ):
+            errors.append({"path": f"{where}.edge_labels", "message": "must map a dependency key to a label"})
+            edge_labels = {}
+        task = {
+            "key": key,
+            "type": type_name,
+            "config": config,
+            "depends_on": list(depends_on),
+            "max_attempts": max_attempts or 1,
+            "retry_backoff_seconds": backoff if backoff is not None else 1.0,
+            "timeout_seconds": timeout,
+        }
+        if position is not None:
+            task["position"] = {"x": position["x"], "y": position["y"]}
+        if edge_labels:
+            task["edge_labels"] = dict(edge_labels)
+        normalized.append(task)
+
+    keys = [t["key"] for t in normalized]
+    known = set(keys)
+    for t in normalized:
+        for d in t["depends_on"]:
+            if d == t["key"]:
+                errors.append({"path": f"tasks[{t['key']}].depends_on", "message": "a task cannot depend on itself"})
+            elif d not in known and d not in seen:
+                errors.append({"path": f"tasks[{t['key']}].depends_on", "message": f"unknown dependency {d!r}"})
+        for label_key in t.get("edge_labels", {}):
+            if label_key not in t["depends_on"]:
+                errors.append({"path": f"tasks[{t['key']}].edge_labels", "message": f"{label_key!r} is not a dependency"})
+    if not errors:
+        cycle = _find_cycle(keys, {t["key"]: [d for d in t["depends_on"] if d != t["key"]] for t in normalized})
+        if cycle:
+            errors.append({"path": "tasks", "message": f"dependency cycle: {' -> '.join(cycle)}"})
+    if errors:
+        raise DefinitionError(errors)
+    return {"name": name, "description": description, "tasks": normalized}

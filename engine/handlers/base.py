@@ -1,0 +1,88 @@
+"""What a task handler is: config validation at definition time, execution at run time."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from typing import Any, ClassVar
+
+
+class ConfigError(ValueError):
+    """A task's ``config`` is not acceptable to its type. The message names the field."""
+
+
+class TaskCancelled(Exception):
+    """Raised inside a handler that checks ``context.raise_if_cancelled()`` after its
+    lease was lost (reaped, cancelled or superseded by a newer generation)."""
+
+
+@dataclasses.dataclass
+class TaskContext:
+    """Everything a handler may read about the attempt it is running.
+
+    ``input`` is the run's input document; ``upstream`` maps each dependency's task
+    key to its output; ``config`` is the task's validated config.
+    """
+
+    task_run_id: uuid.UUID
+    workflow_run_id: uuid.UUID
+    organization_id: uuid.UUID
+    task_key: str
+    attempt: int
+    max_attempts: int
+    fencing_token: int
+    timeout_seconds: float | None
+    config: dict[str, Any]
+    input: dict[str, Any]
+    upstream: dict[str, Any]
+    lost: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker no longer holds this attempt's lease."""
+        return self.lost.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise TaskCancelled when the lease was lost; long handlers call this between steps."""
+        if self.lost.is_set():
+            raise TaskCancelled(f"task run {self.task_run_id} generation {self.fencing_token} lost its lease")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; returns True early when the lease is lost."""
+        return self.lost.wait(seconds)
+
+
+class TaskHandler:
+    """Base class of task types. Subclasses set ``type_name`` and implement both methods."""
+
+    type_name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Return the normalized config, or raise ConfigError naming the bad field."""
+        return dict(config)
+
+    def run(self, context: TaskContext) -> Any:
+        """Run one attempt. The return value (JSON-shaped) is the task's output; an
+        exception is the attempt's error."""
+        raise NotImplementedError
+
+
+def require_number(config: dict[str, Any], field: str, *, minimum: float = 0, default: Any = None) -> float:
+    """Read a non-negative number from ``config[field]``; raise ConfigError if it is not one."""
+    value = config.get(field, default)
+    if value is None:
+        raise ConfigError(f"'{field}' is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"'{field}' must be a number, got {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"'{field}' must be at least {minimum}, got {value}")
+    return value
+
+
+def reject_unknown(config: dict[str, Any], allowed: set[str]) -> None:
+    """Raise ConfigError for keys of ``config`` outside ``allowed`` (a typo is an error, not a no-op)."""
+    unknown = sorted(set(config) - allowed)
+    if unknown:
+        raise ConfigError(f"unknown field(s) {', '.join(repr(k) for k in unknown)}; allowed: {', '.join(sorted(allowed))}")

@@ -1,0 +1,94 @@
+"""The ``http`` task type: one HTTP request with httpx."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from engine.handlers.base import ConfigError, TaskContext, TaskHandler, reject_unknown, require_number
+
+METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
+# Largest response body read, in bytes; the rest is dropped and `truncated` is set.
+MAX_BODY_BYTES = 256 * 1024
+
+
+class HttpStatusError(RuntimeError):
+    """The response's status code is not one of ``expected_status``."""
+
+
+class HttpHandler(TaskHandler):
+    type_name = "http"
+    description = (
+        "One HTTP request (method, url, headers, json body, expected_status, timeout_seconds); "
+        "output is {status, headers, body} with the body parsed as JSON when it is JSON."
+    )
+
+    def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        reject_unknown(config, {"method", "url", "headers", "json", "expected_status", "timeout_seconds"})
+        url = config.get("url")
+        if not isinstance(url, str) or not url:
+            raise ConfigError("'url' is required")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"'url' must be an absolute http(s) URL, got {url!r}")
+        method = str(config.get("method", "GET")).upper()
+        if method not in METHODS:
+            raise ConfigError(f"'method' must be one of {', '.join(sorted(METHODS))}, got {config.get('method')!r}")
+        headers = config.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise ConfigError("'headers' must be an object of string to string")
+        expected = config.get("expected_status", [200, 201, 202, 204])
+        if isinstance(expected, int):
+            expected = [expected]
+        if not isinstance(expected, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in expected
+        ):
+            raise ConfigError("'expected_status' must be a status code or a list of status codes (100-599)")
+        out = {"method": method, "url": url, "headers": headers, "expected_status": expected}
+        if "json" in config:
+            try:
+                json.dumps(config["json"])
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"'json' must be JSON-encodable ({exc})") from exc
+            out["json"] = config["json"]
+        out["timeout_seconds"] = require_number(config, "timeout_seconds", minimum=0.001, default=30.0)
+        return out
+
+    def run(self, context: TaskContext) -> Any:
+        cfg = context.config
+        kwargs: dict[str, Any] = {"headers": cfg.get("headers") or {}}
+        if "json" in cfg:
+            kwargs["json"] = cfg["json"]
+        with httpx.Client(timeout=cfg.get("timeout_seconds", 30.0), follow_redirects=True) as client:
+            with client.stream(cfg["method"], cfg["url"], **kwargs) as response:
+                raw = bytearray()
+                truncated = False
+                for chunk in response.iter_bytes():
+                    raw.extend(chunk)
+                    if len(raw) > MAX_BODY_BYTES:
+                        truncated = True
+                        del raw[MAX_BODY_BYTES:]
+                        break
+        text = raw.decode(response.encoding or "utf-8", errors="replace")
+        body: Any = text
+        if not truncated and "json" in response.headers.get("content-type", ""):
+            try:
+                body = json.loads(text)
+            except ValueError:
+                body = text
+        if response.status_code not in cfg["expected_status"]:
+            raise HttpStatusError(
+                f"{cfg['method']} {cfg['url']} answered {response.status_code}, "
+                f"expected {cfg['expected_status']}: {text[:500]}"
+            )
+        return {
+            "status": response.status_code,
+            "headers": {k: v for k, v in response.headers.items() if k.lower().startswith("content-")},
+            "body": body,
+            "truncated": truncated,
+        }

@@ -1,0 +1,40 @@
+"""The single funnel for JSONB writes.
+
+PostgreSQL's ``jsonb`` cannot hold a NUL (``\\u0000``) inside a string: the insert
+fails with "unsupported Unicode escape sequence" and the task that produced the
+value would never reach a terminal state (seed 001, "The NUL byte"). Every JSONB
+value the engine writes passes through :func:`jsonb_safe`, which strips the NUL
+rather than refusing a result the task already produced.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+
+def strip_nul(value: Any) -> Any:
+    """Return ``value`` with every NUL character removed from its strings and keys.
+
+    Accepts any JSON-shaped value (dict, list, tuple, str, number, bool, None);
+    tuples come back as lists. Raises nothing.
+    """
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, dict):
+        return {strip_nul(str(k)): strip_nul(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strip_nul(v) for v in value]
+    return value
+
+
+def jsonb_safe(value: Any) -> Jsonb:
+    """Wrap ``value`` for a psycopg JSONB parameter after stripping NULs.
+
+    Raises TypeError (from json) when ``value`` holds something JSON cannot encode.
+    """
+    cleaned = strip_nul(value)
+    json.dumps(cleaned)  # fail here, with the offending type named, not inside the driver
+    return Jsonb(cleaned)

@@ -1,0 +1,428 @@
+"""The engine's tables: definitions and executions (seed 000, "Data Model").
+
+Definitions (Workflow, Task, TaskDependency) are the template; executions
+(WorkflowRun, TaskRun, TaskRunEvent, OutboxMessage) are one instantiation of it.
+Constraint and index names are the seed's, written out. State columns are
+varchar + CHECK, never native enums (seed 000, "Why varchar + CHECK").
+
+No state change is written by ``save()``: every transition is one conditional
+UPDATE in ``engine/repositories/transitions.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+
+from tenancy.models import Organization
+from tenancy.scoping import OrganizationScopedManager
+
+
+class WorkflowState(models.TextChoices):
+    """Definition lifecycle (seed 003): draft -> active -> archived (-> active on restore)."""
+
+    DRAFT = "draft"
+    ACTIVE = "active"
+    ARCHIVED = "archived"
+
+
+class RunState(models.TextChoices):
+    """The five WorkflowRun states of seed 000 (``wfrun_state_valid``)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+RUN_TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+class TaskRunState(models.TextChoices):
+    """The seven TaskRun states of seed 000 (``taskrun_state_valid``)."""
+
+    PENDING = "pending"  # waiting for its dependencies
+    READY = "ready"  # every dependency succeeded; waiting to be claimed
+    RUNNING = "running"  # claimed: holds a lease and a fencing token
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # an upstream task failed or was cancelled, so this one can never run
+    CANCELLED = "cancelled"
+
+
+TASK_TERMINAL_STATES = ("succeeded", "failed", "skipped", "cancelled")
+
+
+class TriggerSource(models.TextChoices):
+    """Through which channel a run was started."""
+
+    CLI = "cli"
+    API = "api"
+    WEB = "web"
+    CRON = "cron"
+    RETRY = "retry"
+
+
+def _in(field: str, values) -> Q:
+    return Q(**{f"{field}__in": list(values)})
+
+
+class Workflow(models.Model):
+    """One version of a workflow definition. Unique on (organization, name, version)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=200)
+    version = models.IntegerField(default=1)
+    description = models.TextField(blank=True, default="")
+    state = models.CharField(max_length=20, choices=WorkflowState.choices, default=WorkflowState.ACTIVE)
+    # The document this version was created from, normalized; kept for diffs and export.
+    definition = models.JSONField(default=dict)
+    created_by = models.ForeignKey(
+        "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_workflow"
+        constraints = [
+            # Seed 000 names (name, version); its tenancy table scopes it by organization.
+            models.UniqueConstraint(fields=["organization", "name", "version"], name="uniq_workflow_name_version"),
+            models.CheckConstraint(condition=Q(version__gte=1), name="workflow_version_positive"),
+            models.CheckConstraint(condition=_in("state", WorkflowState.values), name="workflow_state_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class Task(models.Model):
+    """One step of a workflow version. Unique on (workflow, key)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="tasks")
+    key = models.CharField(max_length=100)
+    type = models.CharField(max_length=50)
+    config = models.JSONField(default=dict, blank=True)
+    max_attempts = models.IntegerField(default=1)
+    # Base of the exponential retry backoff: attempt n waits base * 2**(n-1) seconds.
+    retry_backoff_seconds = models.FloatField(default=1.0)
+    # Bound on one attempt, start to close; NULL means no bound beyond the lease.
+    timeout_seconds = models.FloatField(null=True, blank=True)
+    # Optional canvas position for drawing the DAG (seed 003).
+    position_x = models.IntegerField(null=True, blank=True)
+    position_y = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_task"
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "key"], name="uniq_task_workflow_key"),
+            models.CheckConstraint(condition=Q(max_attempts__gte=1), name="task_max_attempts_positive"),
+            models.CheckConstraint(
+                condition=Q(retry_backoff_seconds__gte=0), name="task_retry_backoff_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
+                name="task_timeout_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class TaskDependency(models.Model):
+    """An edge of the DAG: ``task`` runs after ``depends_on`` succeeded. Both in ``workflow``.
+
+    ``label`` is the edge's caption when drawn (seed 003). The advance step reads
+    edges by ``depends_on`` (the dependents of a finished task) and by ``task``
+    (a dependent's remaining prerequisites); the foreign-key indexes serve both.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="dependencies")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="upstream_edges")
+    depends_on = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="downstream_edges")
+    label = models.CharField(max_length=100, blank=True, default="")
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_taskdependency"
+        constraints = [
+            models.UniqueConstraint(fields=["task", "depends_on"], name="uniq_taskdep_edge"),
+            models.CheckConstraint(condition=~Q(task=F("depends_on")), name="taskdep_no_self_edge"),
+        ]
+
+
+class WorkflowRun(models.Model):
+    """One execution of one workflow version."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="runs")
+    state = models.CharField(max_length=20, choices=RunState.choices, default=RunState.PENDING)
+    input = models.JSONField(default=dict, blank=True)
+    trigger_source = models.CharField(max_length=20, choices=TriggerSource.choices, default=TriggerSource.CLI)
+    triggered_by = models.ForeignKey(
+        "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    error = models.TextField(blank=True, default="")
+    # Last per-run event sequence number handed out; the row lock on this run is
+    # what makes TaskRunEvent.seq gap-free and commit-ordered (seed 001).
+    last_event_seq = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_workflowrun"
+        constraints = [
+            models.CheckConstraint(condition=_in("state", RunState.values), name="wfrun_state_valid"),
+            # A biconditional: terminal state <=> finished_at set (seed 000).
+            models.CheckConstraint(
+                condition=(
+                    Q(state__in=RUN_TERMINAL_STATES, finished_at__isnull=False)
+                    | (~Q(state__in=RUN_TERMINAL_STATES) & Q(finished_at__isnull=True))
+                ),
+                name="wfrun_finished_at_matches_state",
+            ),
+            models.CheckConstraint(condition=Q(last_event_seq__gte=0), name="wfrun_event_seq_non_negative"),
+        ]
+        indexes = [
+            # "the last N runs of this workflow" (seed 000).
+            models.Index(F("workflow"), F("created_at").desc(), name="idx_wfrun_wf_recent"),
+            # stuck-run sweep: state = 'running' AND created_at < now() - interval (seed 000).
+            models.Index(fields=["state", "created_at"], name="idx_wfrun_state_age"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in RUN_TERMINAL_STATES
+
+
+class TaskRun(models.Model):
+    """One task of one run. Retries reuse the row: ``attempt`` counts them and each
+    claim bumps ``fencing_token`` (a new generation)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_runs")
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs")
+    state = models.CharField(max_length=20, choices=TaskRunState.choices, default=TaskRunState.PENDING)
+    attempt = models.IntegerField(default=1)
+    fencing_token = models.BigIntegerField(default=0)
+    # The generation (fencing token) whose handler has started; at most one start per generation.
+    started_fencing_token = models.BigIntegerField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Retry backoff: a ready row is not claimed before this time.
+    not_before = models.DateTimeField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_taskrun"
+        constraints = [
+            models.UniqueConstraint(fields=["workflow_run", "task"], name="uniq_taskrun_per_run_task"),
+            models.CheckConstraint(condition=_in("state", TaskRunState.values), name="taskrun_state_valid"),
+            models.CheckConstraint(condition=Q(attempt__gte=1), name="taskrun_attempt_positive"),
+            models.CheckConstraint(condition=Q(fencing_token__gte=0), name="taskrun_fencing_non_negative"),
+            models.CheckConstraint(
+                condition=(
+                    Q(finished_at__isnull=True)
+                    | Q(started_at__isnull=True)
+                    | Q(finished_at__gte=F("started_at"))
+                ),
+                name="taskrun_finished_after_started",
+            ),
+            # state = 'running' <=> lease_expires_at IS NOT NULL (seed 000): the reaper sees every running row.
+            models.CheckConstraint(
+                condition=(
+                    Q(state="running", lease_expires_at__isnull=False)
+                    | (~Q(state="running") & Q(lease_expires_at__isnull=True))
+                ),
+                name="taskrun_lease_iff_running",
+            ),
+        ]
+        indexes = [
+            # The scheduler's "oldest ready task first" claim (seed 000).
+            models.Index(fields=["state", "created_at"], name="idx_taskrun_state_age"),
+            # Run progress and terminal-state derivation: GROUP BY state for one run (seed 000).
+            models.Index(fields=["workflow_run", "state"], name="idx_taskrun_run_state"),
+            # The lease reaper: WHERE state = 'running' AND lease_expires_at < now() (seed 000).
+            models.Index(fields=["lease_expires_at"], name="idx_taskrun_lease_expiry", condition=Q(state="running")),
+        ]
+
+    def __str__(self) -> str:
+        return f"task run {self.id} ({self.state}, attempt {self.attempt}, token {self.fencing_token})"
+
+
+class TaskRunEvent(models.Model):
+    """Append-only history of a run: every transition, start, heartbeat loss and
+    rejected stale write. ``seq`` is gap-free per run and allocated in the
+    database (seed 001), so the order never depends on a clock. ``task_run`` is
+    NULL for run-level events (run started, finished, cancelled)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=40)
+    from_state = models.CharField(max_length=20, blank=True, default="")
+    to_state = models.CharField(max_length=20, blank=True, default="")
+    attempt = models.IntegerField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(null=True, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_taskrunevent"
+        constraints = [
+            # A run's event log in order, and the ?after= cursor (seed 001's (workflowId, seq)).
+            models.UniqueConstraint(fields=["workflow_run", "seq"], name="uniq_event_run_seq"),
+        ]
+        indexes = [
+            # A task run's event log: WHERE task_run_id = ? ORDER BY created_at (seed 000).
+            models.Index(fields=["task_run", "created_at"], name="idx_event_taskrun_created"),
+        ]
+
+
+class OutboxMessage(models.Model):
+    """One dispatch of one task-run generation, written in the claim's transaction
+    and published by the relay (seed 000). ``published_at`` is stamped only after
+    the broker accepted the message."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="outbox_messages")
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="outbox_messages")
+    exchange = models.CharField(max_length=100, default="")
+    routing_key = models.CharField(max_length=200)
+    payload = models.JSONField()
+    fencing_token_snapshot = models.BigIntegerField()
+    attempt_snapshot = models.IntegerField()
+    # Delivery bookkeeping (seed 001's outbox): publish attempts, next try, last error.
+    publish_attempts = models.IntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    published_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_outboxmessage"
+        constraints = [
+            # Exactly one dispatch per live generation: the constraint, not a lock, picks a race's winner.
+            models.UniqueConstraint(
+                fields=["task_run", "fencing_token_snapshot"], name="uniq_outbox_per_taskrun_generation"
+            ),
+            models.CheckConstraint(condition=Q(publish_attempts__gte=0), name="outbox_attempts_non_negative"),
+        ]
+        indexes = [
+            # The relay drain: WHERE published_at IS NULL ORDER BY created_at ... SKIP LOCKED (seed 000).
+            models.Index(fields=["created_at"], name="idx_outbox_pending", condition=Q(published_at__isnull=True)),
+        ]
+
+
+class CatchUpPolicy(models.TextChoices):
+    """What a cron trigger does with instants missed while nothing was ticking."""
+
+    SKIP = "skip"  # fire none of the missed instants
+    LATEST = "latest"  # fire the most recent missed instant once
+    ALL = "all"  # fire each missed instant (bounded)
+
+
+class ScheduledTrigger(models.Model):
+    """A cron trigger: starts a run of the latest active version of ``workflow_name``."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    name = models.CharField(max_length=200)
+    workflow_name = models.CharField(max_length=200)
+    cron_expression = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64, default="UTC")
+    input = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    catch_up = models.CharField(max_length=10, choices=CatchUpPolicy.choices, default=CatchUpPolicy.LATEST)
+    # The next instant to fire, in UTC; the tick's query reads enabled rows due now.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_scheduledtrigger"
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="uniq_trigger_org_name"),
+            models.CheckConstraint(condition=_in("catch_up", CatchUpPolicy.values), name="trigger_catch_up_valid"),
+        ]
+        indexes = [
+            # The cron tick: WHERE enabled AND next_fire_at <= now() ORDER BY next_fire_at.
+            models.Index(fields=["next_fire_at"], name="idx_trigger_due", condition=Q(enabled=True)),
+        ]
+
+
+class IdempotencyKey(models.Model):
+    """A client-chosen key that makes a repeated start return the first run.
+
+    Unique on (organization, user, key) per seed 000; NULLs are not distinct, so
+    keys of system callers without a user collide too.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey("tenancy.User", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # SHA-256 of the canonical request body: the same key with another body is a conflict.
+    request_hash = models.CharField(max_length=64)
+    workflow_run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(db_default=Now())
+    expires_at = models.DateTimeField()
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_idempotencykey"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "user", "key"], name="uniq_idempotency_org_user_key", nulls_distinct=False
+            ),
+        ]
+        indexes = [
+            # Expiry sweep: WHERE expires_at < now().
+            models.Index(fields=["expires_at"], name="idx_idempotency_expiry"),
+        ]

@@ -1,0 +1,762 @@
+"""The only writer of run and task-run state (seed 000, "How writes reach these tables").
+
+Every state change is one conditional UPDATE whose WHERE clause states the
+precondition (``state = 'ready'``, ``fencing_token = $token`` ...). A lost race
+therefore matches no row and changes nothing; no function here raises for one.
+Each transition writes its TaskRunEvent in the same statement (a data-modifying
+CTE), and the event's ``seq`` comes from ``core_workflowrun.last_event_seq``
+under that run's row lock, so a run's history is gap-free and in commit order
+(seed 001).
+
+Lock order, which keeps deadlocks rare: task-run rows first, the run row last
+(the event-sequence bump is the last write of every statement). Functions that
+read a run's other task runs (promotion, skipping, terminal-state derivation)
+run *after* that bump, so under READ COMMITTED they see every transition of the
+run that committed before ours (two completions racing on a fan-in both see the
+other's result; one of them promotes).
+
+All functions must be called inside ``transaction.atomic`` unless their
+docstring says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+
+from engine.jsonb import jsonb_safe, strip_nul
+
+TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
+
+# Queue the execute messages go to (OutboxMessage.routing_key).
+TASK_QUEUE = "flowforge.tasks"
+
+
+@dataclasses.dataclass(frozen=True)
+class Dispatch:
+    """A claimed task-run generation and its outbox row (``outbox_id`` is None when
+    another claimer already wrote the row for this generation)."""
+
+    task_run_id: uuid.UUID
+    workflow_run_id: uuid.UUID
+    organization_id: uuid.UUID
+    attempt: int
+    fencing_token: int
+    outbox_id: uuid.UUID | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StartedAttempt:
+    """What a worker needs to run one attempt of one task run."""
+
+    task_run_id: uuid.UUID
+    workflow_run_id: uuid.UUID
+    organization_id: uuid.UUID
+    task_key: str
+    task_type: str
+    config: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    fencing_token: int
+    timeout_seconds: float | None
+    run_input: dict[str, Any]
+    upstream: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionResult:
+    """Outcome of a completion. ``accepted`` is False for a stale or duplicate
+    completion (recorded as an event, nothing else changed). ``state`` is the task
+    run's new state; ``dispatches`` the dependents claimed in the same transaction;
+    ``run_state`` the run's state when this completion finished it, else None;
+    ``retry_in_seconds`` the backoff when the attempt will be retried."""
+
+    accepted: bool
+    state: str | None = None
+    dispatches: tuple[Dispatch, ...] = ()
+    run_state: str | None = None
+    retry_in_seconds: float | None = None
+
+
+def _fetch(sql: str, params: Any) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+# Appended to a statement whose CTE ``tr`` returns task-run rows with the columns
+# (id, workflow_run_id, organization_id, attempt, fencing_token) plus the event's
+# kind/from/to/detail as ev_kind, ev_from, ev_to, ev_detail. Bumps each touched
+# run's event counter once per row and writes one event per row, numbered in
+# ``tr`` order. This is the last write of the statement: the run row is locked last.
+_EVENTS_CTE = """
+, ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+"""
+
+
+def record_run_event(
+    *,
+    workflow_run_id: uuid.UUID,
+    kind: str,
+    task_run_id: uuid.UUID | None = None,
+    from_state: str = "",
+    to_state: str = "",
+    attempt: int | None = None,
+    fencing_token: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> int | None:
+    """Append one event to a run's history; returns its ``seq`` (None if the run is gone).
+
+    Used for events that are not a task-run transition: a run's start and end, a
+    rejected stale completion, an ignored duplicate delivery.
+    """
+    rows = _fetch(
+        """
+        WITH s AS (
+            UPDATE core_workflowrun SET last_event_seq = last_event_seq + 1 WHERE id = %(run)s
+            RETURNING id, organization_id, last_event_seq
+        )
+        INSERT INTO core_taskrunevent
+            (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+             attempt, fencing_token, detail, created_at)
+        SELECT gen_random_uuid(), s.organization_id, s.id, %(tr)s, s.last_event_seq, %(kind)s, %(from)s, %(to)s,
+               %(attempt)s, %(token)s, %(detail)s, clock_timestamp()
+        FROM s
+        RETURNING seq
+        """,
+        {
+            "run": workflow_run_id,
+            "tr": task_run_id,
+            "kind": kind,
+            "from": from_state,
+            "to": to_state,
+            "attempt": attempt,
+            "token": fencing_token,
+            "detail": jsonb_safe(detail or {}),
+        },
+    )
+    return rows[0][0] if rows else None
+
+
+# --- Start a run ---------------------------------------------------------------------------
+
+
+def create_run_rows(
+    *,
+    workflow_id: uuid.UUID,
+    organization_id: uuid.UUID,
+    run_input: dict[str, Any],
+    trigger_source: str,
+    triggered_by_id: uuid.UUID | None = None,
+    retry_of_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """Insert a WorkflowRun (``running``) and all its TaskRuns in one go: roots
+    ``ready``, the rest ``pending`` (the design brief's "Start"). Returns the run id.
+
+    The caller has checked that the workflow may be started (it is active).
+    """
+    run_id = uuid.uuid4()
+    _fetch(
+        """
+        INSERT INTO core_workflowrun
+            (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
+             error, last_event_seq, created_at, started_at)
+        VALUES (%(run)s, %(org)s, %(wf)s, 'running', %(input)s, %(source)s, %(user)s, %(retry_of)s,
+                '', 0, clock_timestamp(), clock_timestamp())
+        """,
+        {
+            "run": run_id,
+            "org": organization_id,
+            "wf": workflow_id,
+            "input": jsonb_safe(run_input),
+            "source": trigger_source,
+            "user": triggered_by_id,
+            "retry_of": retry_of_id,
+        },
+    )
+    _fetch(
+        """
+        INSERT INTO core_taskrun
+            (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at)
+        SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id,
+               CASE WHEN EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.id)
+                    THEN 'pending' ELSE 'ready' END,
+               1, 0, '', clock_timestamp()
+        FROM core_task t WHERE t.workflow_id = %(wf)s
+        ORDER BY t.key
+        """,
+        {"run": run_id, "wf": workflow_id},
+    )
+    record_run_event(
+        workflow_run_id=run_id,
+        kind="run_started",
+        to_state="running",
+        detail={"trigger_source": trigger_source, "retry_of": str(retry_of_id) if retry_of_id else None},
+    )
+    return run_id
+
+
+# --- Claim (ready -> running) + outbox, one statement ---------------------------------------
+
+_CLAIM_SQL = """
+WITH picked AS (
+    SELECT id FROM core_taskrun
+    WHERE state = 'ready' AND (not_before IS NULL OR not_before <= clock_timestamp())
+      {id_filter}
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED                       -- idx_taskrun_state_age: oldest ready first
+), claimed AS (
+    UPDATE core_taskrun t
+    SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    FROM picked
+    WHERE t.id = picked.id AND t.state = 'ready'
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp()
+    FROM claimed c
+    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+), tr AS (
+    SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
+    FROM claimed c
+)
+""" + _EVENTS_CTE + """
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, o.id
+FROM claimed c LEFT JOIN outbox o ON o.task_run_id = c.id
+"""
+
+
+def claim_ready(
+    *,
+    limit: int,
+    lease_seconds: float,
+    owner: str,
+    task_run_ids: Sequence[uuid.UUID] | None = None,
+) -> list[Dispatch]:
+    """Move up to ``limit`` ready task runs to ``running`` and write one outbox row per
+    new generation, all in one statement (the design brief's "Claim + dispatch").
+
+    Oldest ready first (``idx_taskrun_state_age``) with ``FOR UPDATE SKIP LOCKED``, so
+    any number of schedulers can run at once; ``task_run_ids`` restricts the claim to
+    those rows (the fast path that dispatches a completed task's dependents in the
+    completion's own transaction). Each claim bumps ``fencing_token`` and takes a lease
+    of ``lease_seconds`` that covers the time until a worker starts the attempt.
+    Returns the claimed generations; never raises for a lost race.
+    """
+    params: dict[str, Any] = {
+        "limit": limit,
+        "owner": owner,
+        "lease": float(lease_seconds),
+        "queue": TASK_QUEUE,
+    }
+    id_filter = ""
+    if task_run_ids is not None:
+        if not task_run_ids:
+            return []
+        id_filter = "AND id = ANY(%(ids)s)"
+        params["ids"] = list(task_run_ids)
+    rows = _fetch(_CLAIM_SQL.format(id_filter=id_filter), params)
+    return [Dispatch(*row) for row in rows]
+
+
+# --- Start an attempt (at most once per generation) ------------------------------------------
+
+_START_SQL = """
+WITH started AS (
+    UPDATE core_taskrun t
+    SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
+        lease_owner = %(owner)s,
+        lease_expires_at = LEAST(
+            clock_timestamp() + make_interval(secs => %(lease)s),
+            clock_timestamp() + make_interval(secs => COALESCE(k.timeout_seconds, %(lease)s))
+        )
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id
+      AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.started_fencing_token IS DISTINCT FROM %(token)s   -- at most one start per generation
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds
+), tr AS (
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
+           'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('worker', %(owner)s::text) AS ev_detail
+    FROM started s
+)
+""" + _EVENTS_CTE + """
+SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
+       s.fencing_token, s.timeout_seconds, r.input,
+       COALESCE((SELECT jsonb_object_agg(uk.key, u.output)
+                 FROM core_taskdependency d
+                 JOIN core_task uk ON uk.id = d.depends_on_id
+                 JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
+                 WHERE d.task_id = s.task_id), '{}'::jsonb)
+FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id
+"""
+
+
+def start_attempt(
+    *, task_run_id: uuid.UUID, fencing_token: int, owner: str, lease_seconds: float
+) -> StartedAttempt | None:
+    """Mark generation ``fencing_token`` of a task run as started by ``owner`` and take
+    the worker's lease (bounded by the task's ``timeout_seconds``).
+
+    Returns None, after recording why, when the message is stale (the row moved to
+    another generation or state) or a duplicate delivery of a generation that has
+    already started: the broker may deliver twice, the handler runs once.
+    """
+    rows = _fetch(
+        _START_SQL,
+        {"id": task_run_id, "token": fencing_token, "owner": owner, "lease": float(lease_seconds)},
+    )
+    if rows:
+        r = rows[0]
+        return StartedAttempt(
+            task_run_id=r[0],
+            workflow_run_id=r[1],
+            organization_id=r[2],
+            task_key=r[3],
+            task_type=r[4],
+            config=r[5] or {},
+            attempt=r[6],
+            max_attempts=r[7],
+            fencing_token=r[8],
+            timeout_seconds=r[9],
+            run_input=r[10] or {},
+            upstream=r[11] or {},
+        )
+    current = _fetch(
+        "SELECT workflow_run_id, state, fencing_token, started_fencing_token FROM core_taskrun WHERE id = %s",
+        [task_run_id],
+    )
+    if not current:
+        return None
+    run_id, state, token, started_token = current[0]
+    duplicate = token == fencing_token and started_token == fencing_token
+    record_run_event(
+        workflow_run_id=run_id,
+        task_run_id=task_run_id,
+        kind="duplicate_delivery_ignored" if duplicate else "stale_dispatch_ignored",
+        from_state=state,
+        to_state=state,
+        fencing_token=fencing_token,
+        detail={"message_fencing_token": fencing_token, "current_fencing_token": token, "state": state},
+    )
+    return None
+
+
+def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> set[uuid.UUID]:
+    """Extend the leases of running attempts, one statement for all of them.
+
+    ``leases`` is (task_run_id, fencing_token) pairs. A lease is never extended past
+    the attempt's ``started_at + timeout_seconds``, so a hung handler times out.
+    Returns the ids whose lease was extended; the others were reaped, cancelled or
+    moved to a newer generation, and their worker no longer owns them.
+    May be called outside a transaction (autocommit).
+    """
+    pairs = list(leases)
+    if not pairs:
+        return set()
+    rows = _fetch(
+        """
+        UPDATE core_taskrun t
+        SET lease_expires_at = LEAST(
+            clock_timestamp() + make_interval(secs => %(lease)s),
+            CASE WHEN k.timeout_seconds IS NULL THEN 'infinity'::timestamptz
+                 ELSE t.started_at + make_interval(secs => k.timeout_seconds) END)
+        FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+        WHERE t.id = a.id AND t.fencing_token = a.token AND t.state = 'running' AND k.id = t.task_id
+          AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
+        RETURNING t.id
+        """,
+        {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "lease": float(lease_seconds)},
+    )
+    return {r[0] for r in rows}
+
+
+# --- Complete an attempt --------------------------------------------------------------------
+
+_SUCCEED_SQL = """
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = 'succeeded', output = %(output)s, error = '', finished_at = clock_timestamp(),
+        lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
+    WHERE t.id = %(id)s AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.started_fencing_token = %(token)s
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              NULL::timestamptz AS not_before
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token,
+           'succeeded'::text AS ev_kind, 'running'::text AS ev_from, 'succeeded'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM done d
+)
+""" + _EVENTS_CTE + """
+SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done
+"""
+
+# A failed attempt: retried (back to ready, attempt + 1, exponential backoff) while
+# attempts remain and ``retryable``; otherwise terminal ``failed``. SET expressions
+# read the row's old values, so ``t.attempt < k.max_attempts`` is about this attempt.
+_FAIL_SQL = """
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+            THEN clock_timestamp() + make_interval(secs => k.retry_backoff_seconds * power(2, t.attempt - 1))
+            ELSE NULL END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
+      {extra}
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              t.not_before
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id,
+           CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
+           %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+    FROM done d
+)
+""" + _EVENTS_CTE + """
+SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done
+"""
+
+
+def complete_attempt(
+    *,
+    task_run_id: uuid.UUID,
+    fencing_token: int,
+    succeeded: bool,
+    output: Any = None,
+    error: str = "",
+    lease_seconds: float,
+    owner: str,
+) -> CompletionResult:
+    """Finish generation ``fencing_token`` of a task run and advance its run.
+
+    The UPDATE matches only the generation that started (``fencing_token`` and
+    ``state = 'running'``): a stale worker's completion matches nothing, is recorded
+    as a ``stale_completion_rejected`` event and returns ``accepted=False``.
+    On success the dependents whose dependencies all succeeded become ready and are
+    claimed here (one commit per hop); on a final failure the task's descendants are
+    skipped; when nothing in the run is left open the run's terminal state is derived.
+    ``output`` must be JSON-shaped; NUL characters are stripped (seed 001).
+    """
+    if succeeded:
+        rows = _fetch(
+            _SUCCEED_SQL, {"id": task_run_id, "token": fencing_token, "output": jsonb_safe(output)}
+        )
+    else:
+        rows = _fetch(
+            _FAIL_SQL.format(extra="AND t.started_fencing_token = %(token)s"),
+            {
+                "id": task_run_id,
+                "token": fencing_token,
+                "error": strip_nul(error)[:10_000],
+                "retryable": True,
+                "kind": "attempt_failed",
+            },
+        )
+    if not rows:
+        _record_stale_completion(task_run_id=task_run_id, fencing_token=fencing_token, succeeded=succeeded)
+        return CompletionResult(accepted=False)
+    return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
+
+
+def _record_stale_completion(*, task_run_id: uuid.UUID, fencing_token: int, succeeded: bool) -> None:
+    current = _fetch("SELECT workflow_run_id, state, fencing_token FROM core_taskrun WHERE id = %s", [task_run_id])
+    if not current:
+        return
+    run_id, state, token = current[0]
+    record_run_event(
+        workflow_run_id=run_id,
+        task_run_id=task_run_id,
+        kind="stale_completion_rejected",
+        from_state=state,
+        to_state=state,
+        fencing_token=fencing_token,
+        detail={
+            "completion_fencing_token": fencing_token,
+            "current_fencing_token": token,
+            "state": state,
+            "outcome": "succeeded" if succeeded else "failed",
+        },
+    )
+
+
+def _advance_after(row: tuple, *, lease_seconds: float, owner: str) -> CompletionResult:
+    task_run_id, run_id, task_id, state, _attempt, not_before = row
+    dispatches: list[Dispatch] = []
+    retry_in = None
+    if state == "succeeded":
+        promoted = promote_dependents(workflow_run_id=run_id, task_id=task_id)
+        if promoted:
+            dispatches = claim_ready(
+                limit=len(promoted), lease_seconds=lease_seconds, owner=owner, task_run_ids=promoted
+            )
+    elif state == "failed":
+        skip_descendants(workflow_run_id=run_id, task_id=task_id, reason="upstream_failed")
+    elif state == "ready" and not_before is not None:
+        retry_in = max(0.0, (not_before - _db_now()).total_seconds())
+    run_state = finish_run_if_done(workflow_run_id=run_id) if state in TERMINAL else None
+    return CompletionResult(
+        accepted=True, state=state, dispatches=tuple(dispatches), run_state=run_state, retry_in_seconds=retry_in
+    )
+
+
+def _db_now():
+    return _fetch("SELECT clock_timestamp()", [])[0][0]
+
+
+# --- Advance ------------------------------------------------------------------------------
+
+_PROMOTE_SQL = """
+WITH promoted AS (
+    UPDATE core_taskrun d SET state = 'ready'
+    WHERE d.workflow_run_id = %(run)s AND d.state = 'pending'
+      AND d.task_id IN (SELECT task_id FROM core_taskdependency WHERE depends_on_id = %(task)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM core_taskdependency e
+          JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
+          WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
+), tr AS (
+    SELECT p.*, 'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM promoted p
+)
+""" + _EVENTS_CTE + """
+SELECT id FROM promoted
+"""
+
+
+def promote_dependents(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID) -> list[uuid.UUID]:
+    """Move pending dependents of ``task_id`` whose dependencies have all succeeded to
+    ``ready``. Returns their task-run ids."""
+    return [r[0] for r in _fetch(_PROMOTE_SQL, {"run": workflow_run_id, "task": task_id})]
+
+
+_SKIP_SQL = """
+WITH RECURSIVE below(task_id) AS (
+    SELECT task_id FROM core_taskdependency WHERE depends_on_id = %(task)s
+    UNION
+    SELECT e.task_id FROM core_taskdependency e JOIN below b ON e.depends_on_id = b.task_id
+), skipped AS (
+    UPDATE core_taskrun d SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL
+    WHERE d.workflow_run_id = %(run)s AND d.state IN ('pending', 'ready')
+      AND d.task_id IN (SELECT task_id FROM below)
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, d.state
+), tr AS (
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
+           'skipped'::text AS ev_kind, 'pending'::text AS ev_from, 'skipped'::text AS ev_to,
+           jsonb_build_object('reason', %(reason)s::text) AS ev_detail
+    FROM skipped s
+)
+""" + _EVENTS_CTE + """
+SELECT count(*) FROM skipped
+"""
+
+
+def skip_descendants(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID, reason: str) -> int:
+    """Mark every not-yet-started descendant of ``task_id`` in the run ``skipped``: it can
+    never run because something upstream failed. Returns how many were skipped."""
+    return _fetch(_SKIP_SQL, {"run": workflow_run_id, "task": task_id, "reason": reason})[0][0]
+
+
+def finish_run_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
+    """Derive and set the run's terminal state once none of its task runs is open
+    (``idx_taskrun_run_state``): failed if any task failed, else cancelled if any was
+    cancelled, else succeeded. Returns the new state, or None when the run is not
+    finished (or was already finished by someone else)."""
+    rows = _fetch(
+        """
+        WITH counts AS (
+            SELECT count(*) FILTER (WHERE state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled')) AS open,
+                   count(*) FILTER (WHERE state = 'failed') AS failed,
+                   count(*) FILTER (WHERE state = 'cancelled') AS cancelled
+            FROM core_taskrun WHERE workflow_run_id = %(run)s
+        ), fin AS (
+            UPDATE core_workflowrun r
+            SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
+                             ELSE 'succeeded' END,
+                finished_at = clock_timestamp(),
+                last_event_seq = r.last_event_seq + 1,
+                error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+            FROM counts c
+            WHERE r.id = %(run)s AND r.state IN ('running', 'pending') AND c.open = 0
+            RETURNING r.id, r.organization_id, r.state, r.last_event_seq
+        ), ev AS (
+            INSERT INTO core_taskrunevent
+                (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+                 attempt, fencing_token, detail, created_at)
+            SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
+                   'running', f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+            FROM fin f
+        )
+        SELECT state FROM fin
+        """,
+        {"run": workflow_run_id},
+    )
+    return rows[0][0] if rows else None
+
+
+# --- Reap expired leases ----------------------------------------------------------------------
+
+
+def expired_leases(*, limit: int) -> list[tuple[uuid.UUID, int]]:
+    """(task_run_id, fencing_token) of running rows whose lease has expired, oldest
+    expiry first (``idx_taskrun_lease_expiry``). Read-only; may run outside a transaction."""
+    return [
+        (r[0], r[1])
+        for r in _fetch(
+            """
+            SELECT id, fencing_token FROM core_taskrun
+            WHERE state = 'running' AND lease_expires_at < clock_timestamp()
+            ORDER BY lease_expires_at LIMIT %s
+            """,
+            [limit],
+        )
+    ]
+
+
+def expire_lease(
+    *, task_run_id: uuid.UUID, fencing_token: int, lease_seconds: float, owner: str
+) -> CompletionResult:
+    """Take back one expired lease (the design brief's "Reap").
+
+    A generation that never started (its message was lost or is still queued) goes
+    back to ``ready`` without using an attempt. A generation that started and ran
+    out of lease (worker died, or ``timeout_seconds`` passed) fails this attempt: back
+    to ``ready`` with a backoff while attempts remain, else ``failed`` (and the run
+    advances). Either way the fencing token is bumped, so the old generation's
+    completion can never match. Returns ``accepted=False`` when the row was no longer
+    expired (heartbeat, completion or another reaper won).
+    """
+    never_started = _fetch(
+        """
+        WITH back AS (
+            UPDATE core_taskrun t
+            SET state = 'ready', fencing_token = t.fencing_token + 1, lease_owner = NULL, lease_expires_at = NULL
+            WHERE t.id = %(id)s AND t.state = 'running' AND t.fencing_token = %(token)s
+              AND t.lease_expires_at < clock_timestamp()
+              AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+            RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+        ), tr AS (
+            SELECT b.*, 'dispatch_expired'::text AS ev_kind, 'running'::text AS ev_from, 'ready'::text AS ev_to,
+                   jsonb_build_object('reason', 'not started before its lease expired') AS ev_detail
+            FROM back b
+        )
+        """
+        + _EVENTS_CTE
+        + "SELECT id FROM back",
+        {"id": task_run_id, "token": fencing_token},
+    )
+    if never_started:
+        return CompletionResult(accepted=True, state="ready", retry_in_seconds=0.0)
+    timed_out = _fetch(
+        """
+        SELECT k.timeout_seconds IS NOT NULL
+               AND t.lease_expires_at >= t.started_at + make_interval(secs => k.timeout_seconds)
+        FROM core_taskrun t JOIN core_task k ON k.id = t.task_id WHERE t.id = %s
+        """,
+        [task_run_id],
+    )
+    if timed_out and timed_out[0][0]:
+        error = "attempt timed out (timeout_seconds reached)"
+        kind = "attempt_timed_out"
+    else:
+        error = "lease expired: the worker stopped heartbeating (crashed or lost its connection)"
+        kind = "lease_expired"
+    rows = _fetch(
+        _FAIL_SQL.format(extra="AND t.lease_expires_at < clock_timestamp()").replace(
+            "error = %(error)s, lease_owner",
+            "fencing_token = t.fencing_token + 1, error = %(error)s, lease_owner",
+        ),
+        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind},
+    )
+    if not rows:
+        return CompletionResult(accepted=False)
+    return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
+
+
+# --- Cancel -----------------------------------------------------------------------------------
+
+
+def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
+    """Cancel a run: every open task run (pending, ready, running) becomes ``cancelled``
+    with its fencing token bumped, so a running worker's next heartbeat finds it
+    gone and its completion is rejected as stale; then the run becomes ``cancelled``.
+    Returns False when the run was already terminal (the cancel lost a race with the
+    run's completion and changed nothing)."""
+    _fetch(
+        """
+        WITH c AS (
+            UPDATE core_taskrun t
+            SET state = 'cancelled', finished_at = clock_timestamp(), lease_owner = NULL,
+                lease_expires_at = NULL, not_before = NULL,
+                fencing_token = t.fencing_token + CASE WHEN t.state = 'running' THEN 1 ELSE 0 END
+            FROM core_workflowrun r
+            WHERE t.workflow_run_id = %(run)s AND r.id = t.workflow_run_id AND r.state IN ('pending', 'running')
+              AND t.state IN ('pending', 'ready', 'running')
+            RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+        ), tr AS (
+            SELECT c.*, 'cancelled'::text AS ev_kind, ''::text AS ev_from, 'cancelled'::text AS ev_to,
+                   jsonb_build_object('reason', %(reason)s::text) AS ev_detail
+            FROM c
+        )
+        """
+        + _EVENTS_CTE
+        + "SELECT count(*) FROM c",
+        {"run": workflow_run_id, "reason": reason},
+    )
+    rows = _fetch(
+        """
+        WITH fin AS (
+            UPDATE core_workflowrun SET state = 'cancelled', finished_at = clock_timestamp(),
+                   error = %(reason)s, last_event_seq = last_event_seq + 1
+            WHERE id = %(run)s AND state IN ('pending', 'running')
+            RETURNING id, organization_id, last_event_seq
+        )
+        INSERT INTO core_taskrunevent
+            (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+             attempt, fencing_token, detail, created_at)
+        SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', 'running',
+               'cancelled', NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
+        FROM fin
+        RETURNING id
+        """,
+        {"run": workflow_run_id, "reason": reason},
+    )
+    return bool(rows)

@@ -1,0 +1,161 @@
+"""Running one attempt inside a worker: start, heartbeat, handler, completion."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+import uuid
+from typing import Any
+
+from django import db
+from django.conf import settings
+
+from engine.db import atomic_retry
+from engine.handlers import TaskContext, get_handler
+from engine.jsonb import strip_nul
+from engine.repositories import transitions
+from engine.scheduler import process_owner, publish_dispatches
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeater:
+    """One daemon thread per worker process that extends the leases of every attempt
+    the process is running, in one UPDATE per beat. An attempt whose lease could not
+    be extended (reaped, cancelled, superseded) has ``context.lost`` set."""
+
+    def __init__(self, *, interval_seconds: float, lease_seconds: float):
+        self.interval_seconds = interval_seconds
+        self.lease_seconds = lease_seconds
+        self._active: dict[tuple[uuid.UUID, int], TaskContext] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def register(self, context: TaskContext) -> None:
+        with self._lock:
+            self._active[(context.task_run_id, context.fencing_token)] = context
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="flowforge-heartbeat", daemon=True)
+                self._thread.start()
+
+    def unregister(self, context: TaskContext) -> None:
+        with self._lock:
+            self._active.pop((context.task_run_id, context.fencing_token), None)
+
+    def beat(self) -> None:
+        """Extend every registered lease once (also called by tests)."""
+        with self._lock:
+            items = list(self._active.items())
+        if not items:
+            return
+        alive = transitions.heartbeat(leases=[k for k, _ in items], lease_seconds=self.lease_seconds)
+        for (task_run_id, token), ctx in items:
+            if task_run_id not in alive:
+                log.warning("task run %s generation %s lost its lease", task_run_id, token)
+                ctx.lost.set()
+
+    def _loop(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.interval_seconds):
+            try:
+                self.beat()
+            except Exception:
+                log.exception("heartbeat failed; retrying next beat")
+                db.connection.close()
+
+
+_heartbeater: Heartbeater | None = None
+
+
+def heartbeater() -> Heartbeater:
+    global _heartbeater
+    if _heartbeater is None:
+        _heartbeater = Heartbeater(
+            interval_seconds=settings.FLOWFORGE_HEARTBEAT_SECONDS, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS
+        )
+    return _heartbeater
+
+
+def cap_output(output: Any) -> Any:
+    """Return ``output`` if its JSON encoding fits FLOWFORGE_MAX_OUTPUT_BYTES, else a
+    summary {"truncated": true, "size_bytes", "preview"}. Raises TypeError if the
+    value is not JSON-encodable."""
+    output = strip_nul(output)
+    encoded = json.dumps(output, default=str)
+    if len(encoded.encode()) <= settings.FLOWFORGE_MAX_OUTPUT_BYTES:
+        return json.loads(encoded)
+    return {"truncated": True, "size_bytes": len(encoded.encode()), "preview": encoded[:2000]}
+
+
+def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
+    """Run generation ``fencing_token`` of a task run to completion in this thread.
+
+    Returns what happened: "ignored" (stale or duplicate message), "succeeded",
+    "failed", "retrying" or "rejected" (the completion lost to a newer generation
+    or a cancellation).
+    """
+    task_run_id = uuid.UUID(str(task_run_id))
+    owner = f"{process_owner('worker')}:{threading.get_ident()}"
+    lease = settings.FLOWFORGE_LEASE_SECONDS
+    started = atomic_retry(
+        lambda: transitions.start_attempt(
+            task_run_id=task_run_id, fencing_token=fencing_token, owner=owner, lease_seconds=lease
+        ),
+        connection_attempts=5,
+    )
+    if started is None:
+        return "ignored"
+    context = TaskContext(
+        task_run_id=started.task_run_id,
+        workflow_run_id=started.workflow_run_id,
+        organization_id=started.organization_id,
+        task_key=started.task_key,
+        attempt=started.attempt,
+        max_attempts=started.max_attempts,
+        fencing_token=started.fencing_token,
+        timeout_seconds=started.timeout_seconds,
+        config=started.config,
+        input=started.run_input,
+        upstream=started.upstream,
+    )
+    hb = heartbeater()
+    hb.register(context)
+    succeeded = False
+    output: Any = None
+    error = ""
+    try:
+        handler = get_handler(started.task_type)
+        output = cap_output(handler.run(context))
+        succeeded = True
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        log.info(
+            "task %s (run %s) attempt %s failed: %s",
+            started.task_key, started.workflow_run_id, started.attempt, error,
+            extra={"traceback": traceback.format_exc(limit=5)},
+        )
+    finally:
+        hb.unregister(context)
+    result = atomic_retry(
+        lambda: transitions.complete_attempt(
+            task_run_id=task_run_id,
+            fencing_token=fencing_token,
+            succeeded=succeeded,
+            output=output,
+            error=error,
+            lease_seconds=lease,
+            owner=process_owner("scheduler"),
+        ),
+        connection_attempts=8,
+    )
+    if not result.accepted:
+        return "rejected"
+    publish_dispatches(result.dispatches)
+    if result.retry_in_seconds is not None:
+        from engine.actors import schedule_tick
+
+        schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
+        return "retrying"
+    return result.state or "unknown"

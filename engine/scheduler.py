@@ -1,0 +1,52 @@
+"""The scheduler: claim ready task runs and dispatch them through the outbox."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from django.conf import settings
+
+from engine.db import atomic_retry
+from engine.relay import relay_batch
+from engine.repositories import transitions
+
+log = logging.getLogger(__name__)
+
+
+def process_owner(role: str) -> str:
+    """A lease owner string: role@host:pid (recorded on the row and in events)."""
+    return f"{role}@{socket.gethostname()}:{os.getpid()}"
+
+
+def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
+    """Claim ready task runs oldest first, batch by batch, and publish each batch's
+    outbox rows right after its commit (no extra broker hop through the relay
+    actor; the relay's periodic drain is the safety net if this publish fails).
+    Returns how many task runs were claimed."""
+    limit = limit or settings.FLOWFORGE_CLAIM_BATCH
+    owner = process_owner("scheduler")
+    total = 0
+    for _ in range(max_batches):
+        dispatches = atomic_retry(
+            lambda: transitions.claim_ready(
+                limit=limit, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS, owner=owner
+            )
+        )
+        total += len(dispatches)
+        publish_dispatches(dispatches)
+        if len(dispatches) < limit:
+            break
+    return total
+
+
+def publish_dispatches(dispatches) -> None:
+    """Publish the outbox rows of freshly claimed generations (after their commit)."""
+    ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
+    if ids:
+        try:
+            relay_batch(limit=len(ids), outbox_ids=ids)
+        except Exception:
+            # The rows are committed and unpublished: the relay's periodic drain sends them.
+            log.exception("inline publish of %d outbox rows failed; the relay will retry", len(ids))

@@ -1,0 +1,171 @@
+"""Engine actions that the commands, the API and the web UI all call.
+
+Each ``do_*``/action validates, then changes data inside one transaction and
+schedules its side effects (nudges to the scheduler) on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from django.db import connection, transaction
+
+from engine.definitions import DefinitionError, validate_document
+from engine.jsonb import strip_nul
+from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
+from engine.repositories import transitions
+
+log = logging.getLogger(__name__)
+
+
+class WorkflowNotStartable(Exception):
+    """The workflow exists but cannot be started (draft or archived). The message says why."""
+
+
+def apply_definition(*, organization, document: dict[str, Any], created_by=None,
+                     state: str = WorkflowState.ACTIVE) -> Workflow:
+    """Validate ``document`` and store it as the next version of its name in
+    ``organization`` (version 1 for a new name). Returns the new Workflow.
+
+    Raises DefinitionError (and stores nothing) when the document is invalid.
+    Concurrent applies of one name are serialized by a transaction-scoped advisory
+    lock, so each gets its own version number.
+    """
+    normalized = validate_document(document)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                [f"workflow-version:{organization.pk}:{normalized['name']}"],
+            )
+        latest = (
+            Workflow.objects.for_organization(organization)
+            .filter(name=normalized["name"])
+            .order_by("-version")
+            .values_list("version", flat=True)
+            .first()
+        )
+        workflow = Workflow.objects.create(
+            organization=organization,
+            name=normalized["name"],
+            version=(latest or 0) + 1,
+            description=normalized["description"],
+            state=state,
+            definition=strip_nul(normalized),
+            created_by=created_by,
+        )
+        tasks = Task.objects.bulk_create(
+            [
+                Task(
+                    organization=organization,
+                    workflow=workflow,
+                    key=t["key"],
+                    type=t["type"],
+                    config=strip_nul(t["config"]),
+                    max_attempts=t["max_attempts"],
+                    retry_backoff_seconds=t["retry_backoff_seconds"],
+                    timeout_seconds=t["timeout_seconds"],
+                    position_x=(t.get("position") or {}).get("x"),
+                    position_y=(t.get("position") or {}).get("y"),
+                )
+                for t in normalized["tasks"]
+            ]
+        )
+        by_key = {t.key: t for t in tasks}
+        TaskDependency.objects.bulk_create(
+            [
+                TaskDependency(
+                    organization=organization,
+                    workflow=workflow,
+                    task=by_key[t["key"]],
+                    depends_on=by_key[d],
+                    label=t.get("edge_labels", {}).get(d, ""),
+                )
+                for t in normalized["tasks"]
+                for d in t["depends_on"]
+            ]
+        )
+    return workflow
+
+
+def resolve_workflow(*, organization, workflow: str | uuid.UUID, version: int | None = None) -> Workflow:
+    """Find a workflow of ``organization`` by id, or by name (the given version, else the
+    latest active one). Raises Workflow.DoesNotExist with a message naming what was asked."""
+    qs = Workflow.objects.for_organization(organization)
+    try:
+        wf_id = uuid.UUID(str(workflow))
+    except ValueError:
+        wf_id = None
+    if wf_id is not None:
+        found = qs.filter(pk=wf_id).first()
+        if found:
+            return found
+    named = qs.filter(name=str(workflow))
+    if version is not None:
+        found = named.filter(version=version).first()
+    else:
+        found = named.filter(state=WorkflowState.ACTIVE).order_by("-version").first() or named.order_by(
+            "-version"
+        ).first()
+    if found is None:
+        what = f"{workflow!s} v{version}" if version is not None else str(workflow)
+        raise Workflow.DoesNotExist(f"no workflow {what!r} in organization {organization.slug!r}")
+    return found
+
+
+def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None,
+              trigger_source: str = TriggerSource.CLI, triggered_by=None, retry_of=None) -> WorkflowRun:
+    """Start a run of ``workflow``: the run and all its task runs in one transaction,
+    roots ready, then a nudge to the scheduler on commit.
+
+    Raises WorkflowNotStartable for a draft or archived workflow, and ValueError
+    when ``run_input`` is not a JSON object.
+    """
+    run_input = {} if run_input is None else run_input
+    if not isinstance(run_input, dict):
+        raise ValueError("run input must be a JSON object")
+    if workflow.state != WorkflowState.ACTIVE:
+        raise WorkflowNotStartable(
+            f"workflow {workflow.name} v{workflow.version} is {workflow.state}; only active workflows can start runs"
+        )
+    with transaction.atomic():
+        run_id = transitions.create_run_rows(
+            workflow_id=workflow.pk,
+            organization_id=workflow.organization_id,
+            run_input=run_input,
+            trigger_source=trigger_source,
+            triggered_by_id=getattr(triggered_by, "pk", None),
+            retry_of_id=getattr(retry_of, "pk", None),
+        )
+        transaction.on_commit(nudge_scheduler)
+    return WorkflowRun.objects.for_organization(workflow.organization_id).get(pk=run_id)
+
+
+def cancel_run(*, run: WorkflowRun, reason: str = "cancelled by request") -> bool:
+    """Cancel ``run`` (see ``transitions.cancel_run``). Returns False if it had already finished."""
+    with transaction.atomic():
+        return transitions.cancel_run(workflow_run_id=run.pk, reason=reason)
+
+
+def nudge_scheduler() -> None:
+    """Wake a scheduler now rather than at the clock's next tick. A failed nudge is
+    logged, not raised: the clock's tick claims the work anyway."""
+    from engine.actors import schedule_tick
+
+    try:
+        schedule_tick.send()
+    except Exception:
+        log.warning("could not nudge the scheduler; the clock will pick the work up", exc_info=True)
+
+
+__all__ = [
+    "DefinitionError",
+    "WorkflowNotStartable",
+    "apply_definition",
+    "cancel_run",
+    "nudge_scheduler",
+    "resolve_workflow",
+    "start_run",
+]

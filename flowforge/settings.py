@@ -1,0 +1,144 @@
+"""Django settings for FlowForge.
+
+Everything comes from the environment with working local defaults, so a fresh
+checkout runs against the PostgreSQL and Redis of a developer machine:
+
+- ``DATABASE_URL``  default ``postgres://postgres@127.0.0.1:5432/flowforge``
+- ``REDIS_URL``     default ``redis://127.0.0.1:6379/0``
+- ``BROKER_URL``    default: ``REDIS_URL``; an ``amqp://`` URL selects RabbitMQ
+- ``BROKER_NAMESPACE`` Redis key / queue-name prefix, so parallel checkouts and the
+  test suite do not consume each other's messages (default ``flowforge``)
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """Read a boolean environment variable ("1", "true", "yes", "on" are true)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else float(raw)
+
+
+SECRET_KEY = os.environ.get("SECRET_KEY", "dev-insecure-flowforge-secret-key-change-me-in-production")
+DEBUG = env_bool("DEBUG", True)
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "tenancy",
+    "engine",
+    "audit",
+    "api",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "flowforge.urls"
+WSGI_APPLICATION = "flowforge.wsgi.application"
+ASGI_APPLICATION = "flowforge.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/flowforge")
+DATABASES = {
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True),
+}
+if os.environ.get("TEST_DATABASE_NAME"):
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+BROKER_URL = os.environ.get("BROKER_URL", REDIS_URL)
+BROKER_NAMESPACE = os.environ.get("BROKER_NAMESPACE", "flowforge")
+
+AUTH_USER_MODEL = "tenancy.User"
+PASSWORD_HASHERS = [
+    "django.contrib.auth.hashers.Argon2PasswordHasher",
+    "django.contrib.auth.hashers.PBKDF2PasswordHasher",
+]
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Engine -----------------------------------------------------------------
+# Seconds a claimed or started task run holds its lease before the reaper may
+# take it back. Workers heartbeat every third of this.
+FLOWFORGE_LEASE_SECONDS = env_float("FLOWFORGE_LEASE_SECONDS", 30.0)
+# Seconds between heartbeats of a running task (defaults to a third of the lease).
+FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
+# Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
+FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))
+FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))
+# Clock periods in seconds: the safety net behind the on-commit nudges.
+FLOWFORGE_CLOCK_SCHEDULE_SECONDS = env_float("FLOWFORGE_CLOCK_SCHEDULE_SECONDS", 1.0)
+FLOWFORGE_CLOCK_REAP_SECONDS = env_float("FLOWFORGE_CLOCK_REAP_SECONDS", 2.0)
+FLOWFORGE_CLOCK_RELAY_SECONDS = env_float("FLOWFORGE_CLOCK_RELAY_SECONDS", 2.0)
+# Dotted paths that the ``python`` task type may call. A prefix ending in "." allows a module.
+FLOWFORGE_PYTHON_TASK_ALLOWLIST = [
+    p for p in os.environ.get("FLOWFORGE_PYTHON_TASK_ALLOWLIST", "examples.,tests.").split(",") if p
+]
+# Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
+FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
+# Where example workflows write their reports.
+FLOWFORGE_REPORT_DIR = Path(os.environ.get("FLOWFORGE_REPORT_DIR", str(BASE_DIR / "var" / "reports")))
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
