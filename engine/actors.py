@@ -18,32 +18,32 @@ EXECUTE_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
-def schedule_tick() -> int:
-    """Claim ready task runs and publish their dispatches. Returns how many were claimed."""
+def schedule_tick() -> None:
+    """Claim ready task runs and publish their dispatches. """
     from engine.scheduler import schedule_once
 
-    return schedule_once()
+    schedule_once()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
-def relay_outbox() -> int:
-    """Drain the outbox: publish every deliverable row. Returns how many were published."""
+def relay_outbox() -> None:
+    """Drain the outbox: publish every deliverable row."""
     from engine.relay import relay_pending
 
-    return relay_pending()
+    relay_pending()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
-def reap_leases() -> int:
-    """Take back expired leases. Returns how many."""
+def reap_leases() -> None:
+    """Take back expired leases."""
     from engine.reaper import reap_once
 
-    return reap_once()
+    reap_once()
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
-def execute_task_run(task_run_id: str, fencing_token: int) -> str:
+def execute_task_run(task_run_id: str, fencing_token: int) -> None:
     """Run one generation of one task run (see ``engine.runtime.execute``)."""
     from engine.runtime import execute
 
-    return execute(task_run_id, fencing_token)
+    execute(task_run_id, fencing_token)

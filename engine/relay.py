@@ -9,6 +9,7 @@ worker's at-most-once start per generation absorbs.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Sequence
@@ -38,7 +39,9 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-def _publish(broker: dramatiq.Broker, routing_key: str, payload: dict) -> None:
+def _publish(broker: dramatiq.Broker, routing_key: str, payload: dict | str) -> None:
+    if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
+        payload = json.loads(payload)
     actor = broker.get_actor("execute_task_run")
     message = actor.message_with_options(
         args=(payload["task_run_id"], payload["fencing_token"]),

@@ -22,6 +22,7 @@ docstring says otherwise.
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -80,6 +81,11 @@ class CompletionResult:
     dispatches: tuple[Dispatch, ...] = ()
     run_state: str | None = None
     retry_in_seconds: float | None = None
+
+
+def _json(value: Any) -> Any:
+    """Decode a jsonb column from a raw cursor (Django's psycopg setup returns jsonb as text)."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _fetch(sql: str, params: Any) -> list[tuple]:
@@ -346,13 +352,13 @@ def start_attempt(
             organization_id=r[2],
             task_key=r[3],
             task_type=r[4],
-            config=r[5] or {},
+            config=_json(r[5]) or {},
             attempt=r[6],
             max_attempts=r[7],
             fencing_token=r[8],
             timeout_seconds=r[9],
-            run_input=r[10] or {},
-            upstream=r[11] or {},
+            run_input=_json(r[10]) or {},
+            upstream=_json(r[11]) or {},
         )
     current = _fetch(
         "SELECT workflow_run_id, state, fencing_token, started_fencing_token FROM core_taskrun WHERE id = %s",

@@ -1,0 +1,44 @@
+"""manage.py apply_workflow --org SLUG FILE [FILE ...]"""
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from engine.definitions import DefinitionError, parse_document
+from engine.management.commands._common import get_organization
+from engine.models import WorkflowState
+from engine.services import apply_definition
+
+
+class Command(BaseCommand):
+    help = "Apply workflow definition files (JSON or YAML); an existing name gets version N+1."
+
+    def add_arguments(self, parser):
+        parser.add_argument("files", nargs="+")
+        parser.add_argument("--org", required=True, help="organization slug or id")
+        parser.add_argument("--draft", action="store_true", help="store as draft (not startable until activated)")
+
+    def handle(self, *args, **opts):
+        org = get_organization(opts["org"])
+        failed = False
+        for name in opts["files"]:
+            path = Path(name)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise CommandError(f"{name}: cannot read ({exc.strerror})") from exc
+            try:
+                wf = apply_definition(
+                    organization=org,
+                    document=parse_document(text, filename=path.name),
+                    state=WorkflowState.DRAFT if opts["draft"] else WorkflowState.ACTIVE,
+                )
+            except DefinitionError as exc:
+                failed = True
+                self.stderr.write(f"{name}: rejected, nothing stored:")
+                for err in exc.errors:
+                    self.stderr.write(f"  {err['path']}: {err['message']}")
+                continue
+            self.stdout.write(f"{name}: {wf.name} v{wf.version} ({wf.pk}), {wf.tasks.count()} tasks, {wf.state}")
+        if failed:
+            raise CommandError("some definitions were rejected")
