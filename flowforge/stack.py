@@ -1,0 +1,134 @@
+"""Start and stop FlowForge's processes: web, Dramatiq workers, clock.
+
+Used by ``make run`` / ``make demo`` (``scripts/stack.py``) and by the integration
+tests, so both exercise the same commands a deployment runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def bin_path(name: str) -> str:
+    """Path of a console script installed beside the running interpreter."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@dataclass
+class Proc:
+    """One started process (its own process group, so a stop reaches its children)."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, *, timeout: float = 15.0) -> int | None:
+        """SIGTERM the process group, then SIGKILL after ``timeout`` seconds. Returns the exit code."""
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once."""
+        try:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@dataclass
+class Stack:
+    """A set of started processes sharing one environment."""
+
+    env: dict[str, str]
+    log_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str]) -> Proc:
+        """Start ``argv`` with this stack's environment; output goes to log_dir/name.log."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        log = open(log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+        popen = subprocess.Popen(
+            argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        proc = Proc(name=name, popen=popen, log_path=log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_worker(self, name: str = "worker", *, processes: int = 2, threads: int = 8) -> Proc:
+        """Start ``dramatiq flowforge.worker`` with ``processes`` worker processes of ``threads`` threads."""
+        return self.start(
+            name,
+            [bin_path("dramatiq"), "flowforge.worker", "--processes", str(processes), "--threads", str(threads),
+             "--worker-shutdown-timeout", "10000"],
+        )
+
+    def start_clock(self, name: str = "clock") -> Proc:
+        return self.start(name, [sys.executable, "manage.py", "run_clock"])
+
+    def start_web(self, name: str = "web", *, bind: str = "127.0.0.1:8000") -> Proc:
+        return self.start(
+            name,
+            [bin_path("gunicorn"), "flowforge.wsgi", "--bind", bind, "--workers", "2", "--access-logfile", "-"],
+        )
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+def worker_child_pids(master_pid: int) -> list[int]:
+    """Pids of the worker processes a ``dramatiq`` master forked (read from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The ppid is the 2nd field after the parenthesised command name.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == master_pid:
+            children.append(int(entry.name))
+    return sorted(children)
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll ``predicate()`` until it returns a truthy value (returned) or raise TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
