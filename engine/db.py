@@ -6,12 +6,17 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections, connection, transaction
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # SQLSTATEs that mean "try the same transaction again": serialization_failure, deadlock_detected.
 RETRYABLE_SQLSTATES = {"40001", "40P01"}
@@ -22,7 +27,7 @@ def _sqlstate(exc: BaseException) -> str | None:
     return getattr(cause, "sqlstate", None) or getattr(exc, "sqlstate", None)
 
 
-def atomic_retry(fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
+def atomic_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
                  base_delay_seconds: float = 0.05) -> T:
     """Run ``fn`` in ``transaction.atomic`` and return its result, retrying the whole
     transaction on a deadlock or serialization failure (up to ``attempts`` times) and,

@@ -165,6 +165,9 @@ class TaskDependency(models.Model):
             models.CheckConstraint(condition=~Q(task=F("depends_on")), name="taskdep_no_self_edge"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.depends_on_id} -> {self.task_id}"
+
 
 class WorkflowRun(models.Model):
     """One execution of one workflow version."""
@@ -314,6 +317,9 @@ class TaskRunEvent(models.Model):
             models.Index(fields=["task_run", "created_at"], name="idx_event_taskrun_created"),
         ]
 
+    def __str__(self) -> str:
+        return f"event {self.seq} {self.kind} of run {self.workflow_run_id}"
+
 
 class OutboxMessage(models.Model):
     """One dispatch of one task-run generation, written in the claim's transaction
@@ -352,6 +358,9 @@ class OutboxMessage(models.Model):
             # The relay drain: WHERE published_at IS NULL ORDER BY created_at ... SKIP LOCKED (seed 000).
             models.Index(fields=["created_at"], name="idx_outbox_pending", condition=Q(published_at__isnull=True)),
         ]
+
+    def __str__(self) -> str:
+        return f"outbox {self.id} (task run {self.task_run_id}, token {self.fencing_token_snapshot})"
 
 
 class CatchUpPolicy(models.TextChoices):
@@ -395,6 +404,9 @@ class ScheduledTrigger(models.Model):
             models.Index(fields=["next_fire_at"], name="idx_trigger_due", condition=Q(enabled=True)),
         ]
 
+    def __str__(self) -> str:
+        return f"trigger {self.name} ({self.cron_expression} {self.timezone})"
+
 
 class IdempotencyKey(models.Model):
     """A client-chosen key that makes a repeated start return the first run.
@@ -426,3 +438,6 @@ class IdempotencyKey(models.Model):
             # Expiry sweep: WHERE expires_at < now().
             models.Index(fields=["expires_at"], name="idx_idempotency_expiry"),
         ]
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r}"

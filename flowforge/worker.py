@@ -10,5 +10,4 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flowforge.settings")
 django.setup()
 
-from flowforge.broker import broker  # noqa: E402,F401
-from engine import actors  # noqa: E402,F401
+from engine import actors  # noqa: E402,F401  (imports flowforge.broker first)

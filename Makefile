@@ -1,0 +1,61 @@
+# FlowForge — `make run` (the main job), `make demo` (the same, to the end of one run),
+# `make test` (the whole suite). Each installs what it needs.
+
+SHELL := /bin/bash
+PYTHON ?= $(shell scripts/find-python)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Tests get their own database (test_<name>), Redis db and broker namespace, so a
+# running `make run` and the suite never consume each other's messages.
+TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/flowforge_ci} \
+	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} \
+	BROKER_URL=$${TEST_BROKER_URL:-$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}} \
+	BROKER_NAMESPACE=$${TEST_BROKER_NAMESPACE:-flowforge-test}
+
+.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean
+
+help:
+	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
+	@echo "make demo   set up, run the example to its end with real workers, print a summary"
+	@echo "make test   lint, migration check and the whole test suite"
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "no Python >= 3.12 found (see above)"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+services: install
+	@$(PY) -m flowforge.services_check --create-database
+
+migrate: services
+	$(PY) manage.py migrate --noinput
+
+bootstrap: migrate
+	$(PY) manage.py bootstrap_demo
+
+run: bootstrap
+	$(PY) -m flowforge.devstack run
+
+demo: bootstrap
+	$(PY) -m flowforge.devstack demo
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+check-migrations: install
+	$(PY) manage.py makemigrations --check --dry-run
+
+test: install
+	@$(TEST_ENV) $(PY) -m flowforge.services_check --create-database
+	$(VENV)/bin/ruff check .
+	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
+	$(TEST_ENV) $(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info

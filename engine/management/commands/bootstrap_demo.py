@@ -1,0 +1,50 @@
+"""manage.py bootstrap_demo: the demo organization, its owner and the example workflows."""
+
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from engine.definitions import DefinitionError, parse_document, validate_document
+from engine.models import Workflow
+from engine.services import apply_definition
+from tenancy.models import Organization, User
+from tenancy.services import create_organization
+
+DEMO_SLUG = "demo"
+DEMO_EMAIL = "demo@flowforge.local"
+
+
+class Command(BaseCommand):
+    help = (
+        "Create (idempotently) the 'demo' organization with owner demo@flowforge.local and apply "
+        "every definition in examples/ whose content changed since its latest version."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--password", default="flowforge-demo", help="password of the demo owner (default flowforge-demo)")
+
+    def handle(self, *args, **opts):
+        org = Organization.objects.filter(slug=DEMO_SLUG).first()
+        if org is None:
+            org, user, _ = create_organization(
+                slug=DEMO_SLUG, name="Demo", owner_email=DEMO_EMAIL, owner_password=opts["password"]
+            )
+            self.stdout.write(f"created organization {DEMO_SLUG!r} with owner {DEMO_EMAIL}")
+        user = User.objects.get(email=DEMO_EMAIL)
+        examples = sorted(
+            p for p in (Path(settings.BASE_DIR) / "examples").iterdir() if p.suffix in (".json", ".yaml", ".yml")
+        )
+        for path in examples:
+            try:
+                normalized = validate_document(parse_document(path.read_text(), filename=path.name))
+            except DefinitionError as exc:
+                raise CommandError(f"{path}: {exc}") from exc
+            latest = (
+                Workflow.objects.for_organization(org).filter(name=normalized["name"]).order_by("-version").first()
+            )
+            if latest is not None and latest.definition == normalized:
+                self.stdout.write(f"{path.name}: {latest.name} v{latest.version} is current")
+                continue
+            wf = apply_definition(organization=org, document=normalized, created_by=user)
+            self.stdout.write(f"{path.name}: applied {wf.name} v{wf.version}")

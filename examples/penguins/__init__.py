@@ -1,0 +1,1 @@
+"""The penguins-report example workflow: the task functions live in ``tasks``."""

@@ -1,0 +1,43 @@
+"""A 10-task DAG runs in dependency order to success on real worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.models import TaskRun, TaskRunEvent
+from engine.services import start_run
+from tests.integration.conftest import wait_for_run_terminal
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+# extract -> validate -> t1..t6 (fan-out) -> merge (fan-in) -> publish : 10 tasks
+TEN_TASK_DAG = (
+    [{"key": "extract", "type": "noop"}, {"key": "validate", "type": "sleep", "config": {"seconds": 0.05}, "depends_on": ["extract"]}]
+    + [{"key": f"t{i}", "type": "sleep", "config": {"seconds": 0.1}, "depends_on": ["validate"]} for i in range(1, 7)]
+    + [
+        {"key": "merge", "type": "noop", "depends_on": [f"t{i}" for i in range(1, 7)]},
+        {"key": "publish", "type": "noop", "depends_on": ["merge"]},
+    ]
+)
+
+
+def test_ten_task_dag_runs_in_dependency_order_to_success(stack, org, make_workflow):
+    wf = make_workflow(org, TEN_TASK_DAG, name="ten")
+    stack.start_worker(processes=2, threads=4)
+    stack.start_clock()
+    run = start_run(workflow=wf, run_input={"n": 1})
+
+    assert wait_for_run_terminal(run, timeout=60) == "succeeded"
+
+    task_runs = {tr.task.key: tr for tr in TaskRun.objects.for_organization(org).filter(workflow_run=run).select_related("task")}
+    assert len(task_runs) == 10
+    assert {tr.state for tr in task_runs.values()} == {"succeeded"}
+    deps = {t["key"]: t.get("depends_on", []) for t in TEN_TASK_DAG}
+    for key, parents in deps.items():
+        for parent in parents:
+            # Every task started only after each of its dependencies finished.
+            assert task_runs[parent].finished_at <= task_runs[key].started_at, (parent, key)
+    seqs = list(TaskRunEvent.objects.for_organization(org).filter(workflow_run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    started = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="started").count()
+    assert started == 10

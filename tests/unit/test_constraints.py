@@ -1,0 +1,538 @@
+"""Every CHECK and UNIQUE constraint of seed 000 (plus the extra ones declared in
+engine/models.py and tenancy/models.py) holds when Python validation is bypassed.
+
+Each test builds valid rows first, then writes the violating value through
+``QuerySet.update()`` or ``bulk_create`` and asserts that PostgreSQL rejected it
+naming the constraint (``exc.__cause__.diag.constraint_name``). Every violating
+write runs inside ``transaction.atomic()`` so the test transaction stays usable,
+and most tests then prove the row is unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from engine.models import (
+    IdempotencyKey,
+    OutboxMessage,
+    ScheduledTrigger,
+    Task,
+    TaskDependency,
+    TaskRun,
+    TaskRunEvent,
+    Workflow,
+    WorkflowRun,
+)
+from engine.services import start_run
+from tenancy.models import Membership, User
+
+pytestmark = pytest.mark.django_db
+
+NOOP = {"type": "noop"}
+
+
+def violation(constraint: str, write) -> IntegrityError:
+    """Run ``write`` in a savepoint; assert PostgreSQL rejected it naming ``constraint``."""
+    with pytest.raises(IntegrityError) as excinfo:
+        with transaction.atomic():
+            write()
+    cause = excinfo.value.__cause__
+    assert cause is not None, "IntegrityError without the underlying psycopg error"
+    assert cause.diag.constraint_name == constraint, (
+        f"expected constraint {constraint!r}, database named {cause.diag.constraint_name!r}: {cause}"
+    )
+    return excinfo.value
+
+
+# --- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def chain(org, make_workflow):
+    """A workflow a -> b (b depends on a), no runs yet."""
+    return make_workflow(org, [{"key": "a", **NOOP}, {"key": "b", **NOOP, "depends_on": ["a"]}], name="chain")
+
+
+@pytest.fixture
+def run(chain):
+    """A running run of ``chain``: task run a is ready, b pending."""
+    return start_run(workflow=chain, run_input={})
+
+
+def task_run(run, key: str) -> TaskRun:
+    return TaskRun.objects.unscoped().get(workflow_run=run, task__key=key)
+
+
+def owner_of(org) -> User:
+    return Membership.objects.for_organization(org).get(role="owner").user
+
+
+# --- Workflow -----------------------------------------------------------------------------------
+
+
+def test_renaming_a_workflow_onto_an_existing_name_and_version_violates_uniq_workflow_name_version(
+    org, make_workflow
+):
+    make_workflow(org, [{"key": "a", **NOOP}], name="etl")
+    other = make_workflow(org, [{"key": "a", **NOOP}], name="load")
+    assert (other.version, Workflow.objects.for_organization(org).get(name="etl").version) == (1, 1)
+
+    violation(
+        "uniq_workflow_name_version",
+        lambda: Workflow.objects.unscoped().filter(pk=other.pk).update(name="etl"),
+    )
+    assert Workflow.objects.unscoped().get(pk=other.pk).name == "load"
+
+
+def test_bulk_inserting_a_second_v1_of_a_name_violates_uniq_workflow_name_version(org, make_workflow):
+    make_workflow(org, [{"key": "a", **NOOP}], name="etl")
+
+    violation(
+        "uniq_workflow_name_version",
+        lambda: Workflow.objects.bulk_create([Workflow(organization=org, name="etl", version=1)]),
+    )
+    assert Workflow.objects.for_organization(org).filter(name="etl").count() == 1
+
+
+def test_same_name_and_version_in_two_organizations_is_allowed(make_org, make_workflow):
+    a, b = make_org(), make_org()
+    make_workflow(a, [{"key": "a", **NOOP}], name="etl")
+    make_workflow(b, [{"key": "a", **NOOP}], name="etl")
+    assert Workflow.objects.unscoped().filter(name="etl", version=1).count() == 2
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_workflow_version_below_one_violates_workflow_version_positive(chain, version):
+    violation(
+        "workflow_version_positive",
+        lambda: Workflow.objects.unscoped().filter(pk=chain.pk).update(version=version),
+    )
+    assert Workflow.objects.unscoped().get(pk=chain.pk).version == 1
+
+
+def test_unknown_workflow_state_violates_workflow_state_valid(chain):
+    violation("workflow_state_valid", lambda: Workflow.objects.unscoped().filter(pk=chain.pk).update(state="deleted"))
+    assert Workflow.objects.unscoped().get(pk=chain.pk).state == "active"
+
+
+def test_every_declared_workflow_state_is_accepted(chain):
+    for state in ("draft", "archived", "active"):
+        assert Workflow.objects.unscoped().filter(pk=chain.pk).update(state=state) == 1
+        assert Workflow.objects.unscoped().get(pk=chain.pk).state == state
+
+
+# --- Task ---------------------------------------------------------------------------------------
+
+
+def test_renaming_a_task_onto_a_sibling_key_violates_uniq_task_workflow_key(chain):
+    violation(
+        "uniq_task_workflow_key",
+        lambda: Task.objects.unscoped().filter(workflow=chain, key="b").update(key="a"),
+    )
+    assert sorted(Task.objects.unscoped().filter(workflow=chain).values_list("key", flat=True)) == ["a", "b"]
+
+
+def test_bulk_inserting_a_duplicate_task_key_violates_uniq_task_workflow_key(chain):
+    violation(
+        "uniq_task_workflow_key",
+        lambda: Task.objects.bulk_create([Task(organization_id=chain.organization_id, workflow=chain, key="a", type="noop")]),
+    )
+    assert Task.objects.unscoped().filter(workflow=chain).count() == 2
+
+
+def test_same_task_key_in_two_workflows_is_allowed(org, make_workflow):
+    make_workflow(org, [{"key": "a", **NOOP}], name="one")
+    make_workflow(org, [{"key": "a", **NOOP}], name="two")
+    assert Task.objects.for_organization(org).filter(key="a").count() == 2
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_max_attempts_below_one_violates_task_max_attempts_positive(chain, value):
+    violation(
+        "task_max_attempts_positive",
+        lambda: Task.objects.unscoped().filter(workflow=chain, key="a").update(max_attempts=value),
+    )
+    assert Task.objects.unscoped().get(workflow=chain, key="a").max_attempts == 1
+
+
+def test_negative_retry_backoff_violates_task_retry_backoff_non_negative(chain):
+    violation(
+        "task_retry_backoff_non_negative",
+        lambda: Task.objects.unscoped().filter(workflow=chain, key="a").update(retry_backoff_seconds=-0.5),
+    )
+    assert Task.objects.unscoped().get(workflow=chain, key="a").retry_backoff_seconds == 1.0
+
+
+def test_zero_retry_backoff_is_allowed(chain):
+    assert Task.objects.unscoped().filter(workflow=chain, key="a").update(retry_backoff_seconds=0) == 1
+    assert Task.objects.unscoped().get(workflow=chain, key="a").retry_backoff_seconds == 0.0
+
+
+@pytest.mark.parametrize("value", [0, -1.5])
+def test_non_positive_timeout_violates_task_timeout_positive(chain, value):
+    violation(
+        "task_timeout_positive",
+        lambda: Task.objects.unscoped().filter(workflow=chain, key="a").update(timeout_seconds=value),
+    )
+    assert Task.objects.unscoped().get(workflow=chain, key="a").timeout_seconds is None
+
+
+def test_null_or_positive_timeout_is_allowed(chain):
+    qs = Task.objects.unscoped().filter(workflow=chain, key="a")
+    assert qs.update(timeout_seconds=0.5) == 1
+    assert qs.get().timeout_seconds == 0.5
+    assert qs.update(timeout_seconds=None) == 1
+    assert qs.get().timeout_seconds is None
+
+
+# --- TaskDependency -----------------------------------------------------------------------------
+
+
+def test_bulk_inserting_the_same_edge_twice_violates_uniq_taskdep_edge(chain):
+    a = Task.objects.unscoped().get(workflow=chain, key="a")
+    b = Task.objects.unscoped().get(workflow=chain, key="b")
+    violation(
+        "uniq_taskdep_edge",
+        lambda: TaskDependency.objects.bulk_create(
+            [TaskDependency(organization_id=chain.organization_id, workflow=chain, task=b, depends_on=a)]
+        ),
+    )
+    assert TaskDependency.objects.unscoped().filter(workflow=chain).count() == 1
+
+
+def _disable_user_triggers():
+    """Let a write reach the CHECK constraints behind the definition guards' BEFORE
+    triggers (which would otherwise reject the row first, without a constraint name).
+    Transaction-local: the test transaction's rollback restores it."""
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL session_replication_role = replica")
+
+
+def test_self_edge_violates_taskdep_no_self_edge(chain):
+    _disable_user_triggers()
+    b = Task.objects.unscoped().get(workflow=chain, key="b")
+    violation(
+        "taskdep_no_self_edge",
+        lambda: TaskDependency.objects.unscoped().filter(workflow=chain).update(depends_on=b),
+    )
+    violation(
+        "taskdep_no_self_edge",
+        lambda: TaskDependency.objects.bulk_create(
+            [TaskDependency(organization_id=chain.organization_id, workflow=chain, task=b, depends_on=b)]
+        ),
+    )
+    edge = TaskDependency.objects.unscoped().get(workflow=chain)
+    assert (edge.task.key, edge.depends_on.key) == ("b", "a")
+
+
+def test_self_edge_is_rejected_with_the_guards_enabled_too(chain):
+    """With the 0002 triggers active the self-edge is still refused (by the same-workflow
+    guard, which fires before the CHECK constraint); either way no self-edge is stored."""
+    b = Task.objects.unscoped().get(workflow=chain, key="b")
+    with pytest.raises(IntegrityError) as excinfo:
+        with transaction.atomic():
+            TaskDependency.objects.unscoped().filter(workflow=chain).update(depends_on=b)
+    cause = excinfo.value.__cause__
+    print("DIAG", cause.diag.constraint_name, cause)
+    assert cause.sqlstate == "23514"  # check_violation
+    assert cause.diag.constraint_name in ("taskdep_no_self_edge", None)
+    if cause.diag.constraint_name is None:
+        assert "must join two tasks of workflow" in str(cause)
+    assert TaskDependency.objects.unscoped().get(workflow=chain).depends_on.key == "a"
+
+
+# --- WorkflowRun --------------------------------------------------------------------------------
+
+
+def test_unknown_run_state_violates_wfrun_state_valid(run):
+    violation("wfrun_state_valid", lambda: WorkflowRun.objects.unscoped().filter(pk=run.pk).update(state="suceeded"))
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "running"
+
+
+@pytest.mark.parametrize("state", ["succeeded", "failed", "cancelled"])
+def test_terminal_run_without_finished_at_violates_wfrun_finished_at_matches_state(run, state):
+    assert run.finished_at is None
+    violation(
+        "wfrun_finished_at_matches_state",
+        lambda: WorkflowRun.objects.unscoped().filter(pk=run.pk).update(state=state),
+    )
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "running"
+
+
+@pytest.mark.parametrize("state", ["running", "pending"])
+def test_non_terminal_run_with_finished_at_violates_wfrun_finished_at_matches_state(run, state):
+    qs = WorkflowRun.objects.unscoped().filter(pk=run.pk)
+    qs.update(state=state)
+    violation("wfrun_finished_at_matches_state", lambda: qs.update(finished_at=timezone.now()))
+    assert qs.get().finished_at is None
+
+
+def test_terminal_run_with_finished_at_satisfies_wfrun_finished_at_matches_state(run):
+    now = timezone.now()
+    qs = WorkflowRun.objects.unscoped().filter(pk=run.pk)
+    assert qs.update(state="succeeded", finished_at=now) == 1
+    assert (qs.get().state, qs.get().finished_at) == ("succeeded", now)
+
+
+def test_negative_last_event_seq_violates_wfrun_event_seq_non_negative(run):
+    violation(
+        "wfrun_event_seq_non_negative",
+        lambda: WorkflowRun.objects.unscoped().filter(pk=run.pk).update(last_event_seq=-1),
+    )
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).last_event_seq == 1  # the run_started event
+
+
+# --- TaskRun ------------------------------------------------------------------------------------
+
+
+def test_start_run_writes_roots_ready_and_dependents_pending(run):
+    states = dict(TaskRun.objects.unscoped().filter(workflow_run=run).values_list("task__key", "state"))
+    assert states == {"a": "ready", "b": "pending"}
+
+
+def test_pointing_a_task_run_at_its_siblings_task_violates_uniq_taskrun_per_run_task(run):
+    b = task_run(run, "b")
+    violation(
+        "uniq_taskrun_per_run_task",
+        lambda: TaskRun.objects.unscoped().filter(pk=b.pk).update(task=task_run(run, "a").task),
+    )
+    assert task_run(run, "b").pk == b.pk
+
+
+def test_bulk_inserting_a_second_task_run_for_a_task_violates_uniq_taskrun_per_run_task(run):
+    a = task_run(run, "a")
+    violation(
+        "uniq_taskrun_per_run_task",
+        lambda: TaskRun.objects.bulk_create(
+            [TaskRun(organization_id=run.organization_id, workflow_run=run, task_id=a.task_id, state="pending")]
+        ),
+    )
+    assert TaskRun.objects.unscoped().filter(workflow_run=run).count() == 2
+
+
+def test_unknown_task_run_state_violates_taskrun_state_valid(run):
+    a = task_run(run, "a")
+    violation("taskrun_state_valid", lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(state="retrying"))
+    assert task_run(run, "a").state == "ready"
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_attempt_below_one_violates_taskrun_attempt_positive(run, value):
+    a = task_run(run, "a")
+    violation("taskrun_attempt_positive", lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=value))
+    assert task_run(run, "a").attempt == 1
+
+
+def test_negative_fencing_token_violates_taskrun_fencing_non_negative(run):
+    a = task_run(run, "a")
+    violation(
+        "taskrun_fencing_non_negative",
+        lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(fencing_token=-1),
+    )
+    assert task_run(run, "a").fencing_token == 0
+
+
+def test_finished_before_started_violates_taskrun_finished_after_started(run):
+    a = task_run(run, "a")
+    started = timezone.now()
+    qs = TaskRun.objects.unscoped().filter(pk=a.pk)
+    violation(
+        "taskrun_finished_after_started",
+        lambda: qs.update(state="succeeded", started_at=started, finished_at=started - dt.timedelta(seconds=1)),
+    )
+    assert (qs.get().started_at, qs.get().finished_at) == (None, None)
+    # Equal instants and either side NULL are fine.
+    assert qs.update(state="succeeded", started_at=started, finished_at=started) == 1
+    assert qs.update(started_at=None, finished_at=started) == 1
+    assert (qs.get().started_at, qs.get().finished_at) == (None, started)
+
+
+def test_running_without_a_lease_violates_taskrun_lease_iff_running(run):
+    a = task_run(run, "a")
+    violation("taskrun_lease_iff_running", lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(state="running"))
+    assert task_run(run, "a").state == "ready"
+
+
+@pytest.mark.parametrize("state", ["pending", "ready", "succeeded", "failed", "skipped", "cancelled"])
+def test_a_lease_on_a_non_running_task_run_violates_taskrun_lease_iff_running(run, state):
+    a = task_run(run, "a")
+    violation(
+        "taskrun_lease_iff_running",
+        lambda: TaskRun.objects.unscoped()
+        .filter(pk=a.pk)
+        .update(state=state, lease_expires_at=timezone.now() + dt.timedelta(minutes=1)),
+    )
+    assert task_run(run, "a").lease_expires_at is None
+
+
+def test_clearing_the_lease_of_a_running_task_run_violates_taskrun_lease_iff_running(run):
+    a = task_run(run, "a")
+    qs = TaskRun.objects.unscoped().filter(pk=a.pk)
+    expires = timezone.now() + dt.timedelta(minutes=1)
+    assert qs.update(state="running", lease_owner="w1", lease_expires_at=expires) == 1
+    violation("taskrun_lease_iff_running", lambda: qs.update(lease_expires_at=None))
+    assert (qs.get().state, qs.get().lease_expires_at) == ("running", expires)
+
+
+# --- OutboxMessage ------------------------------------------------------------------------------
+
+
+def _outbox(tr: TaskRun, token: int, **kw) -> OutboxMessage:
+    return OutboxMessage(
+        organization_id=tr.organization_id,
+        task_run=tr,
+        workflow_run_id=tr.workflow_run_id,
+        routing_key="tasks",
+        payload={"task_run_id": str(tr.pk), "fencing_token": token},
+        fencing_token_snapshot=token,
+        attempt_snapshot=tr.attempt,
+        **kw,
+    )
+
+
+def test_two_dispatch_rows_for_one_generation_violate_uniq_outbox_per_taskrun_generation(run):
+    a = task_run(run, "a")
+    OutboxMessage.objects.bulk_create([_outbox(a, 1)])
+    violation("uniq_outbox_per_taskrun_generation", lambda: OutboxMessage.objects.bulk_create([_outbox(a, 1)]))
+    # A new generation is a new row.
+    OutboxMessage.objects.bulk_create([_outbox(a, 2)])
+    assert sorted(OutboxMessage.objects.unscoped().filter(task_run=a).values_list("fencing_token_snapshot", flat=True)) == [1, 2]
+
+
+def test_renumbering_a_dispatch_onto_an_existing_generation_violates_uniq_outbox_per_taskrun_generation(run):
+    a = task_run(run, "a")
+    first, second = OutboxMessage.objects.bulk_create([_outbox(a, 1), _outbox(a, 2)])
+    violation(
+        "uniq_outbox_per_taskrun_generation",
+        lambda: OutboxMessage.objects.unscoped().filter(pk=second.pk).update(fencing_token_snapshot=1),
+    )
+    assert OutboxMessage.objects.unscoped().get(pk=second.pk).fencing_token_snapshot == 2
+
+
+def test_negative_publish_attempts_violates_outbox_attempts_non_negative(run):
+    a = task_run(run, "a")
+    (msg,) = OutboxMessage.objects.bulk_create([_outbox(a, 1)])
+    violation(
+        "outbox_attempts_non_negative",
+        lambda: OutboxMessage.objects.unscoped().filter(pk=msg.pk).update(publish_attempts=-1),
+    )
+    violation("outbox_attempts_non_negative", lambda: OutboxMessage.objects.bulk_create([_outbox(a, 2, publish_attempts=-2)]))
+    assert OutboxMessage.objects.unscoped().get(pk=msg.pk).publish_attempts == 0
+
+
+# --- TaskRunEvent -------------------------------------------------------------------------------
+
+
+def test_a_second_event_with_a_taken_seq_violates_uniq_event_run_seq(run):
+    (started,) = TaskRunEvent.objects.unscoped().filter(workflow_run=run)
+    assert (started.kind, started.seq) == ("run_started", 1)
+    violation(
+        "uniq_event_run_seq",
+        lambda: TaskRunEvent.objects.bulk_create(
+            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=1, kind="forged")]
+        ),
+    )
+    (extra,) = TaskRunEvent.objects.bulk_create(
+        [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="next")]
+    )
+    violation("uniq_event_run_seq", lambda: TaskRunEvent.objects.unscoped().filter(pk=extra.pk).update(seq=1))
+    assert sorted(TaskRunEvent.objects.unscoped().filter(workflow_run=run).values_list("seq", flat=True)) == [1, 2]
+
+
+# --- IdempotencyKey -----------------------------------------------------------------------------
+
+
+def _idem(org, user, key: str) -> IdempotencyKey:
+    return IdempotencyKey(
+        organization=org, user=user, key=key, request_hash="0" * 64, expires_at=timezone.now() + dt.timedelta(days=1)
+    )
+
+
+def test_same_key_for_the_same_user_violates_uniq_idempotency_org_user_key(org):
+    user = owner_of(org)
+    IdempotencyKey.objects.bulk_create([_idem(org, user, "k1")])
+    violation("uniq_idempotency_org_user_key", lambda: IdempotencyKey.objects.bulk_create([_idem(org, user, "k1")]))
+    assert IdempotencyKey.objects.for_organization(org).filter(key="k1").count() == 1
+
+
+def test_same_key_without_a_user_collides_because_nulls_are_not_distinct(org):
+    IdempotencyKey.objects.bulk_create([_idem(org, None, "system-key")])
+    violation(
+        "uniq_idempotency_org_user_key",
+        lambda: IdempotencyKey.objects.bulk_create([_idem(org, None, "system-key")]),
+    )
+    # And through an update of another NULL-user key onto the same key.
+    (other,) = IdempotencyKey.objects.bulk_create([_idem(org, None, "other-key")])
+    violation(
+        "uniq_idempotency_org_user_key",
+        lambda: IdempotencyKey.objects.unscoped().filter(pk=other.pk).update(key="system-key"),
+    )
+    assert IdempotencyKey.objects.for_organization(org).filter(user=None, key="system-key").count() == 1
+
+
+def test_same_key_is_allowed_for_another_user_or_another_organization(make_org):
+    a, b = make_org(), make_org()
+    IdempotencyKey.objects.bulk_create(
+        [_idem(a, owner_of(a), "k"), _idem(a, None, "k"), _idem(b, owner_of(b), "k"), _idem(b, None, "k")]
+    )
+    assert IdempotencyKey.objects.unscoped().filter(key="k").count() == 4
+
+
+# --- Membership ---------------------------------------------------------------------------------
+
+
+def test_a_second_membership_of_a_user_violates_uniq_membership_org_user(org):
+    user = owner_of(org)
+    violation(
+        "uniq_membership_org_user",
+        lambda: Membership.objects.bulk_create([Membership(organization=org, user=user, role="viewer")]),
+    )
+    assert Membership.objects.for_organization(org).filter(user=user).count() == 1
+
+
+def test_unknown_role_violates_membership_role_valid(org):
+    violation("membership_role_valid", lambda: Membership.objects.for_organization(org).update(role="superadmin"))
+    assert list(Membership.objects.for_organization(org).values_list("role", flat=True)) == ["owner"]
+
+
+def test_every_declared_role_is_accepted(org):
+    qs = Membership.objects.for_organization(org)
+    for role in ("admin", "member", "viewer", "owner"):
+        assert qs.update(role=role) == 1
+        assert qs.get().role == role
+
+
+# --- ScheduledTrigger ---------------------------------------------------------------------------
+
+
+def _trigger(org, name: str, **kw) -> ScheduledTrigger:
+    return ScheduledTrigger(organization=org, name=name, workflow_name="etl", cron_expression="*/5 * * * *", **kw)
+
+
+def test_two_triggers_with_one_name_violate_uniq_trigger_org_name(make_org):
+    org, other_org = make_org(), make_org()
+    ScheduledTrigger.objects.bulk_create([_trigger(org, "nightly"), _trigger(other_org, "nightly")])
+    violation("uniq_trigger_org_name", lambda: ScheduledTrigger.objects.bulk_create([_trigger(org, "nightly")]))
+    (hourly,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "hourly")])
+    violation(
+        "uniq_trigger_org_name",
+        lambda: ScheduledTrigger.objects.unscoped().filter(pk=hourly.pk).update(name="nightly"),
+    )
+    assert ScheduledTrigger.objects.unscoped().filter(name="nightly").count() == 2
+
+
+def test_unknown_catch_up_policy_violates_trigger_catch_up_valid(org):
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "nightly")])
+    violation(
+        "trigger_catch_up_valid",
+        lambda: ScheduledTrigger.objects.unscoped().filter(pk=trig.pk).update(catch_up="never"),
+    )
+    violation(
+        "trigger_catch_up_valid",
+        lambda: ScheduledTrigger.objects.bulk_create([_trigger(org, "other", catch_up="")]),
+    )
+    assert ScheduledTrigger.objects.unscoped().get(pk=trig.pk).catch_up == "latest"
