@@ -237,7 +237,6 @@ def test_self_edge_is_rejected_with_the_guards_enabled_too(chain):
         with transaction.atomic():
             TaskDependency.objects.unscoped().filter(workflow=chain).update(depends_on=b)
     cause = excinfo.value.__cause__
-    print("DIAG", cause.diag.constraint_name, cause)
     assert cause.sqlstate == "23514"  # check_violation
     assert cause.diag.constraint_name in ("taskdep_no_self_edge", None)
     if cause.diag.constraint_name is None:

@@ -1,0 +1,270 @@
+"""The migrated database carries seed 000's schema, read from PostgreSQL's catalog:
+table names, every seed index (name, table, columns in order, direction, partial
+predicate) and every named constraint (table and type)."""
+
+from __future__ import annotations
+
+import pytest
+from django.apps import apps
+from django.db import connection
+
+pytestmark = pytest.mark.django_db
+
+
+def _rows(sql: str, params=()) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+def index_info(name: str) -> dict | None:
+    """Catalog facts of index ``name``: its table, columns in order with direction,
+    uniqueness, predicate and definition. None when no such index exists."""
+    rows = _rows(
+        """
+        SELECT t.relname, ix.indisunique, pg_get_expr(ix.indpred, ix.indrelid), pg_get_indexdef(ix.indexrelid),
+               am.amname, ix.indexrelid
+        FROM pg_index ix
+        JOIN pg_class i ON i.oid = ix.indexrelid
+        JOIN pg_class t ON t.oid = ix.indrelid
+        JOIN pg_namespace n ON n.oid = i.relnamespace
+        JOIN pg_am am ON am.oid = i.relam
+        WHERE i.relname = %s AND n.nspname = current_schema()
+        """,
+        [name],
+    )
+    if not rows:
+        return None
+    ((table, unique, predicate, indexdef, method, oid),) = rows
+    columns = _rows(
+        """
+        SELECT a.attname,
+               CASE WHEN pg_index_column_has_property(ix.indexrelid, k.ord::int, 'desc') THEN 'DESC' ELSE 'ASC' END
+        FROM pg_index ix
+        CROSS JOIN LATERAL unnest(ix.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+        JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = k.attnum
+        WHERE ix.indexrelid = %s
+        ORDER BY k.ord
+        """,
+        [oid],
+    )
+    return {
+        "table": table,
+        "unique": unique,
+        "columns": [tuple(c) for c in columns],
+        "predicate": predicate,
+        "indexdef": indexdef,
+        "method": method,
+    }
+
+
+SEED_INDEXES = {
+    # name: (table, [(column, direction), ...], partial predicate as PostgreSQL prints it)
+    "idx_wfrun_wf_recent": ("core_workflowrun", [("workflow_id", "ASC"), ("created_at", "DESC")], None),
+    "idx_wfrun_state_age": ("core_workflowrun", [("state", "ASC"), ("created_at", "ASC")], None),
+    "idx_taskrun_state_age": ("core_taskrun", [("state", "ASC"), ("created_at", "ASC")], None),
+    "idx_taskrun_run_state": ("core_taskrun", [("workflow_run_id", "ASC"), ("state", "ASC")], None),
+    "idx_taskrun_lease_expiry": (
+        "core_taskrun",
+        [("lease_expires_at", "ASC")],
+        "((state)::text = 'running'::text)",
+    ),
+    "idx_outbox_pending": ("core_outboxmessage", [("created_at", "ASC")], "(published_at IS NULL)"),
+    "idx_event_taskrun_created": ("core_taskrunevent", [("task_run_id", "ASC"), ("created_at", "ASC")], None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SEED_INDEXES))
+def test_seed_index_exists_with_its_table_columns_direction_and_predicate(name):
+    table, columns, predicate = SEED_INDEXES[name]
+    info = index_info(name)
+    assert info is not None, f"index {name} is missing"
+    assert info["table"] == table
+    assert info["columns"] == columns
+    assert info["predicate"] == predicate
+    assert info["unique"] is False
+    assert info["method"] == "btree"
+
+
+def test_recent_runs_index_declares_created_at_descending_in_its_definition():
+    info = index_info("idx_wfrun_wf_recent")
+    assert info["indexdef"] == (
+        "CREATE INDEX idx_wfrun_wf_recent ON public.core_workflowrun USING btree (workflow_id, created_at DESC)"
+    )
+
+
+def test_partial_indexes_print_their_where_clause():
+    assert index_info("idx_taskrun_lease_expiry")["indexdef"].endswith(
+        "USING btree (lease_expires_at) WHERE ((state)::text = 'running'::text)"
+    )
+    assert index_info("idx_outbox_pending")["indexdef"].endswith(
+        "USING btree (created_at) WHERE (published_at IS NULL)"
+    )
+
+
+def test_an_unknown_index_name_is_reported_missing():
+    """The catalog helper itself does not invent indexes."""
+    assert index_info("idx_does_not_exist") is None
+
+
+SEED_TABLES = [
+    "core_workflow",
+    "core_task",
+    "core_workflowrun",
+    "core_taskrun",
+    "core_outboxmessage",
+    "core_taskrunevent",
+    "core_scheduledtrigger",
+    "core_idempotencykey",
+    "core_organization",
+    "core_membership",
+]
+
+
+def test_tables_carry_the_seed_names():
+    present = {
+        r[0]
+        for r in _rows(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = current_schema() AND c.relname = ANY(%s)",
+            [SEED_TABLES],
+        )
+    }
+    assert sorted(present) == sorted(SEED_TABLES)
+
+
+@pytest.mark.parametrize(
+    "model, table",
+    [
+        ("engine.Workflow", "core_workflow"),
+        ("engine.Task", "core_task"),
+        ("engine.TaskDependency", "core_taskdependency"),
+        ("engine.WorkflowRun", "core_workflowrun"),
+        ("engine.TaskRun", "core_taskrun"),
+        ("engine.OutboxMessage", "core_outboxmessage"),
+        ("engine.TaskRunEvent", "core_taskrunevent"),
+        ("engine.ScheduledTrigger", "core_scheduledtrigger"),
+        ("engine.IdempotencyKey", "core_idempotencykey"),
+        ("tenancy.Organization", "core_organization"),
+        ("tenancy.Membership", "core_membership"),
+    ],
+)
+def test_models_map_to_the_seed_table_names(model, table):
+    assert apps.get_model(model)._meta.db_table == table
+
+
+# name: (table, type: 'u' unique / 'c' check, columns of a unique constraint in order)
+SEED_CONSTRAINTS = {
+    "uniq_workflow_name_version": ("core_workflow", "u", ["organization_id", "name", "version"]),
+    "workflow_version_positive": ("core_workflow", "c", None),
+    "workflow_state_valid": ("core_workflow", "c", None),
+    "uniq_task_workflow_key": ("core_task", "u", ["workflow_id", "key"]),
+    "task_max_attempts_positive": ("core_task", "c", None),
+    "task_retry_backoff_non_negative": ("core_task", "c", None),
+    "task_timeout_positive": ("core_task", "c", None),
+    "uniq_taskdep_edge": ("core_taskdependency", "u", ["task_id", "depends_on_id"]),
+    "taskdep_no_self_edge": ("core_taskdependency", "c", None),
+    "wfrun_state_valid": ("core_workflowrun", "c", None),
+    "wfrun_finished_at_matches_state": ("core_workflowrun", "c", None),
+    "wfrun_event_seq_non_negative": ("core_workflowrun", "c", None),
+    "uniq_taskrun_per_run_task": ("core_taskrun", "u", ["workflow_run_id", "task_id"]),
+    "taskrun_state_valid": ("core_taskrun", "c", None),
+    "taskrun_attempt_positive": ("core_taskrun", "c", None),
+    "taskrun_fencing_non_negative": ("core_taskrun", "c", None),
+    "taskrun_finished_after_started": ("core_taskrun", "c", None),
+    "taskrun_lease_iff_running": ("core_taskrun", "c", None),
+    "uniq_outbox_per_taskrun_generation": ("core_outboxmessage", "u", ["task_run_id", "fencing_token_snapshot"]),
+    "outbox_attempts_non_negative": ("core_outboxmessage", "c", None),
+    "uniq_event_run_seq": ("core_taskrunevent", "u", ["workflow_run_id", "seq"]),
+    "uniq_idempotency_org_user_key": ("core_idempotencykey", "u", ["organization_id", "user_id", "key"]),
+    "uniq_membership_org_user": ("core_membership", "u", ["organization_id", "user_id"]),
+    "membership_role_valid": ("core_membership", "c", None),
+    "uniq_trigger_org_name": ("core_scheduledtrigger", "u", ["organization_id", "name"]),
+    "trigger_catch_up_valid": ("core_scheduledtrigger", "c", None),
+}
+
+
+def constraint_info(name: str) -> list[tuple]:
+    return _rows(
+        """
+        SELECT t.relname, c.contype,
+               ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(attnum, ord)
+                     JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+                     ORDER BY k.ord)::text[],
+               pg_get_constraintdef(c.oid)
+        FROM pg_constraint c
+        JOIN pg_class t ON t.oid = c.conrelid
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        WHERE c.conname = %s AND n.nspname = current_schema()
+        """,
+        [name],
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SEED_CONSTRAINTS))
+def test_named_constraint_exists_on_its_table_with_its_type(name):
+    table, contype, columns = SEED_CONSTRAINTS[name]
+    rows = constraint_info(name)
+    assert len(rows) == 1, f"expected exactly one constraint named {name}, found {rows}"
+    ((found_table, found_type, found_columns, _definition),) = rows
+    assert (found_table, found_type) == (table, contype)
+    if columns is not None:
+        assert found_columns == columns
+
+
+def test_every_named_model_constraint_is_in_the_database():
+    """No constraint declared in a model's Meta is missing from the migrated schema,
+    and the list above covers all of them."""
+    declared = {
+        c.name: m._meta.db_table
+        for app in ("engine", "tenancy")
+        for m in apps.get_app_config(app).get_models()
+        for c in m._meta.constraints
+    }
+    assert declared == {name: spec[0] for name, spec in SEED_CONSTRAINTS.items()}
+    for name, table in declared.items():
+        assert [r[0] for r in constraint_info(name)] == [table]
+
+
+def test_idempotency_key_constraint_treats_nulls_as_equal():
+    ((nulls_not_distinct,),) = _rows(
+        """
+        SELECT ix.indnullsnotdistinct FROM pg_constraint c JOIN pg_index ix ON ix.indexrelid = c.conindid
+        WHERE c.conname = 'uniq_idempotency_org_user_key'
+        """
+    )
+    assert nulls_not_distinct is True
+    (row,) = constraint_info("uniq_idempotency_org_user_key")
+    assert row[3] == "UNIQUE NULLS NOT DISTINCT (organization_id, user_id, key)"
+
+
+@pytest.mark.parametrize(
+    "name, fragments",
+    [
+        ("wfrun_finished_at_matches_state", ["'succeeded'", "'failed'", "'cancelled'", "finished_at IS NOT NULL", "finished_at IS NULL"]),
+        ("taskrun_lease_iff_running", ["'running'", "lease_expires_at IS NOT NULL", "lease_expires_at IS NULL"]),
+        ("taskrun_finished_after_started", ["finished_at IS NULL", "started_at IS NULL", "finished_at >= started_at"]),
+        ("wfrun_state_valid", ["'pending'", "'running'", "'succeeded'", "'failed'", "'cancelled'"]),
+        (
+            "taskrun_state_valid",
+            ["'pending'", "'ready'", "'running'", "'succeeded'", "'failed'", "'skipped'", "'cancelled'"],
+        ),
+        ("taskdep_no_self_edge", ["task_id = depends_on_id"]),
+    ],
+)
+def test_check_constraint_definition_names_its_values(name, fragments):
+    (row,) = constraint_info(name)
+    definition = row[3]
+    assert definition.startswith("CHECK ")
+    for fragment in fragments:
+        assert fragment in definition, f"{fragment!r} not in {definition}"
+
+
+def test_state_checks_list_exactly_the_declared_states():
+    (wfrun,) = constraint_info("wfrun_state_valid")
+    (taskrun,) = constraint_info("taskrun_state_valid")
+    import re
+
+    quoted = lambda d: sorted(set(re.findall(r"'([a-z_]+)'::", d)))  # noqa: E731
+    assert quoted(wfrun[3]) == ["cancelled", "failed", "pending", "running", "succeeded"]
+    assert quoted(taskrun[3]) == ["cancelled", "failed", "pending", "ready", "running", "skipped", "succeeded"]
