@@ -13,7 +13,7 @@ from django import db
 from django.conf import settings
 
 from engine.db import atomic_retry
-from engine.handlers import TaskContext, get_handler
+from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.jsonb import strip_nul
 from engine.repositories import transitions
 from engine.scheduler import process_owner, publish_dispatches
@@ -78,15 +78,34 @@ def heartbeater() -> Heartbeater:
     return _heartbeater
 
 
+class OutputTooLarge(PermanentTaskError):
+    """A handler returned more than FLOWFORGE_MAX_OUTPUT_BYTES of output."""
+
+
+class OutputNotJson(PermanentTaskError):
+    """A handler returned a value JSON cannot encode."""
+
+
 def cap_output(output: Any) -> Any:
-    """Return ``output`` if its JSON encoding fits FLOWFORGE_MAX_OUTPUT_BYTES, else a
-    summary {"truncated": true, "size_bytes", "preview"}. Raises TypeError if the
-    value is not JSON-encodable."""
+    """Return ``output`` (NULs stripped, round-tripped through JSON) when its JSON
+    encoding fits FLOWFORGE_MAX_OUTPUT_BYTES.
+
+    Raises OutputTooLarge (naming both sizes) rather than storing a truncated value
+    that dependents would misread, and OutputNotJson for a value JSON cannot encode;
+    both fail the task without retries, since another attempt returns the same.
+    """
     output = strip_nul(output)
-    encoded = json.dumps(output, default=str)
-    if len(encoded.encode()) <= settings.FLOWFORGE_MAX_OUTPUT_BYTES:
-        return json.loads(encoded)
-    return {"truncated": True, "size_bytes": len(encoded.encode()), "preview": encoded[:2000]}
+    try:
+        encoded = json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutputNotJson(f"task output is not JSON-encodable: {exc}") from exc
+    size = len(encoded.encode())
+    if size > settings.FLOWFORGE_MAX_OUTPUT_BYTES:
+        raise OutputTooLarge(
+            f"task output is {size} bytes of JSON, over FLOWFORGE_MAX_OUTPUT_BYTES "
+            f"({settings.FLOWFORGE_MAX_OUTPUT_BYTES}); return a summary or a reference instead"
+        )
+    return json.loads(encoded)
 
 
 def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
@@ -123,6 +142,7 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     hb = heartbeater()
     hb.register(context)
     succeeded = False
+    retryable = True
     output: Any = None
     error = ""
     try:
@@ -130,6 +150,7 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         output = cap_output(handler.run(context))
         succeeded = True
     except Exception as exc:
+        retryable = not isinstance(exc, PermanentTaskError)
         error = f"{type(exc).__name__}: {exc}"
         log.info(
             "task %s (run %s) attempt %s failed: %s",
@@ -145,6 +166,7 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
             succeeded=succeeded,
             output=output,
             error=error,
+            retryable=retryable,
             lease_seconds=lease,
             owner=process_owner("scheduler"),
         ),

@@ -12,6 +12,11 @@ class ConfigError(ValueError):
     """A task's ``config`` is not acceptable to its type. The message names the field."""
 
 
+class PermanentTaskError(Exception):
+    """Raised by a handler (or the runtime) for a failure that another attempt cannot
+    fix: the task fails at once, whatever attempts remain (a non-retryable error)."""
+
+
 class TaskCancelled(Exception):
     """Raised inside a handler that checks ``context.raise_if_cancelled()`` after its
     lease was lost (reaped, cancelled or superseded by a newer generation)."""

@@ -467,6 +467,7 @@ def complete_attempt(
     succeeded: bool,
     output: Any = None,
     error: str = "",
+    retryable: bool = True,
     lease_seconds: float,
     owner: str,
 ) -> CompletionResult:
@@ -478,7 +479,8 @@ def complete_attempt(
     On success the dependents whose dependencies all succeeded become ready and are
     claimed here (one commit per hop); on a final failure the task's descendants are
     skipped; when nothing in the run is left open the run's terminal state is derived.
-    ``output`` must be JSON-shaped; NUL characters are stripped (seed 001).
+    ``output`` must be JSON-shaped; NUL characters are stripped (seed 001). A failure
+    with ``retryable=False`` fails the task at once, whatever attempts remain.
     """
     if succeeded:
         rows = _fetch(
@@ -491,7 +493,7 @@ def complete_attempt(
                 "id": task_run_id,
                 "token": fencing_token,
                 "error": strip_nul(error)[:10_000],
-                "retryable": True,
+                "retryable": retryable,
                 "kind": "attempt_failed",
             },
         )

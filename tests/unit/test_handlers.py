@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.handlers import REGISTRY, ConfigError, TaskContext, get_handler
+from engine.handlers import REGISTRY, ConfigError, PermanentTaskError, TaskContext, get_handler
 from engine.handlers.http import MAX_BODY_BYTES, HttpStatusError
-from engine.runtime import cap_output
+from engine.runtime import OutputNotJson, OutputTooLarge, cap_output
 
 
 def ctx(config, *, attempt=1, input=None, upstream=None) -> TaskContext:
@@ -154,7 +154,13 @@ def test_python_type_refuses_a_callable_outside_the_allowlist():
         REGISTRY["python"].validate_config({"callable": "os.system"})
 
 
-def test_output_larger_than_the_cap_is_summarized(settings):
+def test_output_larger_than_the_cap_fails_permanently_naming_both_sizes(settings):
     settings.FLOWFORGE_MAX_OUTPUT_BYTES = 100
-    out = cap_output({"data": "y" * 500})
-    assert out["truncated"] is True and out["size_bytes"] > 500 and out["preview"].startswith('{"data": "yyy')
+    with pytest.raises(OutputTooLarge, match=r"task output is 512 bytes of JSON, over FLOWFORGE_MAX_OUTPUT_BYTES \(100\)"):
+        cap_output({"data": "y" * 500})
+    assert issubclass(OutputTooLarge, PermanentTaskError)
+
+
+def test_output_that_is_not_json_fails_permanently():
+    with pytest.raises(OutputNotJson, match="not JSON-encodable"):
+        cap_output({"when": object()})
