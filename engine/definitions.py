@@ -15,12 +15,14 @@ listing every problem with the task (and field) it concerns. It writes nothing.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 import yaml
 
 from engine.handlers import REGISTRY, ConfigError
+from engine.jsonb import strip_nul
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -31,6 +33,10 @@ TASK_FIELDS = {
 DOC_FIELDS = {"name", "description", "tasks"}
 MAX_TASKS = 5000
 MAX_ATTEMPTS_LIMIT = 100
+MAX_LABEL_LENGTH = 100  # TaskDependency.label
+MAX_DESCRIPTION_LENGTH = 10_000
+# Canvas coordinates are stored as PostgreSQL integers.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class DefinitionError(ValueError):
@@ -105,8 +111,14 @@ def _find_cycle(keys: list[str], deps: dict[str, list[str]]) -> list[str] | None
 def _number(errors, path, value, *, minimum, integer=False, allow_none=False):
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and int(value) != value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         errors.append({"path": path, "message": f"must be {'a whole number' if integer else 'a number'}, got {value!r}"})
+        return None
+    if not math.isfinite(value):
+        errors.append({"path": path, "message": f"must be a finite number, got {value!r}"})
+        return None
+    if integer and int(value) != value:
+        errors.append({"path": path, "message": f"must be a whole number, got {value!r}"})
         return None
     if value < minimum:
         errors.append({"path": path, "message": f"must be at least {minimum}, got {value!r}"})
@@ -131,9 +143,13 @@ def validate_document(doc: Any) -> dict[str, Any]:
     if not isinstance(name, str) or not NAME_RE.match(name):
         errors.append({"path": "name", "message": "required: 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"})
     description = doc.get("description", "")
+    if description is None:
+        description = ""
     if not isinstance(description, str):
         errors.append({"path": "description", "message": "must be a string"})
         description = ""
+    elif len(description) > MAX_DESCRIPTION_LENGTH:
+        errors.append({"path": "description", "message": f"at most {MAX_DESCRIPTION_LENGTH} characters"})
     tasks = doc.get("tasks")
     if not isinstance(tasks, list) or not tasks:
         errors.append({"path": "tasks", "message": "a workflow needs at least one task"})
@@ -193,9 +209,17 @@ def validate_document(doc: Any) -> dict[str, Any]:
         position = raw.get("position")
         if position is not None and not (
             isinstance(position, dict)
-            and all(isinstance(position.get(a), int) and not isinstance(position.get(a), bool) for a in ("x", "y"))
+            and all(
+                isinstance(position.get(a), int)
+                and not isinstance(position.get(a), bool)
+                and INT32_MIN <= position[a] <= INT32_MAX
+                for a in ("x", "y")
+            )
         ):
-            errors.append({"path": f"{where}.position", "message": "must be {\"x\": int, \"y\": int}"})
+            errors.append({
+                "path": f"{where}.position",
+                "message": f"must be {{\"x\": int, \"y\": int}} with each between {INT32_MIN} and {INT32_MAX}",
+            })
             position = None
         edge_labels = raw.get("edge_labels", {})
         if not isinstance(edge_labels, dict) or not all(
@@ -203,6 +227,16 @@ def validate_document(doc: Any) -> dict[str, Any]:
         ):
             errors.append({"path": f"{where}.edge_labels", "message": "must map a dependency key to a label"})
             edge_labels = {}
+        for dep, label in edge_labels.items():
+            if len(label) > MAX_LABEL_LENGTH:
+                errors.append({
+                    "path": f"{where}.edge_labels",
+                    "message": f"label of {dep!r} is {len(label)} characters; at most {MAX_LABEL_LENGTH}",
+                })
+        try:
+            json.dumps(config, allow_nan=False)
+        except ValueError:
+            errors.append({"path": f"{where}.config", "message": "contains NaN or Infinity, which JSON cannot store"})
         task = {
             "key": key,
             "type": type_name,
@@ -235,4 +269,5 @@ def validate_document(doc: Any) -> dict[str, Any]:
             errors.append({"path": "tasks", "message": f"dependency cycle: {' -> '.join(cycle)}"})
     if errors:
         raise DefinitionError(errors)
-    return {"name": name, "description": description, "tasks": normalized}
+    # NULs cannot be stored in text or jsonb columns (seed 001): strip them from every string.
+    return strip_nul({"name": name, "description": description, "tasks": normalized})

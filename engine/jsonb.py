@@ -33,8 +33,12 @@ def strip_nul(value: Any) -> Any:
 def jsonb_safe(value: Any) -> Jsonb:
     """Wrap ``value`` for a psycopg JSONB parameter after stripping NULs.
 
-    Raises TypeError (from json) when ``value`` holds something JSON cannot encode.
+    Raises TypeError (from json) when ``value`` holds something JSON cannot encode,
+    and ValueError for NaN or Infinity (JSON has no such numbers; jsonb refuses them).
     """
     cleaned = strip_nul(value)
-    json.dumps(cleaned)  # fail here, with the offending type named, not inside the driver
+    try:  # fail here, with the problem named, not inside the driver
+        json.dumps(cleaned, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"NaN and Infinity cannot be stored as JSON ({exc})") from exc
     return Jsonb(cleaned)

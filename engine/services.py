@@ -6,6 +6,7 @@ schedules its side effects (nudges to the scheduler) on commit.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from typing import Any
@@ -126,6 +127,10 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None,
     run_input = {} if run_input is None else run_input
     if not isinstance(run_input, dict):
         raise ValueError("run input must be a JSON object")
+    try:
+        json.dumps(run_input, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"run input is not storable JSON: {exc}") from exc
     if workflow.state != WorkflowState.ACTIVE:
         raise WorkflowNotStartable(
             f"workflow {workflow.name} v{workflow.version} is {workflow.state}; only active workflows can start runs"

@@ -104,3 +104,88 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user_id} in {self.organization_id} as {self.role}"
+
+
+ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
+
+
+class Invitation(models.Model):
+    """An emailed invitation to join an organization with a role.
+
+    The token is single-use and expires; only its SHA-256 is stored (``token_hash``),
+    so a database reader cannot accept an invitation. At most one pending invitation
+    per (organization, email).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
+    token_hash = models.CharField(max_length=64)
+    invited_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_invitation"
+        constraints = [
+            models.UniqueConstraint(fields=["token_hash"], name="uniq_invitation_token"),
+            # One pending invitation per address: the invite list is a single row per person.
+            models.UniqueConstraint(
+                fields=["organization", "email"],
+                condition=models.Q(accepted_at__isnull=True, revoked_at__isnull=True),
+                name="uniq_invitation_pending",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(role__in=["owner", "admin", "member", "viewer"]), name="invitation_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"invitation of {self.email} to {self.organization_id} as {self.role}"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.accepted_at is None and self.revoked_at is None and self.expires_at > timezone.now()
+
+
+class ApiKey(models.Model):
+    """An API key of one organization (seed 000: ``prefix`` unique, ``hashed_key`` a
+    password hash of the secret, never the secret).
+
+    The full key is ``ffk_<prefix>_<secret>``; only the prefix (public, shown in
+    lists) and an Argon2 hash of the secret are stored. A key acts with at most its
+    creator's role.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16)
+    hashed_key = models.CharField(max_length=200)
+    role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
+    created_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_apikey"
+        constraints = [
+            models.UniqueConstraint(fields=["prefix"], name="uniq_apikey_prefix"),
+            models.CheckConstraint(
+                condition=models.Q(role__in=["owner", "admin", "member", "viewer"]), name="apikey_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"ffk_{self.prefix}_… ({self.name})"

@@ -1,18 +1,32 @@
-"""Tenancy actions shared by commands, API and web UI."""
+"""Tenancy actions shared by commands, API and web UI (after Zulip's ``do_*``).
+
+Every function takes the acting ``Actor``, checks the permission matrix
+(``tenancy.permissions``) and the membership rules, and changes data in one
+transaction. Errors are TenancyError (a rule refused it; 400/409) or Forbidden
+(the role may not; 403).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import re
+import secrets
 
 from django.db import transaction
+from django.utils import timezone
 
-from tenancy.models import Membership, Organization, Role, User
+from tenancy.actors import Actor
+from tenancy.models import Invitation, Membership, Organization, Role, User
+from tenancy.permissions import Action, Forbidden, require
 
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# Seconds an invitation stays acceptable.
+INVITATION_TTL_SECONDS = 7 * 24 * 3600
 
 
 class TenancyError(ValueError):
-    """A tenancy action was refused; the message says what and why."""
+    """A tenancy action was refused by a rule; the message says which."""
 
 
 def create_organization(*, slug: str, name: str, owner_email: str, owner_password: str | None = None):
@@ -20,8 +34,20 @@ def create_organization(*, slug: str, name: str, owner_email: str, owner_passwor
     when missing, with ``owner_password`` or an unusable password).
 
     Returns (organization, user, user_created). Raises TenancyError for a malformed
-    or taken slug.
+    or taken slug or an empty name.
     """
+    email = owner_email.strip().lower()
+    with transaction.atomic():
+        user = User.objects.filter(email=email).first()
+        created = user is None
+        if created:
+            user = User.objects.create_user(email=email, password=owner_password)
+        org = create_organization_for(user=user, slug=slug, name=name)
+    return org, user, created
+
+
+def create_organization_for(*, user: User, slug: str, name: str) -> Organization:
+    """Create an organization owned by ``user`` (the web UI's "new organization")."""
     if not SLUG_RE.match(slug or ""):
         raise TenancyError(f"slug {slug!r}: use 1-63 lowercase letters, digits or '-', starting with a letter or digit")
     if not name or not name.strip():
@@ -30,10 +56,140 @@ def create_organization(*, slug: str, name: str, owner_email: str, owner_passwor
         if Organization.objects.filter(slug=slug).exists():
             raise TenancyError(f"an organization with slug {slug!r} already exists")
         org = Organization.objects.create(slug=slug, name=name.strip())
-        email = owner_email.strip().lower()
-        user = User.objects.filter(email=email).first()
-        created = user is None
-        if created:
-            user = User.objects.create_user(email=email, password=owner_password)
         Membership.objects.create(organization=org, user=user, role=Role.OWNER)
-    return org, user, created
+    return org
+
+
+def _lock_memberships(org_id) -> list[Membership]:
+    # Serializes concurrent role changes in one organization, so two owners demoting
+    # each other at once cannot leave it without an owner.
+    return list(Membership.objects.for_organization(org_id).select_for_update().order_by("id"))
+
+
+def _owners(memberships: list[Membership]) -> int:
+    return sum(1 for m in memberships if m.role == Role.OWNER)
+
+
+def change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
+    """Set ``membership``'s role. Only an owner grants or removes the owner role; the
+    last owner cannot be demoted. Raises Forbidden or TenancyError."""
+    require(actor.role, Action.MEMBER_MANAGE)
+    if role not in Role.values:
+        raise TenancyError(f"role {role!r}: expected one of {', '.join(Role.values)}")
+    with transaction.atomic():
+        members = _lock_memberships(membership.organization_id)
+        current = next((m for m in members if m.pk == membership.pk), None)
+        if current is None:
+            raise TenancyError("that membership no longer exists")
+        if Role.OWNER in (role, current.role) and actor.role != Role.OWNER:
+            raise Forbidden("only an owner can grant or remove the owner role")
+        if current.role == Role.OWNER and role != Role.OWNER and _owners(members) == 1:
+            raise TenancyError("the last owner cannot be demoted; make someone else an owner first")
+        current.role = role
+        current.save(update_fields=["role"])
+    return current
+
+
+def remove_member(*, actor: Actor, membership: Membership) -> None:
+    """Remove ``membership`` (another member, or the actor leaving). Managing others
+    needs member.manage; removing an owner needs an owner; the last owner can neither
+    be removed nor leave."""
+    leaving = actor.user is not None and membership.user_id == actor.user.pk
+    if not leaving:
+        require(actor.role, Action.MEMBER_MANAGE)
+    with transaction.atomic():
+        members = _lock_memberships(membership.organization_id)
+        current = next((m for m in members if m.pk == membership.pk), None)
+        if current is None:
+            raise TenancyError("that membership no longer exists")
+        if current.role == Role.OWNER:
+            if not leaving and actor.role != Role.OWNER:
+                raise Forbidden("only an owner can remove an owner")
+            if _owners(members) == 1:
+                raise TenancyError(
+                    "the last owner cannot leave or be removed; make someone else an owner first"
+                )
+        current.delete()
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple[Invitation, str]:
+    """Invite ``email`` with ``role``. Returns (invitation, token); the token is shown
+    or mailed once and only its hash is stored. A pending invitation to the same
+    address is replaced. Raises Forbidden (inviting an owner needs an owner) or
+    TenancyError (already a member, malformed address)."""
+    require(actor.role, Action.MEMBER_MANAGE)
+    email = (email or "").strip().lower()
+    if "@" not in email or len(email) > 254:
+        raise TenancyError(f"{email!r} is not an email address")
+    if role not in Role.values:
+        raise TenancyError(f"role {role!r}: expected one of {', '.join(Role.values)}")
+    if role == Role.OWNER and actor.role != Role.OWNER:
+        raise Forbidden("only an owner can invite an owner")
+    org = actor.organization
+    token = secrets.token_urlsafe(32)
+    with transaction.atomic():
+        if Membership.objects.for_organization(org).filter(user__email=email).exists():
+            raise TenancyError(f"{email} is already a member")
+        now = timezone.now()
+        Invitation.objects.for_organization(org).filter(
+            email=email, accepted_at__isnull=True, revoked_at__isnull=True
+        ).update(revoked_at=now)
+        invitation = Invitation.objects.create(
+            organization=org,
+            email=email,
+            role=role,
+            token_hash=_token_hash(token),
+            invited_by=actor.user,
+            expires_at=now + dt.timedelta(seconds=INVITATION_TTL_SECONDS),
+        )
+    return invitation, token
+
+
+def revoke_invitation(*, actor: Actor, invitation: Invitation) -> None:
+    """Withdraw a pending invitation."""
+    require(actor.role, Action.MEMBER_MANAGE)
+    Invitation.objects.for_organization(actor.organization).filter(
+        pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True
+    ).update(revoked_at=timezone.now())
+
+
+def find_invitation(token: str) -> Invitation | None:
+    """The invitation a token belongs to (any state), or None. Cross-tenant by nature:
+    the token is the credential, so this read is unscoped on purpose."""
+    return Invitation.objects.unscoped().select_related("organization").filter(token_hash=_token_hash(token)).first()
+
+
+def accept_invitation(*, token: str, user: User) -> Membership:
+    """Accept an invitation as ``user``: creates the membership and consumes the token.
+
+    Raises TenancyError when the token is unknown, expired, already used or revoked,
+    or the signed-in address is not the invited one.
+    """
+    with transaction.atomic():
+        inv = (
+            Invitation.objects.unscoped()
+            .select_for_update()
+            .filter(token_hash=_token_hash(token))
+            .first()
+        )
+        if inv is None:
+            raise TenancyError("this invitation link is not valid")
+        if inv.accepted_at is not None:
+            raise TenancyError("this invitation has already been used")
+        if inv.revoked_at is not None:
+            raise TenancyError("this invitation was withdrawn")
+        if inv.expires_at <= timezone.now():
+            raise TenancyError("this invitation has expired; ask for a new one")
+        if inv.email != user.email.lower():
+            raise TenancyError(f"this invitation is for {inv.email}; sign in with that address to accept it")
+        membership, created = Membership.objects.get_or_create(
+            organization_id=inv.organization_id, user=user, defaults={"role": inv.role}
+        )
+        inv.accepted_at = timezone.now()
+        inv.accepted_by = user
+        inv.save(update_fields=["accepted_at", "accepted_by"])
+    return membership

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import uuid
 from typing import Any, ClassVar
@@ -81,6 +82,8 @@ def require_number(config: dict[str, Any], field: str, *, minimum: float = 0, de
         raise ConfigError(f"'{field}' is required")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"'{field}' must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise ConfigError(f"'{field}' must be a finite number, got {value!r}")
     if value < minimum:
         raise ConfigError(f"'{field}' must be at least {minimum}, got {value}")
     return value

@@ -28,7 +28,7 @@ from engine.models import (
     WorkflowRun,
 )
 from engine.services import start_run
-from tenancy.models import Membership, User
+from tenancy.models import ApiKey, Invitation, Membership, User
 
 pytestmark = pytest.mark.django_db
 
@@ -229,18 +229,16 @@ def test_self_edge_violates_taskdep_no_self_edge(chain):
     assert (edge.task.key, edge.depends_on.key) == ("b", "a")
 
 
-def test_self_edge_is_rejected_with_the_guards_enabled_too(chain):
-    """With the 0002 triggers active the self-edge is still refused (by the same-workflow
-    guard, which fires before the CHECK constraint); either way no self-edge is stored."""
+def test_self_edge_is_rejected_by_its_named_check_with_the_guards_enabled(chain):
+    """With the definition guards active the self-edge passes the same-workflow trigger
+    (migration 0003) and is refused by ``taskdep_no_self_edge``, named."""
     b = Task.objects.unscoped().get(workflow=chain, key="b")
     with pytest.raises(IntegrityError) as excinfo:
         with transaction.atomic():
             TaskDependency.objects.unscoped().filter(workflow=chain).update(depends_on=b)
     cause = excinfo.value.__cause__
     assert cause.sqlstate == "23514"  # check_violation
-    assert cause.diag.constraint_name in ("taskdep_no_self_edge", None)
-    if cause.diag.constraint_name is None:
-        assert "must join two tasks of workflow" in str(cause)
+    assert cause.diag.constraint_name == "taskdep_no_self_edge"
     assert TaskDependency.objects.unscoped().get(workflow=chain).depends_on.key == "a"
 
 
@@ -535,3 +533,87 @@ def test_unknown_catch_up_policy_violates_trigger_catch_up_valid(org):
         lambda: ScheduledTrigger.objects.bulk_create([_trigger(org, "other", catch_up="")]),
     )
     assert ScheduledTrigger.objects.unscoped().get(pk=trig.pk).catch_up == "latest"
+
+
+# --- ApiKey and Invitation (tenancy extras) -----------------------------------------------------
+
+
+def _key(org, prefix: str, **kw) -> ApiKey:
+    return ApiKey(organization=org, name=f"key {prefix}", prefix=prefix, hashed_key="argon2$not-a-secret", **kw)
+
+
+def test_a_reused_api_key_prefix_violates_uniq_apikey_prefix(make_org):
+    a, b = make_org(), make_org()
+    ApiKey.objects.bulk_create([_key(a, "abcd1234")])
+    # Prefixes are unique across organizations: the prefix alone finds the key.
+    violation("uniq_apikey_prefix", lambda: ApiKey.objects.bulk_create([_key(b, "abcd1234")]))
+    (other,) = ApiKey.objects.bulk_create([_key(a, "efgh5678")])
+    violation("uniq_apikey_prefix", lambda: ApiKey.objects.unscoped().filter(pk=other.pk).update(prefix="abcd1234"))
+    assert ApiKey.objects.unscoped().filter(prefix="abcd1234").count() == 1
+
+
+def test_unknown_api_key_role_violates_apikey_role_valid(org):
+    (key,) = ApiKey.objects.bulk_create([_key(org, "role0001")])
+    violation("apikey_role_valid", lambda: ApiKey.objects.unscoped().filter(pk=key.pk).update(role="root"))
+    violation("apikey_role_valid", lambda: ApiKey.objects.bulk_create([_key(org, "role0002", role="")]))
+    assert ApiKey.objects.unscoped().get(pk=key.pk).role == "member"
+
+
+def _invite(org, email: str, token: str, **kw) -> Invitation:
+    return Invitation(
+        organization=org, email=email, token_hash=token.ljust(64, "0"),
+        expires_at=timezone.now() + dt.timedelta(days=7), **kw,
+    )
+
+
+def test_a_reused_invitation_token_violates_uniq_invitation_token(make_org):
+    a, b = make_org(), make_org()
+    Invitation.objects.bulk_create([_invite(a, "x@example.com", "t1")])
+    violation("uniq_invitation_token", lambda: Invitation.objects.bulk_create([_invite(b, "y@example.com", "t1")]))
+    assert Invitation.objects.unscoped().filter(token_hash="t1".ljust(64, "0")).count() == 1
+
+
+def test_a_second_pending_invitation_for_an_address_violates_uniq_invitation_pending(org):
+    Invitation.objects.bulk_create([_invite(org, "x@example.com", "t1")])
+    violation(
+        "uniq_invitation_pending",
+        lambda: Invitation.objects.bulk_create([_invite(org, "x@example.com", "t2")]),
+    )
+    # Once the first is accepted or revoked, a new pending invitation is allowed.
+    Invitation.objects.for_organization(org).filter(email="x@example.com").update(revoked_at=timezone.now())
+    Invitation.objects.bulk_create([_invite(org, "x@example.com", "t3")])
+    (pending,) = Invitation.objects.for_organization(org).filter(email="x@example.com", revoked_at=None)
+    assert pending.token_hash == "t3".ljust(64, "0")
+    # Un-revoking the old one would make two pending invitations.
+    violation(
+        "uniq_invitation_pending",
+        lambda: Invitation.objects.for_organization(org).filter(token_hash="t1".ljust(64, "0")).update(revoked_at=None),
+    )
+
+
+def test_unknown_invitation_role_violates_invitation_role_valid(org):
+    (inv,) = Invitation.objects.bulk_create([_invite(org, "x@example.com", "t1")])
+    violation("invitation_role_valid", lambda: Invitation.objects.unscoped().filter(pk=inv.pk).update(role="guest"))
+    assert Invitation.objects.unscoped().get(pk=inv.pk).role == "member"
+
+
+# --- coverage -----------------------------------------------------------------------------------
+
+
+def test_every_declared_constraint_has_a_violation_test_in_this_module():
+    """A constraint added to a model's Meta must get a test here that makes it fire."""
+    import inspect
+    import sys
+
+    from django.apps import apps
+
+    source = inspect.getsource(sys.modules[__name__])
+    declared = sorted(
+        c.name
+        for app in ("engine", "tenancy")
+        for m in apps.get_app_config(app).get_models()
+        for c in m._meta.constraints
+    )
+    untested = [name for name in declared if f'violation(\n        "{name}"' not in source and f'violation("{name}"' not in source]
+    assert untested == []
+    assert len(declared) >= 31

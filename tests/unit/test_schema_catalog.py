@@ -4,6 +4,8 @@ predicate) and every named constraint (table and type)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.apps import apps
 from django.db import connection
@@ -212,18 +214,38 @@ def test_named_constraint_exists_on_its_table_with_its_type(name):
         assert found_columns == columns
 
 
-def test_every_named_model_constraint_is_in_the_database():
-    """No constraint declared in a model's Meta is missing from the migrated schema,
-    and the list above covers all of them."""
-    declared = {
-        c.name: m._meta.db_table
+def _declared_constraints() -> dict[str, tuple[str, object]]:
+    return {
+        c.name: (m._meta.db_table, c)
         for app in ("engine", "tenancy")
         for m in apps.get_app_config(app).get_models()
         for c in m._meta.constraints
     }
-    assert declared == {name: spec[0] for name, spec in SEED_CONSTRAINTS.items()}
-    for name, table in declared.items():
-        assert [r[0] for r in constraint_info(name)] == [table]
+
+
+def test_every_constraint_listed_above_is_declared_on_its_model():
+    declared = _declared_constraints()
+    missing = sorted(set(SEED_CONSTRAINTS) - set(declared))
+    assert missing == []
+    assert {name: declared[name][0] for name in SEED_CONSTRAINTS} == {n: spec[0] for n, spec in SEED_CONSTRAINTS.items()}
+
+
+def test_every_named_model_constraint_is_in_the_database():
+    """No constraint declared in a model's Meta (engine and tenancy) is missing from the
+    migrated schema. A conditional UniqueConstraint is a partial unique index in
+    PostgreSQL, not a pg_constraint row."""
+    from django.db.models import CheckConstraint, UniqueConstraint
+
+    for name, (table, constraint) in _declared_constraints().items():
+        if isinstance(constraint, UniqueConstraint) and constraint.condition is not None:
+            info = index_info(name)
+            assert info is not None, f"partial unique index {name} is missing"
+            assert (info["table"], info["unique"]) == (table, True)
+            assert info["predicate"] is not None
+            continue
+        expected_type = "u" if isinstance(constraint, UniqueConstraint) else "c"
+        assert isinstance(constraint, (UniqueConstraint, CheckConstraint))
+        assert [(r[0], r[1]) for r in constraint_info(name)] == [(table, expected_type)], name
 
 
 def test_idempotency_key_constraint_treats_nulls_as_equal():
@@ -263,8 +285,6 @@ def test_check_constraint_definition_names_its_values(name, fragments):
 def test_state_checks_list_exactly_the_declared_states():
     (wfrun,) = constraint_info("wfrun_state_valid")
     (taskrun,) = constraint_info("taskrun_state_valid")
-    import re
-
     quoted = lambda d: sorted(set(re.findall(r"'([a-z_]+)'::", d)))  # noqa: E731
     assert quoted(wfrun[3]) == ["cancelled", "failed", "pending", "running", "succeeded"]
     assert quoted(taskrun[3]) == ["cancelled", "failed", "pending", "ready", "running", "skipped", "succeeded"]

@@ -35,7 +35,7 @@ class Command(BaseCommand):
             run = start_run(workflow=wf, run_input=run_input)
         except Workflow.DoesNotExist as exc:
             raise CommandError(str(exc)) from exc
-        except WorkflowNotStartable as exc:
+        except (WorkflowNotStartable, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"run {run.pk} started ({wf.name} v{wf.version})")
         if not opts["wait"]:

@@ -1,0 +1,61 @@
+"""The permission matrix: which role may do what (one place; the API, the web UI,
+the commands and the services all ask ``can`` / ``require``).
+
+| action            | owner | admin | member | viewer |
+|-------------------|:-----:|:-----:|:------:|:------:|
+| read              |  yes  |  yes  |  yes   |  yes   |
+| run.operate       |  yes  |  yes  |  yes   |   -    |  start, cancel, retry runs
+| workflow.edit     |  yes  |  yes  |  yes   |   -    |  workflows and cron triggers
+| member.manage     |  yes  |  yes  |   -    |   -    |  invite, change roles, remove (owner role: owners only)
+| apikey.manage     |  yes  |  yes  |   -    |   -    |
+| audit.read        |  yes  |  yes  |   -    |   -    |
+| org.manage        |  yes  |   -   |   -    |   -    |  rename, settings
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from tenancy.models import ROLE_RANK, Role
+
+
+class Action(StrEnum):
+    READ = "read"
+    RUN_OPERATE = "run.operate"
+    WORKFLOW_EDIT = "workflow.edit"
+    MEMBER_MANAGE = "member.manage"
+    APIKEY_MANAGE = "apikey.manage"
+    AUDIT_READ = "audit.read"
+    ORG_MANAGE = "org.manage"
+
+
+MATRIX: dict[str, frozenset[Action]] = {
+    Role.OWNER: frozenset(Action),
+    Role.ADMIN: frozenset(Action) - {Action.ORG_MANAGE},
+    Role.MEMBER: frozenset({Action.READ, Action.RUN_OPERATE, Action.WORKFLOW_EDIT}),
+    Role.VIEWER: frozenset({Action.READ}),
+}
+
+
+class Forbidden(PermissionError):
+    """The actor's role does not allow the action. The message names both."""
+
+
+def can(role: str | None, action: Action | str) -> bool:
+    """True when ``role`` may perform ``action`` (False for no role)."""
+    return role is not None and Action(action) in MATRIX.get(role, frozenset())
+
+
+def require(role: str | None, action: Action | str) -> None:
+    """Raise Forbidden unless ``role`` may perform ``action``."""
+    if not can(role, action):
+        raise Forbidden(f"role {role or 'none'!r} may not {Action(action).value}")
+
+
+def min_role(a: str, b: str) -> str:
+    """The lesser of two roles (a key acts with at most its creator's role)."""
+    return a if ROLE_RANK[a] <= ROLE_RANK[b] else b
+
+
+def role_at_least(role: str | None, floor: str) -> bool:
+    return role is not None and ROLE_RANK[role] >= ROLE_RANK[floor]
