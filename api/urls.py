@@ -1,0 +1,3 @@
+"""REST API v1 routes."""
+
+urlpatterns: list = []

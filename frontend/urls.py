@@ -1,0 +1,3 @@
+"""Frontend routes."""
+
+urlpatterns: list = []
