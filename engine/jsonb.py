@@ -10,19 +10,34 @@ rather than refusing a result the task already produced.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean_str(value: str) -> str:
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    if not value.isascii() and _LONE_SURROGATE.search(value):
+        # A Python str holds a surrogate only unpaired (e.g. from errors="surrogateescape");
+        # UTF-8 cannot encode it, so PostgreSQL would refuse the whole value.
+        value = _LONE_SURROGATE.sub("\ufffd", value)
+    return value
+
+
 def strip_nul(value: Any) -> Any:
-    """Return ``value`` with every NUL character removed from its strings and keys.
+    """Return ``value`` with every NUL character removed from its strings and keys, and
+    every unpaired surrogate replaced by U+FFFD (neither can be stored as text or jsonb).
 
     Accepts any JSON-shaped value (dict, list, tuple, str, number, bool, None);
     tuples come back as lists. Raises nothing.
     """
     if isinstance(value, str):
-        return value.replace("\x00", "") if "\x00" in value else value
+        return _clean_str(value)
     if isinstance(value, dict):
         return {strip_nul(str(k)): strip_nul(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from engine.db import atomic_retry
 from engine.definitions import DefinitionError, validate_document
 from engine.jsonb import strip_nul
 from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
@@ -150,8 +151,9 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None,
 
 def cancel_run(*, run: WorkflowRun, reason: str = "cancelled by request") -> bool:
     """Cancel ``run`` (see ``transitions.cancel_run``). Returns False if it had already finished."""
-    with transaction.atomic():
-        return transitions.cancel_run(workflow_run_id=run.pk, reason=reason)
+    # Cancelling locks every open task run of the run; a racing completion can deadlock
+    # with it, and PostgreSQL then aborts one side: retry rather than lose the cancel.
+    return atomic_retry(lambda: transitions.cancel_run(workflow_run_id=run.pk, reason=reason))
 
 
 def nudge_scheduler() -> None:

@@ -581,14 +581,20 @@ WITH RECURSIVE below(task_id) AS (
     SELECT task_id FROM core_taskdependency WHERE depends_on_id = %(task)s
     UNION
     SELECT e.task_id FROM core_taskdependency e JOIN below b ON e.depends_on_id = b.task_id
-), skipped AS (
-    UPDATE core_taskrun d SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL
+), open AS (
+    SELECT d.id, d.state FROM core_taskrun d
     WHERE d.workflow_run_id = %(run)s AND d.state IN ('pending', 'ready')
       AND d.task_id IN (SELECT task_id FROM below)
-    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, d.state
+    ORDER BY d.id
+    FOR UPDATE
+), skipped AS (
+    UPDATE core_taskrun d SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL
+    FROM open o
+    WHERE d.id = o.id AND d.state IN ('pending', 'ready')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, o.state AS old_state
 ), tr AS (
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
-           'skipped'::text AS ev_kind, 'pending'::text AS ev_from, 'skipped'::text AS ev_to,
+           'skipped'::text AS ev_kind, s.old_state AS ev_from, 'skipped'::text AS ev_to,
            jsonb_build_object('reason', %(reason)s::text) AS ev_detail
     FROM skipped s
 )
@@ -615,6 +621,8 @@ def finish_run_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
                    count(*) FILTER (WHERE state = 'failed') AS failed,
                    count(*) FILTER (WHERE state = 'cancelled') AS cancelled
             FROM core_taskrun WHERE workflow_run_id = %(run)s
+        ), prev AS (
+            SELECT id, state FROM core_workflowrun WHERE id = %(run)s
         ), fin AS (
             UPDATE core_workflowrun r
             SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
@@ -622,15 +630,15 @@ def finish_run_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
                 finished_at = clock_timestamp(),
                 last_event_seq = r.last_event_seq + 1,
                 error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
-            FROM counts c
-            WHERE r.id = %(run)s AND r.state IN ('running', 'pending') AND c.open = 0
-            RETURNING r.id, r.organization_id, r.state, r.last_event_seq
+            FROM counts c, prev p
+            WHERE r.id = %(run)s AND p.id = r.id AND r.state IN ('running', 'pending') AND c.open = 0
+            RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
         ), ev AS (
             INSERT INTO core_taskrunevent
                 (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
                  attempt, fencing_token, detail, created_at)
             SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
-                   'running', f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+                   f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
             FROM fin f
         )
         SELECT state FROM fin
@@ -730,17 +738,26 @@ def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
     run's completion and changed nothing)."""
     _fetch(
         """
-        WITH c AS (
+        WITH open AS (
+            -- Lock the open rows in id order first (fewer deadlocks with completions) and
+            -- remember their state for the events.
+            SELECT t.id, t.state FROM core_taskrun t
+            WHERE t.workflow_run_id = %(run)s AND t.state IN ('pending', 'ready', 'running')
+              AND EXISTS (SELECT 1 FROM core_workflowrun r WHERE r.id = t.workflow_run_id
+                          AND r.state IN ('pending', 'running'))
+            ORDER BY t.id
+            FOR UPDATE
+        ), c AS (
             UPDATE core_taskrun t
             SET state = 'cancelled', finished_at = clock_timestamp(), lease_owner = NULL,
                 lease_expires_at = NULL, not_before = NULL,
                 fencing_token = t.fencing_token + CASE WHEN t.state = 'running' THEN 1 ELSE 0 END
-            FROM core_workflowrun r
-            WHERE t.workflow_run_id = %(run)s AND r.id = t.workflow_run_id AND r.state IN ('pending', 'running')
-              AND t.state IN ('pending', 'ready', 'running')
-            RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+            FROM open o
+            WHERE t.id = o.id AND t.state IN ('pending', 'ready', 'running')
+            RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, o.state AS old_state
         ), tr AS (
-            SELECT c.*, 'cancelled'::text AS ev_kind, ''::text AS ev_from, 'cancelled'::text AS ev_to,
+            SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+                   'cancelled'::text AS ev_kind, c.old_state AS ev_from, 'cancelled'::text AS ev_to,
                    jsonb_build_object('reason', %(reason)s::text) AS ev_detail
             FROM c
         )
@@ -751,18 +768,21 @@ def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
     )
     rows = _fetch(
         """
-        WITH fin AS (
-            UPDATE core_workflowrun SET state = 'cancelled', finished_at = clock_timestamp(),
-                   error = %(reason)s, last_event_seq = last_event_seq + 1
-            WHERE id = %(run)s AND state IN ('pending', 'running')
-            RETURNING id, organization_id, last_event_seq
+        WITH prev AS (
+            SELECT id, state FROM core_workflowrun WHERE id = %(run)s FOR UPDATE
+        ), fin AS (
+            UPDATE core_workflowrun r SET state = 'cancelled', finished_at = clock_timestamp(),
+                   error = %(reason)s, last_event_seq = r.last_event_seq + 1
+            FROM prev p
+            WHERE r.id = p.id AND r.state IN ('pending', 'running')
+            RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state
         )
         INSERT INTO core_taskrunevent
             (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
              attempt, fencing_token, detail, created_at)
-        SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', 'running',
+        SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', f.old_state,
                'cancelled', NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
-        FROM fin
+        FROM fin f
         RETURNING id
         """,
         {"run": workflow_run_id, "reason": reason},

@@ -1,0 +1,263 @@
+"""The scheduler and the worker runtime, driven in the pytest process.
+
+``engine.scheduler.schedule_once()`` claims and publishes (to real Redis, in this
+checkout's broker namespace); ``engine.runtime.execute()`` runs one generation the
+way the ``execute_task_run`` actor would. No worker process is involved: each
+generation to execute is read back from its OutboxMessage row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import dramatiq
+import pytest
+from django.db import connection
+
+from engine import runtime
+from engine.handlers import TaskContext
+from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
+from engine.reaper import reap_once
+from engine.scheduler import schedule_once
+from engine.services import start_run
+
+TASK_QUEUE = "flowforge.tasks"
+
+
+@pytest.fixture(autouse=True)
+def quiet_heartbeater(monkeypatch):
+    """A heartbeater whose background thread never beats during a test (so it never holds
+    a database connection); tests call ``beat()`` themselves."""
+    hb = runtime.Heartbeater(interval_seconds=3600, lease_seconds=30)
+    monkeypatch.setattr(runtime, "_heartbeater", hb)
+    return hb
+
+
+@pytest.fixture
+def broker():
+    import engine.actors  # noqa: F401  (declares the queues, so flush_all reaches them)
+    from flowforge.broker import broker as b  # the configured broker (Redis, this checkout's namespace)
+
+    assert dramatiq.get_broker() is b
+    b.flush_all()
+    yield b
+    b.flush_all()
+
+
+def published_task_messages(broker) -> list[tuple[str, int]]:
+    """(task_run_id, fencing_token) of execute_task_run messages waiting in Redis."""
+    raw = broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs")
+    out = []
+    for data in raw.values():
+        msg = dramatiq.Message.decode(data)
+        assert msg.actor_name == "execute_task_run"
+        out.append((msg.args[0], msg.args[1]))
+    return sorted(out)
+
+
+def db_now():
+    with connection.cursor() as cur:
+        cur.execute("SELECT clock_timestamp()")
+        return cur.fetchone()[0]
+
+
+def drive(run_id, *, max_rounds: int = 30):
+    """Schedule, then execute every generation that has an outbox row and was not
+    executed yet, until the run is finished. Returns [(task key, token, outcome)]."""
+    keys = dict(TaskRun.objects.unscoped().filter(workflow_run_id=run_id).values_list("id", "task__key"))
+    executed: set[tuple[str, int]] = set()
+    outcomes = []
+    for _ in range(max_rounds):
+        schedule_once()
+        todo = [
+            (m.payload["task_run_id"], m.payload["fencing_token"])
+            for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run_id).order_by("created_at")
+            if (m.payload["task_run_id"], m.payload["fencing_token"]) not in executed
+        ]
+        for tr_id, token in todo:
+            executed.add((tr_id, token))
+            outcomes.append((keys[uuid.UUID(tr_id)], token, runtime.execute(tr_id, token)))
+        if WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal:
+            return outcomes
+    raise AssertionError(f"run {run_id} did not finish: {outcomes}")
+
+
+def task_runs(run_id) -> dict[str, TaskRun]:
+    return {t.task.key: t for t in TaskRun.objects.unscoped().filter(workflow_run_id=run_id).select_related("task")}
+
+
+def event_kinds(run_id, key=None) -> list[str]:
+    qs = TaskRunEvent.objects.unscoped().filter(workflow_run_id=run_id).order_by("seq")
+    if key is not None:
+        qs = qs.filter(task_run__task__key=key)
+    return list(qs.values_list("kind", flat=True))
+
+
+def assert_gap_free(run_id):
+    seqs = list(TaskRunEvent.objects.unscoped().filter(workflow_run_id=run_id).order_by("seq")
+                .values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_diamond_of_noop_tasks_runs_to_success_in_process(org, make_workflow, broker):
+    wf = make_workflow(
+        org,
+        [
+            {"key": "a", "type": "noop"},
+            {"key": "b", "type": "noop", "depends_on": ["a"]},
+            {"key": "c", "type": "noop", "depends_on": ["a"]},
+            {"key": "d", "type": "noop", "depends_on": ["b", "c"]},
+        ],
+        name="diamond",
+    )
+    run = start_run(workflow=wf, run_input={"n": 1})
+
+    outcomes = drive(run.pk)
+
+    assert [o[0] for o in outcomes][0] == "a"
+    assert sorted(o[0] for o in outcomes[1:3]) == ["b", "c"]
+    assert outcomes[3][0] == "d"
+    assert [(o[1], o[2]) for o in outcomes] == [(1, "succeeded")] * 4
+    run.refresh_from_db()
+    assert run.state == "succeeded" and run.finished_at is not None and run.error == ""
+    rows = task_runs(run.pk)
+    for key, row in rows.items():
+        assert (row.state, row.attempt, row.fencing_token, row.started_fencing_token) == ("succeeded", 1, 1, 1), key
+        assert row.lease_expires_at is None and row.finished_at >= row.started_at
+    for key in "bcd":
+        assert event_kinds(run.pk, key) == ["promoted", "claimed", "started", "succeeded"]
+    assert event_kinds(run.pk)[0] == "run_started" and event_kinds(run.pk)[-1] == "run_finished"
+    assert_gap_free(run.pk)
+
+    # One outbox row per generation, each published (stamped after Redis took it).
+    msgs = list(OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk))
+    assert len(msgs) == 4
+    assert all(m.published_at is not None and m.publish_attempts == 1 for m in msgs)
+    assert published_task_messages(broker) == sorted((str(r.pk), 1) for r in rows.values())
+
+    # A second delivery of a finished generation is ignored.
+    assert runtime.execute(rows["a"].pk, 1) == "ignored"
+    assert event_kinds(run.pk)[-1] == "duplicate_delivery_ignored"
+    assert schedule_once() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failing_task_is_retried_and_succeeds_on_second_attempt(org, make_workflow, broker):
+    wf = make_workflow(
+        org,
+        [
+            {"key": "flaky", "type": "fail", "config": {"fail_attempts": 1}, "max_attempts": 2,
+             "retry_backoff_seconds": 0},
+            {"key": "after", "type": "noop", "depends_on": ["flaky"]},
+        ],
+        name="flaky",
+    )
+    run = start_run(workflow=wf)
+
+    outcomes = drive(run.pk)
+
+    assert outcomes == [("flaky", 1, "retrying"), ("flaky", 2, "succeeded"), ("after", 1, "succeeded")]
+    run.refresh_from_db()
+    assert run.state == "succeeded"
+    rows = task_runs(run.pk)
+    flaky = rows["flaky"]
+    assert (flaky.state, flaky.attempt, flaky.fencing_token) == ("succeeded", 2, 2)
+    assert flaky.output == {"succeeded_on_attempt": 2}
+    assert flaky.error == ""
+    assert rows["after"].state == "succeeded"
+    assert event_kinds(run.pk, "flaky") == ["claimed", "started", "attempt_failed", "claimed", "started", "succeeded"]
+    failed_ev = TaskRunEvent.objects.unscoped().get(workflow_run_id=run.pk, kind="attempt_failed")
+    assert failed_ev.attempt == 1 and failed_ev.fencing_token == 1
+    assert failed_ev.detail["error"] == "RuntimeError: task failed on purpose (attempt 1)"
+    snapshots = sorted(
+        OutboxMessage.objects.unscoped().filter(task_run=flaky).values_list("fencing_token_snapshot", "attempt_snapshot")
+    )
+    assert snapshots == [(1, 1), (2, 2)]
+    assert_gap_free(run.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_task_failing_all_attempts_fails_the_run_and_skips_downstream(org, make_workflow, broker):
+    wf = make_workflow(
+        org,
+        [
+            {"key": "boom", "type": "fail", "config": {"message": "no"}, "max_attempts": 2,
+             "retry_backoff_seconds": 0},
+            {"key": "after", "type": "noop", "depends_on": ["boom"]},
+        ],
+        name="boom",
+    )
+    run = start_run(workflow=wf)
+    outcomes = drive(run.pk)
+    assert outcomes == [("boom", 1, "retrying"), ("boom", 2, "failed")]
+    run.refresh_from_db()
+    assert run.state == "failed" and run.error == "1 task(s) failed"
+    rows = task_runs(run.pk)
+    assert (rows["boom"].state, rows["boom"].attempt) == ("failed", 2)
+    assert rows["boom"].error == "RuntimeError: no (attempt 2)"
+    assert rows["after"].state == "skipped"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_message_of_reaped_generation_is_ignored_and_new_generation_runs(org, make_workflow, broker):
+    wf = make_workflow(org, [{"key": "lost", "type": "noop"}], name="lost")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 1
+    row = task_runs(run.pk)["lost"]
+    # The message was lost and the claim's lease ran out before any worker started it.
+    TaskRun.objects.unscoped().filter(pk=row.pk).update(lease_expires_at=db_now() - dt.timedelta(seconds=1))
+    assert reap_once() == 1
+    row.refresh_from_db()
+    assert (row.state, row.attempt, row.fencing_token) == ("ready", 1, 2)
+
+    assert runtime.execute(row.pk, 1) == "ignored"  # the late first delivery
+    assert event_kinds(run.pk, "lost")[-1] == "stale_dispatch_ignored"
+    outcomes = drive(run.pk)
+    assert outcomes == [("lost", 1, "ignored"), ("lost", 3, "succeeded")]
+    row.refresh_from_db()
+    assert (row.state, row.attempt, row.fencing_token) == ("succeeded", 1, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_workflow, quiet_heartbeater):
+    wf = make_workflow(org, [{"key": "x", "type": "noop"}, {"key": "y", "type": "noop"}], name="hb")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 2
+    rows = task_runs(run.pk)
+    from django.db import transaction
+
+    from engine.repositories import transitions
+
+    contexts = {}
+    for key in ("x", "y"):
+        with transaction.atomic():
+            started = transitions.start_attempt(
+                task_run_id=rows[key].pk, fencing_token=1, owner="w", lease_seconds=5
+            )
+        contexts[key] = TaskContext(
+            task_run_id=started.task_run_id, workflow_run_id=started.workflow_run_id,
+            organization_id=started.organization_id, task_key=key, attempt=1, max_attempts=1, fencing_token=1,
+            timeout_seconds=None, config={}, input={}, upstream={},
+        )
+    # y's lease ran out and the reaper took it back (a new generation).
+    TaskRun.objects.unscoped().filter(pk=rows["y"].pk).update(lease_expires_at=db_now() - dt.timedelta(seconds=1))
+    assert reap_once() == 1
+
+    hb = quiet_heartbeater
+    hb.lease_seconds = 120
+    for ctx in contexts.values():
+        hb.register(ctx)
+    try:
+        before = db_now()
+        hb.beat()
+    finally:
+        for ctx in contexts.values():
+            hb.unregister(ctx)
+    assert not contexts["x"].cancelled
+    assert contexts["y"].cancelled
+    x = TaskRun.objects.unscoped().get(pk=rows["x"].pk)
+    assert x.lease_expires_at >= before + dt.timedelta(seconds=119)
+    y = TaskRun.objects.unscoped().get(pk=rows["y"].pk)
+    assert (y.state, y.fencing_token) == ("failed", 2)
