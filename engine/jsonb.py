@@ -15,7 +15,6 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
