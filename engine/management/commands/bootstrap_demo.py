@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from engine.definitions import DefinitionError, parse_document, validate_document
 from engine.models import Workflow
 from engine.services import apply_definition
-from tenancy.models import Organization, User
+from tenancy.models import Membership, Organization, Role, User
 from tenancy.services import create_organization
 
 DEMO_SLUG = "demo"
@@ -31,7 +31,11 @@ class Command(BaseCommand):
                 slug=DEMO_SLUG, name="Demo", owner_email=DEMO_EMAIL, owner_password=opts["password"]
             )
             self.stdout.write(f"created organization {DEMO_SLUG!r} with owner {DEMO_EMAIL}")
-        user = User.objects.get(email=DEMO_EMAIL)
+        # The demo owner, or (for an older demo organization) any of its owners.
+        user = User.objects.filter(email=DEMO_EMAIL).first() or next(
+            m.user
+            for m in Membership.objects.for_organization(org).filter(role=Role.OWNER).select_related("user")
+        )
         examples = sorted(
             p for p in (Path(settings.BASE_DIR) / "examples").iterdir() if p.suffix in (".json", ".yaml", ".yml")
         )

@@ -36,8 +36,9 @@ def print_summary(stdout, summary, *, events: bool = True) -> None:
         f"[bold]run {run.pk}[/bold]  {run.workflow.name} v{run.workflow.version}  "
         f"state [bold]{run.state}[/bold]  duration {duration}"
     )
-    table = Table("task", "type", "state", "attempt", "duration s", "error / output")
-    for tr in summary.task_runs:
+    table = Table("task", "type", "state", "attempt", "duration s")
+    table.add_column("error / output", overflow="ellipsis", no_wrap=True, max_width=70)
+    for tr in sorted(summary.task_runs, key=lambda t: (t.started_at is None, t.started_at, t.task.key)):
         took = f"{(tr.finished_at - tr.started_at).total_seconds():.3f}" if tr.finished_at and tr.started_at else "-"
         detail = tr.error or (json.dumps(tr.output)[:80] if tr.output is not None else "")
         table.add_row(tr.task.key, tr.task.type, tr.state, str(tr.attempt), took, detail)
