@@ -212,3 +212,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- frontend/identity (helper) ---
+# The header of every page (allauth's included) shows the signed-in user and the
+# active organization with a switcher; the context processor computes it lazily.
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("frontend.context_processors.navigation")
+# Invitation tokens travel in the accept link's path; keep them out of Django's request logs.
+# (django.server, runserver's access log, is restated from Django's defaults because
+# configuring a logger replaces its handlers.)
+from django.utils.log import DEFAULT_LOGGING as _DJANGO_LOGGING  # noqa: E402
+
+LOGGING.setdefault("filters", {})["redact_invitation_tokens"] = {"()": "frontend.log_redaction.RedactInvitationTokens"}
+LOGGING["formatters"].setdefault("django.server", _DJANGO_LOGGING["formatters"]["django.server"])
+LOGGING["handlers"].setdefault("django.server", _DJANGO_LOGGING["handlers"]["django.server"])
+LOGGING["loggers"]["django.server"] = {
+    **_DJANGO_LOGGING["loggers"]["django.server"],
+    "filters": ["redact_invitation_tokens"],
+}
+LOGGING["loggers"].setdefault("django.request", {}).setdefault("filters", []).append("redact_invitation_tokens")

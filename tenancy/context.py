@@ -45,7 +45,7 @@ def resolve_membership(request, user) -> Membership:
     memberships (or none) and did not choose.
     """
     # A user's own memberships: scoped by the user, across the organizations they belong to.
-    mine = Membership.objects.unscoped().filter(user=user).select_related("organization")
+    mine = Membership.objects.unscoped().filter(user=user).select_related("organization", "user")
     header = (request.headers.get(HEADER) or "").strip()
     if header:
         found = mine.filter(_membership_q(header)).first()

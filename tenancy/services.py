@@ -13,7 +13,8 @@ import hashlib
 import re
 import secrets
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from allauth.account.models import EmailAddress
 from django.utils import timezone
 
 from tenancy.actors import Actor
@@ -52,11 +53,15 @@ def create_organization_for(*, user: User, slug: str, name: str) -> Organization
         raise TenancyError(f"slug {slug!r}: use 1-63 lowercase letters, digits or '-', starting with a letter or digit")
     if not name or not name.strip():
         raise TenancyError("name must not be empty")
-    with transaction.atomic():
-        if Organization.objects.filter(slug=slug).exists():
-            raise TenancyError(f"an organization with slug {slug!r} already exists")
-        org = Organization.objects.create(slug=slug, name=name.strip())
-        Membership.objects.create(organization=org, user=user, role=Role.OWNER)
+    taken = TenancyError(f"an organization with slug {slug!r} already exists")
+    if Organization.objects.filter(slug=slug).exists():
+        raise taken
+    try:
+        with transaction.atomic():
+            org = Organization.objects.create(slug=slug, name=name.strip())
+            Membership.objects.create(organization=org, user=user, role=Role.OWNER)
+    except IntegrityError as exc:  # a concurrent create won the slug between the check and the insert
+        raise taken from exc
     return org
 
 
@@ -149,12 +154,15 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
     return invitation, token
 
 
-def revoke_invitation(*, actor: Actor, invitation: Invitation) -> None:
-    """Withdraw a pending invitation."""
+def revoke_invitation(*, actor: Actor, invitation: Invitation) -> bool:
+    """Withdraw a pending invitation. Returns False when it was no longer pending
+    (already accepted or revoked), in which case nothing changed."""
     require(actor.role, Action.MEMBER_MANAGE)
-    Invitation.objects.for_organization(actor.organization).filter(
-        pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True
-    ).update(revoked_at=timezone.now())
+    return bool(
+        Invitation.objects.for_organization(actor.organization)
+        .filter(pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True)
+        .update(revoked_at=timezone.now())
+    )
 
 
 def find_invitation(token: str) -> Invitation | None:
@@ -186,6 +194,8 @@ def accept_invitation(*, token: str, user: User) -> Membership:
             raise TenancyError("this invitation has expired; ask for a new one")
         if inv.email != user.email.lower():
             raise TenancyError(f"this invitation is for {inv.email}; sign in with that address to accept it")
+        if not EmailAddress.objects.filter(user=user, email__iexact=inv.email, verified=True).exists():
+            raise TenancyError(f"verify {inv.email} before accepting this invitation")
         membership, created = Membership.objects.get_or_create(
             organization_id=inv.organization_id, user=user, defaults={"role": inv.role}
         )

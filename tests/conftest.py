@@ -13,6 +13,34 @@ from tenancy.services import create_organization
 _counter = itertools.count(1)
 
 
+def _transactional(request) -> bool:
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):
+        return True
+    return bool({"transactional_db", "live_server"} & set(request.fixturenames))
+
+
+@pytest.fixture(autouse=True)
+def _audit_log_flushable(request):
+    """Let pytest-django empty core_auditlog after a transactional test.
+
+    The audit log's append-only trigger refuses TRUNCATE, which is how the test
+    database is flushed between transactional tests. Only around that flush, and
+    only in tests, the TRUNCATE trigger is disabled; every test starts with it on.
+    """
+    if not _transactional(request):
+        yield
+        return
+    request.getfixturevalue("transactional_db")  # set up first, so its flush runs after our teardown
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE core_auditlog ENABLE TRIGGER ff_auditlog_no_truncate")
+    yield
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE core_auditlog DISABLE TRIGGER ff_auditlog_no_truncate")
+
+
 @pytest.fixture
 def make_org(db):
     """Factory: make_org(slug=None) -> Organization with an owner user."""

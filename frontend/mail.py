@@ -1,0 +1,45 @@
+"""The invitation email. The raw token goes into the accept link of this one email
+and nowhere else: it is not logged, not stored and not shown on a page."""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+
+from django.core.mail import send_mail
+from django.http import HttpRequest
+from django.template.loader import render_to_string
+from django.urls import reverse
+
+from tenancy.models import Invitation
+
+logger = logging.getLogger(__name__)
+
+
+def invitation_accept_url(request: HttpRequest, token: str) -> str:
+    """The absolute URL of the accept page for ``token`` (host from the request,
+    which ALLOWED_HOSTS has vetted)."""
+    return request.build_absolute_uri(reverse("frontend:invitation_accept", kwargs={"token": token}))
+
+
+def send_invitation_email(request: HttpRequest, *, invitation: Invitation, token: str) -> bool:
+    """Mail the accept link of ``invitation`` to the invited address.
+
+    Returns True when the mailer accepted the message, False when it failed (the
+    failure is logged with the invitation id, never the token).
+    """
+    context = {
+        "invitation": invitation,
+        "organization": invitation.organization,
+        "inviter": request.user,
+        "accept_url": invitation_accept_url(request, token),
+        "role": invitation.get_role_display(),
+    }
+    subject = f"You are invited to join {invitation.organization.name} on FlowForge"
+    body = render_to_string("frontend/email/invitation.txt", context, request=request)
+    try:
+        send_mail(subject, body, None, [invitation.email])
+    except (smtplib.SMTPException, OSError) as exc:
+        logger.warning("invitation email for invitation %s failed: %s", invitation.pk, type(exc).__name__)
+        return False
+    return True
