@@ -13,8 +13,8 @@ import hashlib
 import re
 import secrets
 
-from django.db import IntegrityError, transaction
 from allauth.account.models import EmailAddress
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from tenancy.actors import Actor

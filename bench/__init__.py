@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run each as ``python -m bench.<name>``."""

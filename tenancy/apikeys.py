@@ -1,0 +1,410 @@
+"""API keys: creation, revocation and authentication (seed 000, "Tenancy and security":
+``core_apikey.prefix`` unique, ``hashed_key`` a password hash, never the secret).
+
+A key reads ``ffk_<prefix>_<secret>``. The prefix (12 of ``[a-z0-9]``) is public: it
+is shown in lists and finds the row. The secret (``secrets.token_urlsafe(32)``, 256
+bits) is shown once and stored only as an Argon2id hash.
+
+Authentication is cheap without weakening storage: a verified key is cached for
+``CACHE_TTL_SECONDS`` in the shared (Redis) cache under its prefix, holding only the
+SHA-256 of the secret and the key's id, organization, role, creator and expiry. A
+cache hit compares SHA-256 digests in constant time and skips Argon2; anything else
+(miss, mismatch, tombstone) takes the Argon2 path against the database, so timing
+does not tell which prefixes are cached. Revocation writes a tombstone for the prefix
+(before and again after the commit) and deletes the entry; while the tombstone lives
+the cache entry is ignored, so a reader that raced the revocation and re-populated
+the cache cannot resurrect the key.
+
+A key acts with at most its creator's role: the effective role is the lesser of the
+key's role and the creator's *current* membership role in the key's organization,
+read on every request, so a demotion or a departure takes effect at once.
+
+Creation and revocation append an audit record (``apikey.created``/``apikey.revoked``,
+naming the prefix, never the secret) in the transaction of the change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import functools
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import string
+import time
+import uuid
+
+from argon2 import PasswordHasher, Type
+from argon2.exceptions import InvalidHashError, VerificationError
+from django.core.cache import cache
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from audit import services as audit
+from tenancy.actors import Actor
+from tenancy.models import ROLE_RANK, ApiKey, Membership, Organization, Role, User
+from tenancy.permissions import Action, Forbidden, min_role, require
+from tenancy.services import TenancyError
+
+log = logging.getLogger(__name__)
+
+KEY_SCHEME = "ffk"
+PREFIX_LENGTH = 12
+PREFIX_ALPHABET = string.ascii_lowercase + string.digits
+# token_urlsafe(32): 32 random bytes = 256 bits, 43 characters of [A-Za-z0-9_-].
+SECRET_BYTES = 32
+NAME_MAX_LENGTH = 100
+# Longer secrets are accepted (a future key format); the cap bounds the work a garbage header can cause.
+_RAW_KEY_RE = re.compile(r"^ffk_([a-z0-9]{12})_([A-Za-z0-9_-]{43,128})$")
+# Attempts at drawing an unused prefix; 36**12 values make even a second draw rare.
+_PREFIX_ATTEMPTS = 5
+
+# Argon2id with OWASP's recommended minimum (19 MiB, 2 passes, 1 lane): about 25 ms a
+# verification. The secret is 256 random bits, so the hash protects against nothing
+# a brute force could reach; it is there so a leaked table is not a set of live keys.
+HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_len=32, salt_len=16, type=Type.ID)
+
+# Seconds a verified key stays in the cache: how long Argon2 is skipped for it. (Roles
+# and memberships are read live on every request, never from this cache.)
+CACHE_TTL_SECONDS = 60
+# Seconds a revocation tombstone lives. Longer than CACHE_TTL_SECONDS plus
+# CACHE_WRITE_DEADLINE_SECONDS, so any entry written by a reader that raced the
+# revocation expires while the tombstone still hides it.
+TOMBSTONE_TTL_SECONDS = 600
+# Seconds between reading the row and writing the cache after which a reader does not
+# cache (a stalled reader must not outlive the tombstone with a stale entry).
+CACHE_WRITE_DEADLINE_SECONDS = 5.0
+# Seconds between two writes of last_used_at for one key.
+LAST_USED_RESOLUTION_SECONDS = 60
+_CACHE_FORMAT = 1
+
+# The conditional write of last_used_at: at most once a minute per key, however many
+# requests and processes use it; the WHERE clause, not a lock, settles races.
+_TOUCH_SQL = (
+    "UPDATE core_apikey SET last_used_at = now() "
+    "WHERE id = %s AND (last_used_at IS NULL OR last_used_at < now() - interval '60 seconds')"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AuthenticatedKey:
+    """A key that passed ``authenticate``: what a request acting through it may use.
+
+    ``role`` is the key's own role; ``effective_role`` the lesser of it and the
+    creator's current role in ``organization`` (the role to authorize with).
+    """
+
+    id: uuid.UUID
+    prefix: str
+    name: str
+    organization: Organization
+    role: str
+    effective_role: str
+    created_by: User
+    expires_at: dt.datetime | None
+
+    @property
+    def pk(self) -> uuid.UUID:
+        return self.id
+
+    def __str__(self) -> str:
+        return f"ffk_{self.prefix}_… ({self.name})"
+
+
+# --- cache keys ----------------------------------------------------------------------------------
+# Django prepends settings.CACHES["default"]["KEY_PREFIX"] (and the version) to each; the
+# prefix namespace is the tenant-identifying part (a prefix belongs to one organization).
+
+
+def _entry_key(prefix: str) -> str:
+    return f"apikey:v{_CACHE_FORMAT}:entry:{prefix}"
+
+
+def _tombstone_key(prefix: str) -> str:
+    return f"apikey:v{_CACHE_FORMAT}:revoked:{prefix}"
+
+
+# --- hashing -------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """An Argon2 hash with HASHER's parameters of a secret nobody holds: unknown prefixes
+    are verified against it so they cost as much as a wrong secret."""
+    return HASHER.hash(secrets.token_urlsafe(SECRET_BYTES))
+
+
+def _verify(hashed: str, secret: str) -> bool:
+    try:
+        return HASHER.verify(hashed, secret)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def _sha256(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_key(raw_key: str) -> tuple[str, str] | None:
+    """Split ``ffk_<prefix>_<secret>`` into (prefix, secret); None when malformed."""
+    match = _RAW_KEY_RE.match(raw_key or "")
+    return (match.group(1), match.group(2)) if match else None
+
+
+def _new_prefix() -> str:
+    return "".join(secrets.choice(PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
+
+
+# --- creation and revocation ---------------------------------------------------------------------
+
+
+def create_api_key(*, actor: Actor, name: str, role: str,
+                   expires_at: dt.datetime | None = None) -> tuple[ApiKey, str]:
+    """Create an API key of ``actor.organization`` with ``role``, created by ``actor.user``.
+
+    Returns (api_key, full_key); the full key ``ffk_<prefix>_<secret>`` exists only in
+    this return value: the row holds the prefix and an Argon2 hash of the secret.
+
+    Raises Forbidden when the actor may not manage API keys, when ``role`` is above the
+    actor's role, or when the actor is not a user (a key cannot mint keys: a leaked key
+    could otherwise outlive its own revocation through its children). Raises
+    TenancyError for an empty or over-long name, an unknown role, or an expiry that
+    is not in the future.
+    """
+    require(actor.role, Action.APIKEY_MANAGE)
+    if actor.user is None:
+        raise Forbidden("API keys are created by a signed-in user, not by another API key")
+    if role not in Role.values:
+        raise TenancyError(f"role {role!r}: expected one of {', '.join(Role.values)}")
+    if ROLE_RANK[role] > ROLE_RANK[actor.role]:
+        raise Forbidden(f"a {actor.role} cannot create a key with the {role} role")
+    name = (name or "").strip()
+    if not name:
+        raise TenancyError("name must not be empty")
+    if len(name) > NAME_MAX_LENGTH:
+        raise TenancyError(f"name is {len(name)} characters; at most {NAME_MAX_LENGTH}")
+    if expires_at is not None:
+        if timezone.is_naive(expires_at):
+            raise TenancyError("expires_at needs a time zone")
+        if expires_at <= timezone.now():
+            raise TenancyError("expires_at must be in the future")
+    secret = secrets.token_urlsafe(SECRET_BYTES)
+    hashed = HASHER.hash(secret)
+    with transaction.atomic():  # the key and its audit record, together or not at all
+        api_key = _insert_with_fresh_prefix(
+            organization=actor.organization, name=name, hashed_key=hashed, role=role, created_by=actor.user,
+            expires_at=expires_at,
+        )
+        audit.record("apikey.created", actor=actor, target=api_key, metadata={
+            "name": name, "role": role, "prefix": api_key.prefix,
+            "expires_at": expires_at.isoformat() if expires_at is not None else None,
+        })
+    return api_key, f"{KEY_SCHEME}_{api_key.prefix}_{secret}"
+
+
+def _insert_with_fresh_prefix(**fields) -> ApiKey:
+    """Insert the row under a random unused prefix, drawing again on the rare collision."""
+    for attempt in range(1, _PREFIX_ATTEMPTS + 1):
+        try:
+            # A savepoint: a prefix collision must not abort the enclosing transaction.
+            with transaction.atomic():
+                return ApiKey.objects.create(prefix=_new_prefix(), **fields)
+        except IntegrityError as exc:
+            if "uniq_apikey_prefix" not in str(exc) or attempt == _PREFIX_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _write_tombstone(prefix: str) -> None:
+    cache.set(_tombstone_key(prefix), 1, timeout=TOMBSTONE_TTL_SECONDS)
+
+
+def _forget(prefix: str) -> None:
+    """After the revocation committed: refresh the tombstone, then drop the entry."""
+    _write_tombstone(prefix)
+    cache.delete(_entry_key(prefix))
+
+
+def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
+    """Revoke ``api_key`` (of ``actor.organization``); idempotent. Returns the row.
+
+    Once the transaction commits, every process refuses the key on its next request:
+    the tombstone is written before the commit (so there is no window between the
+    commit and the on-commit hook) and again on commit together with deleting the
+    cached entry. A failed cache write is logged, not raised: revoking a leaked key
+    must work while Redis is down (an entry there could then survive at most
+    CACHE_TTL_SECONDS).
+
+    ``revoked_by`` is the acting user, or for an API key its creator.
+    Raises Forbidden without apikey.manage, ApiKey.DoesNotExist when the key is not
+    the actor's organization's.
+    """
+    require(actor.role, Action.APIKEY_MANAGE)
+    revoker = actor.user if actor.user is not None else getattr(actor.api_key, "created_by", None)
+    with transaction.atomic():
+        row = ApiKey.objects.for_organization(actor.organization).select_for_update().get(pk=api_key.pk)
+        if row.revoked_at is not None:
+            return row
+        try:
+            _write_tombstone(row.prefix)
+        except Exception:
+            log.warning("could not write the revocation tombstone of key %s before commit", row.prefix, exc_info=True)
+        row.revoked_at = timezone.now()
+        row.revoked_by = revoker
+        row.save(update_fields=["revoked_at", "revoked_by"])
+        audit.record("apikey.revoked", actor=actor, target=row, metadata={"name": row.name, "prefix": row.prefix})
+        prefix = row.prefix
+        transaction.on_commit(lambda: _forget(prefix), robust=True)
+    return row
+
+
+# --- authentication ------------------------------------------------------------------------------
+
+
+def _creator_membership(*, organization_id, creator_id) -> Membership | None:
+    """The creator's membership in the key's organization (with both), or None."""
+    if creator_id is None:
+        return None
+    return (
+        Membership.objects.for_organization(organization_id)
+        .select_related("organization", "user")
+        .filter(user_id=creator_id)
+        .first()
+    )
+
+
+def _authenticated(*, key_id, prefix, name, role, organization_id, creator_id,
+                   expires_at) -> AuthenticatedKey | None:
+    membership = _creator_membership(organization_id=organization_id, creator_id=creator_id)
+    if membership is None or not membership.user.is_active:
+        return None
+    return AuthenticatedKey(
+        id=key_id,
+        prefix=prefix,
+        name=name,
+        organization=membership.organization,
+        role=role,
+        effective_role=min_role(role, membership.role),
+        created_by=membership.user,
+        expires_at=expires_at,
+    )
+
+
+def touch_last_used(key_id) -> int:
+    """Set last_used_at = now() unless it was set in the last minute. Returns rows updated (0 or 1)."""
+    with connection.cursor() as cur:
+        cur.execute(_TOUCH_SQL, [key_id])
+        return cur.rowcount
+
+
+def _cache_get(prefix: str) -> tuple[dict | None, bool]:
+    """(entry, tombstoned) in one MGET; a cache failure reads as (None, True): use the database."""
+    try:
+        got = cache.get_many([_entry_key(prefix), _tombstone_key(prefix)])
+    except Exception:
+        log.warning("API key cache unavailable; verifying against the database", exc_info=True)
+        return None, True
+    tombstoned = _tombstone_key(prefix) in got
+    entry = got.get(_entry_key(prefix))
+    if tombstoned or not isinstance(entry, dict) or entry.get("v") != _CACHE_FORMAT:
+        return None, tombstoned
+    return entry, False
+
+
+def _cache_put(prefix: str, entry: dict, *, expires_at: dt.datetime | None) -> None:
+    ttl = float(CACHE_TTL_SECONDS)
+    if expires_at is not None:
+        ttl = min(ttl, (expires_at - timezone.now()).total_seconds())
+    if ttl < 1:
+        return
+    try:
+        cache.set(_entry_key(prefix), entry, timeout=ttl)
+    except Exception:
+        log.warning("could not cache API key %s", prefix, exc_info=True)
+
+
+def authenticate(raw_key: str) -> AuthenticatedKey | None:
+    """The key ``raw_key`` names, verified, with its effective role; None when it is
+    malformed, unknown, wrong, expired or revoked, or its creator is no longer an
+    active member of its organization. Never raises for a bad key.
+
+    An unknown prefix costs an Argon2 verification against a dummy hash, and a cache
+    hit with a wrong secret falls through to the Argon2 path, so neither the
+    existence of a prefix nor its presence in the cache shows in the timing.
+    """
+    parsed = parse_key(raw_key)
+    if parsed is None:
+        return None
+    prefix, secret = parsed
+    digest = _sha256(secret)
+    entry, tombstoned = _cache_get(prefix)
+    if entry is not None and hmac.compare_digest(entry["sha256"], digest):
+        expires_at = dt.datetime.fromtimestamp(entry["exp"], dt.UTC) if entry["exp"] is not None else None
+        if expires_at is not None and expires_at <= timezone.now():
+            return None
+        return _authenticated(
+            key_id=uuid.UUID(entry["id"]), prefix=prefix, name=entry["name"], role=entry["role"],
+            organization_id=entry["org"], creator_id=entry["creator"], expires_at=expires_at,
+        )
+
+    started = time.monotonic()
+    # Unscoped on purpose: the prefix is the credential's public half and names its
+    # organization; nothing of the row leaves this function unless the secret verifies.
+    row = (
+        ApiKey.objects.unscoped()
+        .filter(prefix=prefix)
+        .only("id", "organization_id", "name", "prefix", "hashed_key", "role", "created_by_id",
+              "expires_at", "revoked_at")
+        .first()
+    )
+    if row is None:
+        _verify(_dummy_hash(), secret)
+        return None
+    if not _verify(row.hashed_key, secret):
+        return None
+    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= timezone.now()):
+        return None
+    result = _authenticated(
+        key_id=row.pk, prefix=prefix, name=row.name, role=row.role, organization_id=row.organization_id,
+        creator_id=row.created_by_id, expires_at=row.expires_at,
+    )
+    if result is None:
+        return None
+    if HASHER.check_needs_rehash(row.hashed_key):
+        # Parameters changed since the key was made: upgrade the stored hash in place.
+        ApiKey.objects.unscoped().filter(pk=row.pk, hashed_key=row.hashed_key).update(hashed_key=HASHER.hash(secret))
+    # Runs on the Argon2 path only, i.e. about once per CACHE_TTL_SECONDS per key per
+    # cache; the WHERE clause keeps it to one write a minute whatever the cache does.
+    touch_last_used(row.pk)
+    if not tombstoned and time.monotonic() - started < CACHE_WRITE_DEADLINE_SECONDS:
+        _cache_put(
+            prefix,
+            {
+                "v": _CACHE_FORMAT,
+                "sha256": digest,
+                "id": str(row.pk),
+                "org": str(row.organization_id),
+                "role": row.role,
+                "creator": str(row.created_by_id) if row.created_by_id is not None else None,
+                "name": row.name,
+                "exp": row.expires_at.timestamp() if row.expires_at is not None else None,
+            },
+            expires_at=row.expires_at,
+        )
+    return result
+
+
+__all__ = [
+    "CACHE_TTL_SECONDS",
+    "HASHER",
+    "TOMBSTONE_TTL_SECONDS",
+    "AuthenticatedKey",
+    "authenticate",
+    "create_api_key",
+    "parse_key",
+    "revoke_api_key",
+    "touch_last_used",
+]
