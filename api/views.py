@@ -113,7 +113,7 @@ class RunCancelView(_RunView):
 
     def post(self, request, pk):
         run = self.get_object()
-        changed = cancel_run(run=run, reason=f"cancelled via the API by {_who(self.actor)}")
+        changed = cancel_run(run=run, actor=self.actor, reason=f"cancelled via the API by {_who(self.actor)}")
         run = self.get_object()
         if not changed:
             raise Conflict(f"The run has already finished ({run.state}).")

@@ -13,11 +13,14 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from audit import services as audit
 from engine.db import atomic_retry
 from engine.definitions import DefinitionError, validate_document
 from engine.jsonb import strip_nul
 from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
 from engine.repositories import transitions
+from tenancy.actors import Actor
+from tenancy.permissions import Action, require
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +29,29 @@ class WorkflowNotStartable(Exception):
     """The workflow exists but cannot be started (draft or archived). The message says why."""
 
 
-def apply_definition(*, organization, document: dict[str, Any], created_by=None,
-                     state: str = WorkflowState.ACTIVE) -> Workflow:
-    """Validate ``document`` and store it as the next version of its name in
-    ``organization`` (version 1 for a new name). Returns the new Workflow.
+def _actor(actor: Actor | None, organization) -> Actor:
+    if actor is not None:
+        return actor
+    if organization is None:
+        raise ValueError("an actor or an organization is required")
+    return Actor.system(organization)
 
-    Raises DefinitionError (and stores nothing) when the document is invalid.
-    Concurrent applies of one name are serialized by a transaction-scoped advisory
-    lock, so each gets its own version number.
+
+def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, organization=None,
+                     created_by=None, state: str = WorkflowState.ACTIVE) -> Workflow:
+    """Validate ``document`` and store it as the next version of its name in the
+    actor's organization (version 1 for a new name). Returns the new Workflow.
+
+    Without an ``actor`` the system acts for ``organization`` (commands, bootstrap).
+    Raises Forbidden when the actor's role may not edit workflows, and
+    DefinitionError (storing nothing) when the document is invalid. Concurrent
+    applies of one name are serialized by a transaction-scoped advisory lock, so
+    each gets its own version number. Records ``workflow.version_created``.
     """
+    actor = _actor(actor, organization)
+    require(actor.role, Action.WORKFLOW_EDIT)
+    organization = actor.organization
+    created_by = created_by or actor.user
     normalized = validate_document(document)
     with transaction.atomic():
         with connection.cursor() as cur:
@@ -89,6 +106,13 @@ def apply_definition(*, organization, document: dict[str, Any], created_by=None,
                 for d in t["depends_on"]
             ]
         )
+        audit.record(
+            "workflow.version_created",
+            actor=actor,
+            target=workflow,
+            metadata={"name": workflow.name, "version": workflow.version, "state": workflow.state,
+                      "tasks": len(tasks), "channel": actor.channel},
+        )
     return workflow
 
 
@@ -117,14 +141,26 @@ def resolve_workflow(*, organization, workflow: str | uuid.UUID, version: int | 
     return found
 
 
-def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None,
-              trigger_source: str = TriggerSource.CLI, triggered_by=None, retry_of=None) -> WorkflowRun:
-    """Start a run of ``workflow``: the run and all its task runs in one transaction,
-    roots ready, then a nudge to the scheduler on commit.
+CHANNEL_SOURCES = {"api": TriggerSource.API, "web": TriggerSource.WEB, "cli": TriggerSource.CLI}
 
-    Raises WorkflowNotStartable for a draft or archived workflow, and ValueError
-    when ``run_input`` is not a JSON object.
+
+def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, actor: Actor | None = None,
+              trigger_source: str | None = None, triggered_by=None, retry_of=None,
+              audit_metadata: dict[str, Any] | None = None) -> WorkflowRun:
+    """Start a run of ``workflow``: the run and all its task runs in one transaction,
+    roots ready, then a nudge to the scheduler on commit. Records ``run.started``
+    with who started it and through which channel.
+
+    Raises Forbidden when the actor may not operate runs, Workflow.DoesNotExist when
+    the workflow is not the actor's organization's, WorkflowNotStartable for a draft
+    or archived workflow, and ValueError when ``run_input`` is not a JSON object.
     """
+    actor = _actor(actor, workflow.organization)
+    require(actor.role, Action.RUN_OPERATE)
+    if workflow.organization_id != actor.organization.pk:
+        raise Workflow.DoesNotExist("no such workflow")
+    trigger_source = trigger_source or CHANNEL_SOURCES.get(actor.channel, TriggerSource.CLI)
+    triggered_by = triggered_by or actor.user
     run_input = {} if run_input is None else run_input
     if not isinstance(run_input, dict):
         raise ValueError("run input must be a JSON object")
@@ -145,15 +181,35 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None,
             triggered_by_id=getattr(triggered_by, "pk", None),
             retry_of_id=getattr(retry_of, "pk", None),
         )
+        audit.record(
+            "run.started",
+            actor=actor,
+            target=("workflowrun", run_id),
+            metadata={
+                "workflow": workflow.name, "version": workflow.version, "channel": str(trigger_source),
+                "retry_of": str(retry_of.pk) if retry_of is not None else None, **(audit_metadata or {}),
+            },
+        )
         transaction.on_commit(nudge_scheduler)
     return WorkflowRun.objects.for_organization(workflow.organization_id).get(pk=run_id)
 
 
-def cancel_run(*, run: WorkflowRun, reason: str = "cancelled by request") -> bool:
-    """Cancel ``run`` (see ``transitions.cancel_run``). Returns False if it had already finished."""
+def cancel_run(*, run: WorkflowRun, actor: Actor | None = None, reason: str = "cancelled by request") -> bool:
+    """Cancel ``run`` (see ``transitions.cancel_run``) and record ``run.cancelled``.
+    Returns False, recording nothing, if it had already finished.
+    Raises Forbidden when the actor may not operate runs."""
+    actor = _actor(actor, run.organization)
+    require(actor.role, Action.RUN_OPERATE)
+
+    def cancel() -> bool:
+        changed = transitions.cancel_run(workflow_run_id=run.pk, reason=reason)
+        if changed:
+            audit.record("run.cancelled", actor=actor, target=run, metadata={"reason": reason, "channel": actor.channel})
+        return changed
+
     # Cancelling locks every open task run of the run; a racing completion can deadlock
     # with it, and PostgreSQL then aborts one side: retry rather than lose the cancel.
-    return atomic_retry(lambda: transitions.cancel_run(workflow_run_id=run.pk, reason=reason))
+    return atomic_retry(cancel)
 
 
 def nudge_scheduler() -> None:

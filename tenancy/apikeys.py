@@ -19,7 +19,7 @@ A key acts with at most its creator's role: the effective role is the lesser of 
 key's role and the creator's *current* membership role in the key's organization,
 read on every request, so a demotion or a departure takes effect at once.
 
-Creation and revocation append an audit record (``apikey.created``/``apikey.revoked``,
+Creation and revocation append an audit record (``api_key.created``/``api_key.revoked``,
 naming the prefix, never the secret) in the transaction of the change.
 """
 
@@ -198,7 +198,7 @@ def create_api_key(*, actor: Actor, name: str, role: str,
             organization=actor.organization, name=name, hashed_key=hashed, role=role, created_by=actor.user,
             expires_at=expires_at,
         )
-        audit.record("apikey.created", actor=actor, target=api_key, metadata={
+        audit.record("api_key.created", actor=actor, target=api_key, metadata={
             "name": name, "role": role, "prefix": api_key.prefix,
             "expires_at": expires_at.isoformat() if expires_at is not None else None,
         })
@@ -255,7 +255,7 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
         row.revoked_at = timezone.now()
         row.revoked_by = revoker
         row.save(update_fields=["revoked_at", "revoked_by"])
-        audit.record("apikey.revoked", actor=actor, target=row, metadata={"name": row.name, "prefix": row.prefix})
+        audit.record("api_key.revoked", actor=actor, target=row, metadata={"name": row.name, "prefix": row.prefix})
         prefix = row.prefix
         transaction.on_commit(lambda: _forget(prefix), robust=True)
     return row

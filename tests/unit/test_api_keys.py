@@ -443,7 +443,7 @@ def test_creation_and_revocation_are_audited_without_the_secret(org, forget_cach
     revoke_api_key(actor=actor(owner_of(org)), api_key=api_key)
     records = list(AuditLog.objects.for_organization(org).filter(target_id=str(api_key.pk)).order_by("seq"))
     assert [(r.action, r.actor_user_id) for r in records] == [
-        ("apikey.created", admin.user_id), ("apikey.revoked", owner_of(org).user_id)]
+        ("api_key.created", admin.user_id), ("api_key.revoked", owner_of(org).user_id)]
     assert records[0].metadata == {"name": "deploy", "role": "member", "prefix": api_key.prefix, "expires_at": None}
     with connection.cursor() as cur:
         cur.execute("SELECT t::text FROM core_auditlog t")
@@ -461,7 +461,7 @@ def test_a_revocation_by_an_api_key_is_attributed_to_the_key(org, forget_cache):
                    api_key=api_key)
     api_key.refresh_from_db()
     assert api_key.revoked_by_id == owner_of(org).user_id  # the key's creator
-    record = AuditLog.objects.for_organization(org).get(action="apikey.revoked", target_id=str(api_key.pk))
+    record = AuditLog.objects.for_organization(org).get(action="api_key.revoked", target_id=str(api_key.pk))
     assert (record.actor_type, record.actor_api_key_prefix) == ("api_key", admin_row.prefix)
 
 
