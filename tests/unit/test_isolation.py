@@ -1,0 +1,204 @@
+"""Cross-tenant isolation, enumerated from the URLconf.
+
+Two organizations, A and B, each hold data of every kind. For every URL pattern of
+the API and the frontend that takes an object id, A's owner (by session) and A's
+admin API key (for the API) ask for B's object with every method: the answer must
+be exactly the answer for an id that does not exist (404, or 405 for a method the
+view does not serve) and never a 403 or a success. Every pattern without an id is
+fetched by A and must not mention any of B's ids.
+
+A new URL pattern that takes an id fails ``test_every_id_taking_url_pattern_is_covered``
+until OBJECT_KINDS below says which kind of object its id names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from audit.models import AuditLog
+from engine.models import TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.services import apply_definition, start_run
+from tenancy.actors import Actor
+from tenancy.apikeys import create_api_key
+from tenancy.models import ApiKey, Invitation, Membership, Role, User
+from tenancy.services import create_organization, invite_member
+
+# Namespaces whose patterns are tenant surfaces.
+NAMESPACES = ("api", "frontend")
+
+# url name -> {url kwarg: kind of object it names}. Kinds are keys of TenantData.ids().
+OBJECT_KINDS: dict[str, dict[str, str]] = {
+    "api:workflow-detail": {"pk": "workflow"},
+    "api:run-detail": {"pk": "run"},
+    "api:run-cancel": {"pk": "run"},
+    "api:apikey-revoke": {"pk": "api_key"},
+    "frontend:member_role": {"membership_id": "membership"},
+    "frontend:member_remove": {"membership_id": "membership"},
+    "frontend:invitation_revoke": {"invitation_id": "invitation"},
+}
+
+# Patterns whose parameter is not an object id, with the reason they are exempt.
+EXEMPT: dict[str, str] = {
+    "frontend:invitation_accept": "the parameter is a secret token, checked against the invited address, not an id",
+}
+
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+@dataclasses.dataclass
+class TenantData:
+    org: Any
+    owner: User
+    key: str
+    workflow: Workflow
+    run: WorkflowRun
+    membership: Membership
+    invitation: Invitation
+    api_key: ApiKey
+
+    def ids(self) -> dict[str, str]:
+        return {
+            "workflow": str(self.workflow.pk),
+            "run": str(self.run.pk),
+            "membership": str(self.membership.pk),
+            "invitation": str(self.invitation.pk),
+            "api_key": str(self.api_key.pk),
+            "task_run": str(TaskRun.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
+            "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
+            "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
+        }
+
+
+def build_tenant(slug: str) -> TenantData:
+    org, owner, _ = create_organization(slug=slug, name=slug.upper(), owner_email=f"owner@{slug}.example")
+    owner_m = Membership.objects.for_organization(org).get(user=owner)
+    actor = Actor(organization=org, role=Role.OWNER, user=owner, channel="web")
+    colleague = User.objects.create_user(email=f"colleague@{slug}.example")
+    membership = Membership.objects.create(organization=org, user=colleague, role=Role.MEMBER)
+    invitation, _token = invite_member(actor=actor, email=f"invitee@{slug}.example", role=Role.VIEWER)
+    api_key, full_key = create_api_key(actor=actor, name=f"{slug} ci", role=Role.ADMIN)
+    workflow = apply_definition(
+        actor=actor,
+        document={"name": f"{slug}-flow", "tasks": [{"key": "a", "type": "noop"},
+                                                    {"key": "b", "type": "noop", "depends_on": ["a"]}]},
+    )
+    run = start_run(workflow=workflow, actor=actor)
+    assert owner_m.role == Role.OWNER
+    return TenantData(org, owner, full_key, workflow, run, membership, invitation, api_key)
+
+
+@pytest.fixture
+def tenants(db):
+    return build_tenant("iso-a"), build_tenant("iso-b")
+
+
+def iter_patterns(resolver: URLResolver | None = None, prefix: str = "", namespace: str = ""):
+    """Yield (qualified name, route regex source, pattern) for every leaf pattern."""
+    resolver = resolver or get_resolver()
+    for p in resolver.url_patterns:
+        if isinstance(p, URLResolver):
+            ns = p.namespace or namespace
+            yield from iter_patterns(p, prefix + str(p.pattern.regex.pattern).lstrip("^"), ns)
+        elif isinstance(p, URLPattern):
+            name = f"{namespace}:{p.name}" if namespace and p.name else (p.name or "")
+            yield name, prefix + str(p.pattern.regex.pattern).lstrip("^"), p
+
+
+def tenant_patterns():
+    return [(n, r, p) for n, r, p in iter_patterns() if n.split(":")[0] in NAMESPACES]
+
+
+def params_of(regex: str) -> list[str]:
+    return re.findall(r"\(\?P<(\w+)>", regex)
+
+
+def build_path(regex: str, values: dict[str, str]) -> str:
+    path = re.sub(r"\(\?P<(\w+)>[^)]*\)", lambda m: values[m.group(1)], regex)
+    return "/" + path.replace("\\Z", "").replace("$", "").replace("\\", "")
+
+
+def test_every_id_taking_url_pattern_is_covered():
+    missing = [
+        f"{name} ({regex})"
+        for name, regex, _ in tenant_patterns()
+        if params_of(regex) and name not in OBJECT_KINDS and name not in EXEMPT
+    ]
+    assert not missing, (
+        "URL patterns take an id but the isolation suite does not know which object it names; "
+        f"add them to OBJECT_KINDS in {__file__}: {missing}"
+    )
+    stale = sorted(set(OBJECT_KINDS) - {n for n, _, _ in tenant_patterns()})
+    assert not stale, f"OBJECT_KINDS names patterns that no longer exist: {stale}"
+
+
+def clients(a: TenantData) -> list[tuple[str, Client, str]]:
+    session = Client()
+    session.force_login(a.owner)
+    key = Client(headers={"Authorization": f"Bearer {a.key}"})
+    return [("session", session, "any"), ("api key", key, "api")]
+
+
+@pytest.mark.django_db
+def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants):
+    a, b = tenants
+    b_ids = b.ids()
+    checked = 0
+    for name, regex, _ in tenant_patterns():
+        kinds = OBJECT_KINDS.get(name)
+        if not kinds:
+            continue
+        foreign = build_path(regex, {param: b_ids[kind] for param, kind in kinds.items()})
+        missing = build_path(regex, {param: str(uuid.uuid4()) for param in kinds})
+        for label, client, scope in clients(a):
+            if scope == "api" and not name.startswith("api:"):
+                continue
+            headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
+            for method in METHODS:
+                got = getattr(client, method)(foreign, headers=headers)
+                ref = getattr(client, method)(missing, headers=headers)
+                assert got.status_code == ref.status_code, (name, label, method, got.status_code, ref.status_code)
+                assert got.status_code in (404, 405), (name, label, method, got.status_code)
+                checked += 1
+    assert checked >= len(OBJECT_KINDS) * len(METHODS)
+    # Nothing of B changed through any of those requests.
+    b.run.refresh_from_db()
+    assert b.run.state == "running"
+    assert Membership.objects.for_organization(b.org).filter(pk=b.membership.pk, role=Role.MEMBER).exists()
+    assert Invitation.objects.for_organization(b.org).get(pk=b.invitation.pk).revoked_at is None
+    assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
+
+
+@pytest.mark.django_db
+def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
+    a, b = tenants
+    b_values = set(b.ids().values()) | {b.org.slug, b.workflow.name, b.api_key.prefix, str(b.org.pk)}
+    a_values = set(a.ids().values())
+    fetched = 0
+    for name, regex, _ in tenant_patterns():
+        if params_of(regex):
+            continue
+        path = build_path(regex, {})
+        for label, client, scope in clients(a):
+            if scope == "api" and not name.startswith("api:"):
+                continue
+            headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
+            resp = client.get(path, headers=headers)
+            if resp.status_code == 405:
+                continue
+            body = resp.content.decode(errors="replace")
+            leaked = sorted(v for v in b_values if v in body)
+            assert not leaked, (name, label, leaked)
+            fetched += 1
+    assert fetched >= 5
+    # The pages really show A's data, so an empty or error page is not what passed.
+    for label, client, _ in clients(a):
+        body = client.get("/api/v1/workflows/", headers={"X-Organization": a.org.slug}).content.decode()
+        assert a.workflow.name in body and str(a.workflow.pk) in body, label
+    assert a_values
