@@ -17,6 +17,7 @@ from allauth.account.models import EmailAddress
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import services as audit
 from tenancy.actors import Actor
 from tenancy.models import Invitation, Membership, Organization, Role, User
 from tenancy.permissions import Action, Forbidden, require
@@ -62,6 +63,24 @@ def create_organization_for(*, user: User, slug: str, name: str) -> Organization
             Membership.objects.create(organization=org, user=user, role=Role.OWNER)
     except IntegrityError as exc:  # a concurrent create won the slug between the check and the insert
         raise taken from exc
+    return org
+
+
+def rename_organization(*, actor: Actor, name: str) -> Organization:
+    """Rename the actor's organization (owners only). Records ``organization.renamed``.
+    Raises Forbidden or TenancyError (empty or over 200 characters)."""
+    require(actor.role, Action.ORG_MANAGE)
+    name = (name or "").strip()
+    if not name or len(name) > 200:
+        raise TenancyError("name must be 1 to 200 characters")
+    with transaction.atomic():
+        org = Organization.objects.select_for_update().get(pk=actor.organization.pk)
+        before = org.name
+        if before != name:
+            org.name = name
+            org.save(update_fields=["name"])
+            audit.record("organization.renamed", actor=actor, target=org,
+                         metadata={"name": {"before": before, "after": name}})
     return org
 
 

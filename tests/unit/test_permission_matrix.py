@@ -1,0 +1,123 @@
+"""Every cell of the permission matrix (docs/permissions.md), through the service
+functions that the API, the pages and the commands call, plus the API over HTTP."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.test import Client
+
+from engine.services import apply_definition, cancel_run, start_run
+from tenancy.actors import Actor
+from tenancy.apikeys import create_api_key, revoke_api_key
+from tenancy.models import Membership, Role, User
+from tenancy.permissions import MATRIX, Action, Forbidden, can
+from tenancy.services import invite_member, rename_organization
+
+ROLES = [Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER]
+EXPECTED = {
+    Action.READ: {Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER},
+    Action.RUN_OPERATE: {Role.OWNER, Role.ADMIN, Role.MEMBER},
+    Action.WORKFLOW_EDIT: {Role.OWNER, Role.ADMIN, Role.MEMBER},
+    Action.MEMBER_MANAGE: {Role.OWNER, Role.ADMIN},
+    Action.APIKEY_MANAGE: {Role.OWNER, Role.ADMIN},
+    Action.AUDIT_READ: {Role.OWNER, Role.ADMIN},
+    Action.ORG_MANAGE: {Role.OWNER},
+}
+_n = itertools.count()
+
+
+def test_the_matrix_is_the_documented_one():
+    assert set(EXPECTED) == set(Action)
+    for role in ROLES:
+        assert MATRIX[role] == {a for a, roles in EXPECTED.items() if role in roles}
+    assert not can(None, Action.READ)
+
+
+def actor_with(org, role) -> Actor:
+    user = User.objects.create_user(email=f"{role}-{next(_n)}@matrix.example")
+    Membership.objects.create(organization=org, user=user, role=role)
+    return Actor(organization=org, role=role, user=user, channel="web")
+
+
+def _run(org):
+    owner = Actor.system(org)
+    wf = apply_definition(actor=owner, document={"name": f"m{next(_n)}", "tasks": [{"key": "a", "type": "noop"}]})
+    return wf, start_run(workflow=wf, actor=owner)
+
+
+def do_read(org, actor):
+    client = Client()
+    client.force_login(actor.user)
+    resp = client.get("/api/v1/workflows/", headers={"X-Organization": org.slug})
+    if resp.status_code == 403:
+        raise Forbidden("read")
+    assert resp.status_code == 200
+
+
+def do_run_operate(org, actor):
+    wf, run = _run(org)
+    start_run(workflow=wf, actor=actor)
+    assert cancel_run(run=run, actor=actor) is True
+
+
+def do_workflow_edit(org, actor):
+    apply_definition(actor=actor, document={"name": "edited", "tasks": [{"key": "a", "type": "noop"}]})
+
+
+def do_member_manage(org, actor):
+    invite_member(actor=actor, email=f"new{next(_n)}@matrix.example", role=Role.MEMBER)
+
+
+def do_apikey_manage(org, actor):
+    key, _ = create_api_key(actor=actor, name="matrix", role=Role.VIEWER)
+    revoke_api_key(actor=actor, api_key=key)
+
+
+def do_audit_read(org, actor):
+    from tenancy.permissions import require
+
+    require(actor.role, Action.AUDIT_READ)
+
+
+def do_org_manage(org, actor):
+    rename_organization(actor=actor, name=f"Renamed {next(_n)}")
+
+
+PERFORM = {
+    Action.READ: do_read,
+    Action.RUN_OPERATE: do_run_operate,
+    Action.WORKFLOW_EDIT: do_workflow_edit,
+    Action.MEMBER_MANAGE: do_member_manage,
+    Action.APIKEY_MANAGE: do_apikey_manage,
+    Action.AUDIT_READ: do_audit_read,
+    Action.ORG_MANAGE: do_org_manage,
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", list(Action), ids=str)
+@pytest.mark.parametrize("role", ROLES, ids=str)
+def test_each_cell_is_enforced(org, role, action):
+    actor = actor_with(org, role)
+    if role in EXPECTED[action]:
+        PERFORM[action](org, actor)
+    else:
+        with pytest.raises(Forbidden):
+            PERFORM[action](org, actor)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ROLES, ids=str)
+def test_api_keys_of_each_role_over_http(org, role):
+    owner = Actor(organization=org, role=Role.OWNER,
+                  user=Membership.objects.for_organization(org).get(role=Role.OWNER).user, channel="web")
+    _, full = create_api_key(actor=owner, name=f"k-{role}", role=role)
+    client = Client(headers={"Authorization": f"Bearer {full}"})
+    _, run = _run(org)
+    assert client.get("/api/v1/workflows/").status_code == 200
+    expected_cancel = 200 if role in EXPECTED[Action.RUN_OPERATE] else 403
+    assert client.post(f"/api/v1/runs/{run.pk}/cancel/").status_code == expected_cancel
+    expected_keys = 200 if role in EXPECTED[Action.APIKEY_MANAGE] else 403
+    assert client.get("/api/v1/api-keys/").status_code == expected_keys
