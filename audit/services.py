@@ -56,12 +56,14 @@ def record(
     user: Any = None,
     target: Any = None,
     metadata: dict[str, Any] | None = None,
+    actor_email: str | None = None,
 ) -> AuditLog:
     """Append one audit record and return it.
 
     ``action`` is a dotted verb (``run.started``). The actor is a ``tenancy.actors.Actor``
     (user, API key or system), or just a ``user`` for account-level events such as a
-    sign-in; ``organization`` defaults to the actor's (None for account events, which
+    sign-in (``actor_email`` names the address of a sign-in attempt that matched no
+    user); ``organization`` defaults to the actor's (None for account events, which
     only staff see). ``target`` is a model instance or a (type, id) pair. ``metadata``
     is recorded as given — field by field, never a dumped model — and raises
     SecretInMetadata if a key may name a secret. Request metadata (IP, user agent,
@@ -93,7 +95,7 @@ def record(
             "organization_id": org_id,
             "actor_type": str(actor_type),
             "actor_user_id": getattr(user, "pk", None),
-            "actor_email": (getattr(user, "email", "") or "")[:254],
+            "actor_email": (getattr(user, "email", "") or actor_email or "")[:254],
             "actor_api_key_id": getattr(api_key, "pk", None),
             "actor_api_key_prefix": getattr(api_key, "prefix", "") or "",
             "action": action,

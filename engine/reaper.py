@@ -22,7 +22,8 @@ def reap_once(*, limit: int = 500) -> int:
     for task_run_id, token in transitions.expired_leases(limit=limit):
         result = atomic_retry(
             lambda tr=task_run_id, tok=token: transitions.expire_lease(
-                task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS, owner=owner
+                task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+                owner=owner
             )
         )
         if result.accepted:

@@ -167,7 +167,8 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
             output=output,
             error=error,
             retryable=retryable,
-            lease_seconds=lease,
+            # The lease of dependents this completion claims: until a worker starts them.
+            lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
             owner=process_owner("scheduler"),
         ),
         connection_attempts=8,

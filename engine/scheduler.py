@@ -31,7 +31,7 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     for _ in range(max_batches):
         dispatches = atomic_retry(
             lambda: transitions.claim_ready(
-                limit=limit, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS, owner=owner
+                limit=limit, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS, owner=owner
             )
         )
         total += len(dispatches)

@@ -90,6 +90,11 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:543
 DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True),
 }
+# Each request is one transaction, so an audit record commits or rolls back with the
+# change it records (views that stream, such as server-sent events, opt out).
+DATABASES["default"]["ATOMIC_REQUESTS"] = True
+# A session idle inside a transaction (a frozen process) must not hold row locks forever.
+DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c idle_in_transaction_session_timeout=60000"
 if os.environ.get("TEST_DATABASE_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["TEST_DATABASE_NAME"]}
 
@@ -185,9 +190,13 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Engine -----------------------------------------------------------------
-# Seconds a claimed or started task run holds its lease before the reaper may
-# take it back. Workers heartbeat every third of this.
+# Seconds a started task run holds its lease before the reaper may take it back.
+# Workers heartbeat every third of this.
 FLOWFORGE_LEASE_SECONDS = env_float("FLOWFORGE_LEASE_SECONDS", 30.0)
+# Seconds a claimed generation may wait in the broker for a worker to start it before
+# the reaper assumes the message was lost and dispatches a new generation. Longer than
+# the run lease, so a queue backlog is not mistaken for a lost message.
+FLOWFORGE_DISPATCH_LEASE_SECONDS = env_float("FLOWFORGE_DISPATCH_LEASE_SECONDS", 300.0)
 # Seconds between heartbeats of a running task (defaults to a third of the lease).
 FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.

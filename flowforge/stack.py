@@ -75,10 +75,10 @@ class Stack:
         """Start ``argv`` with this stack's environment; output goes to log_dir/name.log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        log = open(log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
-        popen = subprocess.Popen(
-            argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            popen = subprocess.Popen(
+                argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         proc = Proc(name=name, popen=popen, log_path=log_path)
         self.procs.append(proc)
         return proc

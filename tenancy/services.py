@@ -61,6 +61,8 @@ def create_organization_for(*, user: User, slug: str, name: str) -> Organization
         with transaction.atomic():
             org = Organization.objects.create(slug=slug, name=name.strip())
             Membership.objects.create(organization=org, user=user, role=Role.OWNER)
+            audit.record("organization.created", organization=org, user=user, target=org,
+                         metadata={"slug": org.slug, "name": org.name})
     except IntegrityError as exc:  # a concurrent create won the slug between the check and the insert
         raise taken from exc
     return org
@@ -109,8 +111,12 @@ def change_role(*, actor: Actor, membership: Membership, role: str) -> Membershi
             raise Forbidden("only an owner can grant or remove the owner role")
         if current.role == Role.OWNER and role != Role.OWNER and _owners(members) == 1:
             raise TenancyError("the last owner cannot be demoted; make someone else an owner first")
-        current.role = role
-        current.save(update_fields=["role"])
+        before = current.role
+        if before != role:
+            current.role = role
+            current.save(update_fields=["role"])
+            audit.record("member.role_changed", actor=actor, target=current, metadata={
+                "user": current.user.email, "role": {"before": before, "after": role}})
     return current
 
 
@@ -133,6 +139,8 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
                 raise TenancyError(
                     "the last owner cannot leave or be removed; make someone else an owner first"
                 )
+        audit.record("member.left" if leaving else "member.removed", actor=actor, target=current,
+                     metadata={"user": current.user.email, "role": current.role})
         current.delete()
 
 
@@ -170,6 +178,8 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
             invited_by=actor.user,
             expires_at=now + dt.timedelta(seconds=INVITATION_TTL_SECONDS),
         )
+        audit.record("invitation.sent", actor=actor, target=invitation,
+                     metadata={"email": email, "role": role, "expires_at": invitation.expires_at.isoformat()})
     return invitation, token
 
 
@@ -177,11 +187,15 @@ def revoke_invitation(*, actor: Actor, invitation: Invitation) -> bool:
     """Withdraw a pending invitation. Returns False when it was no longer pending
     (already accepted or revoked), in which case nothing changed."""
     require(actor.role, Action.MEMBER_MANAGE)
-    return bool(
-        Invitation.objects.for_organization(actor.organization)
-        .filter(pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True)
-        .update(revoked_at=timezone.now())
-    )
+    with transaction.atomic():
+        changed = bool(
+            Invitation.objects.for_organization(actor.organization)
+            .filter(pk=invitation.pk, accepted_at__isnull=True, revoked_at__isnull=True)
+            .update(revoked_at=timezone.now())
+        )
+        if changed:
+            audit.record("invitation.revoked", actor=actor, target=invitation, metadata={"email": invitation.email})
+    return changed
 
 
 def find_invitation(token: str) -> Invitation | None:
@@ -194,8 +208,11 @@ def accept_invitation(*, token: str, user: User) -> Membership:
     """Accept an invitation as ``user``: creates the membership and consumes the token.
 
     Raises TenancyError when the token is unknown, expired, already used or revoked,
-    or the signed-in address is not the invited one.
+    or the signed-in address is not the invited one (or not verified). A refused use
+    of a real invitation is itself recorded (``invitation.refused_use``, with the
+    reason), committed even though the acceptance is not.
     """
+    refusal: tuple[Invitation, str, str] | None = None
     with transaction.atomic():
         inv = (
             Invitation.objects.unscoped()
@@ -206,19 +223,32 @@ def accept_invitation(*, token: str, user: User) -> Membership:
         if inv is None:
             raise TenancyError("this invitation link is not valid")
         if inv.accepted_at is not None:
-            raise TenancyError("this invitation has already been used")
-        if inv.revoked_at is not None:
-            raise TenancyError("this invitation was withdrawn")
-        if inv.expires_at <= timezone.now():
-            raise TenancyError("this invitation has expired; ask for a new one")
-        if inv.email != user.email.lower():
-            raise TenancyError(f"this invitation is for {inv.email}; sign in with that address to accept it")
-        if not EmailAddress.objects.filter(user=user, email__iexact=inv.email, verified=True).exists():
-            raise TenancyError(f"verify {inv.email} before accepting this invitation")
-        membership, created = Membership.objects.get_or_create(
-            organization_id=inv.organization_id, user=user, defaults={"role": inv.role}
+            refusal = (inv, "reused", "this invitation has already been used")
+        elif inv.revoked_at is not None:
+            refusal = (inv, "revoked", "this invitation was withdrawn")
+        elif inv.expires_at <= timezone.now():
+            refusal = (inv, "expired", "this invitation has expired; ask for a new one")
+        elif inv.email != user.email.lower():
+            refusal = (inv, "wrong_address",
+                       f"this invitation is for {inv.email}; sign in with that address to accept it")
+        elif not EmailAddress.objects.filter(user=user, email__iexact=inv.email, verified=True).exists():
+            refusal = (inv, "unverified_address", f"verify {inv.email} before accepting this invitation")
+        if refusal is None:
+            membership, _created = Membership.objects.get_or_create(
+                organization_id=inv.organization_id, user=user, defaults={"role": inv.role}
+            )
+            inv.accepted_at = timezone.now()
+            inv.accepted_by = user
+            inv.save(update_fields=["accepted_at", "accepted_by"])
+            audit.record(
+                "invitation.accepted", organization=inv.organization_id, user=user, target=inv,
+                metadata={"email": inv.email, "role": membership.role},
+            )
+            return membership
+    inv, reason, message = refusal
+    with transaction.atomic():
+        audit.record(
+            "invitation.refused_use", organization=inv.organization_id, user=user, target=inv,
+            metadata={"reason": reason, "email": inv.email},
         )
-        inv.accepted_at = timezone.now()
-        inv.accepted_by = user
-        inv.save(update_fields=["accepted_at", "accepted_by"])
-    return membership
+    raise TenancyError(message)

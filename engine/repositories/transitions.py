@@ -276,7 +276,8 @@ def claim_ready(
     any number of schedulers can run at once; ``task_run_ids`` restricts the claim to
     those rows (the fast path that dispatches a completed task's dependents in the
     completion's own transaction). Each claim bumps ``fencing_token`` and takes a lease
-    of ``lease_seconds`` that covers the time until a worker starts the attempt.
+    of ``lease_seconds`` (the dispatch lease) that covers the time until a worker starts
+    the attempt; the worker then takes its own, shorter, heartbeated lease.
     Returns the claimed generations; never raises for a lost race.
     """
     params: dict[str, Any] = {
@@ -479,6 +480,7 @@ def complete_attempt(
     On success the dependents whose dependencies all succeeded become ready and are
     claimed here (one commit per hop); on a final failure the task's descendants are
     skipped; when nothing in the run is left open the run's terminal state is derived.
+    ``lease_seconds`` is the dispatch lease of the dependents claimed here.
     ``output`` must be JSON-shaped; NUL characters are stripped (seed 001). A failure
     with ``retryable=False`` fails the task at once, whatever attempts remain.
     """
