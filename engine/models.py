@@ -184,6 +184,10 @@ class WorkflowRun(models.Model):
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )
+    # The cron trigger that started this run, if one did.
+    trigger = models.ForeignKey(
+        "engine.ScheduledTrigger", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
     error = models.TextField(blank=True, default="")
     # Last per-run event sequence number handed out; the row lock on this run is
     # what makes TaskRunEvent.seq gap-free and commit-ordered (seed 001).
@@ -441,3 +445,31 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"idempotency key {self.key!r}"
+
+
+class TriggerFiring(models.Model):
+    """One scheduled instant of a cron trigger, fired at most once: the unique
+    (trigger, scheduled_for) is what lets several clocks race without creating two runs."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    trigger = models.ForeignKey(ScheduledTrigger, on_delete=models.CASCADE, related_name="firings")
+    scheduled_for = models.DateTimeField()
+    workflow_run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    outcome = models.CharField(max_length=20, default="started")
+    detail = models.TextField(blank=True, default="")
+    fired_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_triggerfiring"
+        constraints = [
+            models.UniqueConstraint(fields=["trigger", "scheduled_for"], name="uniq_triggerfiring_instant"),
+            models.CheckConstraint(
+                condition=Q(outcome__in=["started", "skipped", "failed"]), name="triggerfiring_outcome_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"firing of {self.trigger_id} for {self.scheduled_for}"

@@ -29,6 +29,78 @@ class WorkflowNotStartable(Exception):
     """The workflow exists but cannot be started (draft or archived). The message says why."""
 
 
+class ConfirmationRequired(ValueError):
+    """A destructive action needs its confirmation field; the message says what to send."""
+
+
+class RunNotFinished(Exception):
+    """The run is still going (a retry needs a finished run)."""
+
+
+def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -> tuple[Workflow, int]:
+    """Archive one version of a workflow (seed 003: active -> archived): it refuses new
+    runs, and its running runs are cancelled. ``confirm`` must equal the workflow's name.
+
+    Returns (workflow, number of runs cancelled). Raises Forbidden, ConfirmationRequired.
+    """
+    require(actor.role, Action.WORKFLOW_EDIT)
+    if confirm != workflow.name:
+        raise ConfirmationRequired(
+            f"archiving cancels the running runs of {workflow.name} v{workflow.version}; "
+            f"send confirm={workflow.name!r} to proceed"
+        )
+    with transaction.atomic():
+        wf = Workflow.objects.for_organization(actor.organization).select_for_update().get(pk=workflow.pk)
+        before = wf.state
+        if wf.state != WorkflowState.ARCHIVED:
+            wf.state = WorkflowState.ARCHIVED
+            wf.save(update_fields=["state"])
+    cancelled = 0
+    running = WorkflowRun.objects.for_organization(actor.organization).filter(
+        workflow=wf, state__in=["pending", "running"]
+    ).values_list("pk", flat=True)
+    for run_id in list(running):
+        run = WorkflowRun.objects.for_organization(actor.organization).get(pk=run_id)
+        if cancel_run(run=run, actor=actor, reason=f"workflow {wf.name} v{wf.version} was archived"):
+            cancelled += 1
+    with transaction.atomic():
+        audit.record("workflow.archived", actor=actor, target=wf, metadata={
+            "name": wf.name, "version": wf.version, "state": {"before": before, "after": wf.state},
+            "runs_cancelled": cancelled})
+    return wf, cancelled
+
+
+def restore_workflow(*, actor: Actor, workflow: Workflow) -> Workflow:
+    """Restore an archived (or draft) version to active after re-validating its
+    definition against today's task types. Raises Forbidden or DefinitionError."""
+    require(actor.role, Action.WORKFLOW_EDIT)
+    validate_document(workflow.definition)
+    with transaction.atomic():
+        wf = Workflow.objects.for_organization(actor.organization).select_for_update().get(pk=workflow.pk)
+        before = wf.state
+        if wf.state != WorkflowState.ACTIVE:
+            wf.state = WorkflowState.ACTIVE
+            wf.save(update_fields=["state"])
+            audit.record("workflow.restored", actor=actor, target=wf, metadata={
+                "name": wf.name, "version": wf.version, "state": {"before": before, "after": wf.state}})
+    return wf
+
+
+def retry_run(*, actor: Actor, run: WorkflowRun) -> WorkflowRun:
+    """Start a new run of the same workflow version with the same input, linked to
+    ``run`` (``retry_of``). Raises RunNotFinished while ``run`` is still going, and
+    what start_run raises. Records ``run.retried`` and ``run.started``."""
+    require(actor.role, Action.RUN_OPERATE)
+    run.refresh_from_db(fields=["state"])
+    if not run.is_terminal:
+        raise RunNotFinished(f"run {run.pk} is {run.state}; only a finished run can be retried")
+    with transaction.atomic():
+        new = start_run(workflow=run.workflow, run_input=run.input, actor=actor,
+                        trigger_source=TriggerSource.RETRY, retry_of=run)
+        audit.record("run.retried", actor=actor, target=run, metadata={"new_run": str(new.pk), "channel": actor.channel})
+    return new
+
+
 def _actor(actor: Actor | None, organization) -> Actor:
     if actor is not None:
         return actor
@@ -145,7 +217,7 @@ CHANNEL_SOURCES = {"api": TriggerSource.API, "web": TriggerSource.WEB, "cli": Tr
 
 
 def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, actor: Actor | None = None,
-              trigger_source: str | None = None, triggered_by=None, retry_of=None,
+              trigger_source: str | None = None, triggered_by=None, retry_of=None, trigger=None,
               audit_metadata: dict[str, Any] | None = None) -> WorkflowRun:
     """Start a run of ``workflow``: the run and all its task runs in one transaction,
     roots ready, then a nudge to the scheduler on commit. Records ``run.started``
@@ -180,6 +252,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             trigger_source=trigger_source,
             triggered_by_id=getattr(triggered_by, "pk", None),
             retry_of_id=getattr(retry_of, "pk", None),
+            trigger_id=getattr(trigger, "pk", None),
         )
         audit.record(
             "run.started",

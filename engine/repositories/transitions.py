@@ -175,6 +175,7 @@ def create_run_rows(
     trigger_source: str,
     triggered_by_id: uuid.UUID | None = None,
     retry_of_id: uuid.UUID | None = None,
+    trigger_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
     """Insert a WorkflowRun (``running``) and all its TaskRuns in one go: roots
     ``ready``, the rest ``pending`` (the design brief's "Start"). Returns the run id.
@@ -186,9 +187,9 @@ def create_run_rows(
         """
         INSERT INTO core_workflowrun
             (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
-             error, last_event_seq, created_at, started_at)
+             trigger_id, error, last_event_seq, created_at, started_at)
         VALUES (%(run)s, %(org)s, %(wf)s, 'running', %(input)s, %(source)s, %(user)s, %(retry_of)s,
-                '', 0, clock_timestamp(), clock_timestamp())
+                %(trigger)s, '', 0, clock_timestamp(), clock_timestamp())
         """,
         {
             "run": run_id,
@@ -198,6 +199,7 @@ def create_run_rows(
             "source": trigger_source,
             "user": triggered_by_id,
             "retry_of": retry_of_id,
+            "trigger": trigger_id,
         },
     )
     _fetch(

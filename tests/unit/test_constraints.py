@@ -597,6 +597,69 @@ def test_unknown_invitation_role_violates_invitation_role_valid(org):
     assert Invitation.objects.unscoped().get(pk=inv.pk).role == "member"
 
 
+def test_firing_one_instant_twice_violates_uniq_triggerfiring_instant(org):
+    import datetime as dt
+
+    from engine.models import TriggerFiring
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    instant = dt.datetime(2026, 11, 30, 2, 30, tzinfo=dt.UTC)
+    TriggerFiring.objects.create(organization=org, trigger=trig, scheduled_for=instant)
+    violation(
+        "uniq_triggerfiring_instant",
+        lambda: TriggerFiring.objects.bulk_create([TriggerFiring(organization=org, trigger=trig, scheduled_for=instant)]),
+    )
+    TriggerFiring.objects.create(organization=org, trigger=trig, scheduled_for=instant + dt.timedelta(minutes=5))
+    assert TriggerFiring.objects.for_organization(org).count() == 2
+
+
+def test_unknown_firing_outcome_violates_triggerfiring_outcome_valid(org):
+    import datetime as dt
+
+    from engine.models import TriggerFiring
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    firing = TriggerFiring.objects.create(organization=org, trigger=trig, scheduled_for=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    violation(
+        "triggerfiring_outcome_valid",
+        lambda: TriggerFiring.objects.for_organization(org).filter(pk=firing.pk).update(outcome="maybe"),
+    )
+    assert TriggerFiring.objects.for_organization(org).get(pk=firing.pk).outcome == "started"
+
+
+def _audit_row(org, seq: int, **kw):
+    from django.utils import timezone
+
+    from audit.models import AuditLog
+
+    fields = {"organization": org, "actor_type": "system", "action": "test.row", "created_at": timezone.now(),
+              "chain": str(org.pk), "seq": seq, "prev_hash": "0" * 64, "row_hash": "1" * 64}
+    fields.update(kw)
+    return AuditLog(**fields)
+
+
+def test_two_audit_rows_in_one_chain_place_violate_uniq_auditlog_chain_seq(org):
+    from audit.models import AuditLog
+
+    AuditLog.objects.bulk_create([_audit_row(org, 1000)])
+    # Audit rows are append-only (a trigger refuses UPDATE), so the write is an insert.
+    violation(
+        "uniq_auditlog_chain_seq",
+        lambda: AuditLog.objects.bulk_create([_audit_row(org, 1000)]),
+    )
+    assert AuditLog.objects.for_organization(org).filter(seq=1000).count() == 1
+
+
+def test_unknown_actor_type_violates_auditlog_actor_type_valid(org):
+    from audit.models import AuditLog
+
+    violation(
+        "auditlog_actor_type_valid",
+        lambda: AuditLog.objects.bulk_create([_audit_row(org, 1000, actor_type="robot")]),
+    )
+    assert not AuditLog.objects.for_organization(org).filter(actor_type="robot").exists()
+
+
 # --- coverage -----------------------------------------------------------------------------------
 
 
@@ -610,7 +673,7 @@ def test_every_declared_constraint_has_a_violation_test_in_this_module():
     source = inspect.getsource(sys.modules[__name__])
     declared = sorted(
         c.name
-        for app in ("engine", "tenancy")
+        for app in ("engine", "tenancy", "audit")
         for m in apps.get_app_config(app).get_models()
         for c in m._meta.constraints
     )

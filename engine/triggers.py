@@ -1,0 +1,189 @@
+"""Cron triggers: validation and the create/update/pause/resume/delete actions.
+
+A trigger names a workflow (its latest active version runs), a cron expression
+(croniter's five-field syntax, with optional seconds as a sixth field not allowed),
+an IANA time zone and an input document. ``next_fire_at`` (UTC) is the next instant
+of the expression in the trigger's zone; the clock's tick fires due triggers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
+
+from croniter import croniter
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit import services as audit
+from engine.jsonb import strip_nul
+from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow
+from tenancy.actors import Actor
+from tenancy.permissions import Action, require
+
+NAME_MAX = 200
+
+
+class TriggerError(ValueError):
+    """A trigger was refused. ``field`` names the offending field."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")
+        self.message = message
+
+
+def validate_cron(expression: str) -> str:
+    """Return the normalized expression or raise TriggerError('cron_expression', ...)."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise TriggerError("cron_expression", "required, e.g. '*/15 * * * *'")
+    expr = " ".join(expression.split())
+    if len(expr.split(" ")) != 5:
+        raise TriggerError("cron_expression", f"{expression!r} must have 5 fields (minute hour day month weekday)")
+    if not croniter.is_valid(expr):
+        raise TriggerError("cron_expression", f"{expression!r} is not a valid cron expression")
+    return expr
+
+
+def validate_timezone(name: str) -> str:
+    """Return ``name`` if it is an IANA time zone, else raise TriggerError('timezone', ...)."""
+    if not isinstance(name, str) or not name:
+        raise TriggerError("timezone", "required, an IANA time zone such as 'Europe/Berlin' or 'UTC'")
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise TriggerError("timezone", f"{name!r} is not an IANA time zone (e.g. 'Europe/Berlin')") from None
+    if name not in available_timezones() and name != "UTC":
+        raise TriggerError("timezone", f"{name!r} is not an IANA time zone (e.g. 'Europe/Berlin')")
+    return name
+
+
+def next_instant(expression: str, tz_name: str, after: dt.datetime) -> dt.datetime:
+    """The first instant of ``expression`` in zone ``tz_name`` strictly after ``after``, in UTC.
+    A wall-clock time skipped by a DST change fires at the shifted time (croniter)."""
+    local = after.astimezone(ZoneInfo(tz_name))
+    return croniter(expression, local).get_next(dt.datetime).astimezone(dt.UTC)
+
+
+def preview(expression: str, tz_name: str, *, count: int = 5, after: dt.datetime | None = None) -> list[dt.datetime]:
+    """The next ``count`` fire instants, in the trigger's zone."""
+    expr, tz = validate_cron(expression), validate_timezone(tz_name)
+    out, cursor = [], after or timezone.now()
+    for _ in range(count):
+        cursor = next_instant(expr, tz, cursor)
+        out.append(cursor.astimezone(ZoneInfo(tz)))
+    return out
+
+
+def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: ScheduledTrigger | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not partial or "name" in data:
+        name = (data.get("name") or "").strip()
+        if not name or len(name) > NAME_MAX:
+            raise TriggerError("name", f"required, 1 to {NAME_MAX} characters")
+        out["name"] = name
+    if not partial or "workflow_name" in data:
+        wf = data.get("workflow_name")
+        if not isinstance(wf, str) or not wf:
+            raise TriggerError("workflow_name", "required: the name of a workflow")
+        if not Workflow.objects.for_organization(actor.organization).filter(name=wf).exists():
+            raise TriggerError("workflow_name", f"no workflow named {wf!r}")
+        out["workflow_name"] = wf
+    if not partial or "cron_expression" in data:
+        out["cron_expression"] = validate_cron(data.get("cron_expression"))
+    if not partial or "timezone" in data:
+        out["timezone"] = validate_timezone(data.get("timezone", "UTC"))
+    if not partial or "input" in data:
+        value = data.get("input", {}) if not partial else data["input"]
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise TriggerError("input", "must be a JSON object")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TriggerError("input", f"is not storable JSON ({exc})") from None
+        out["input"] = strip_nul(value)
+    if not partial or "catch_up" in data:
+        policy = data.get("catch_up", CatchUpPolicy.LATEST)
+        if policy not in CatchUpPolicy.values:
+            raise TriggerError("catch_up", f"must be one of {', '.join(CatchUpPolicy.values)}")
+        out["catch_up"] = policy
+    if "enabled" in data or not partial:
+        enabled = data.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise TriggerError("enabled", "must be true or false")
+        out["enabled"] = enabled
+    return out
+
+
+def _schedule_fields(trigger: ScheduledTrigger) -> list[str]:
+    trigger.next_fire_at = next_instant(trigger.cron_expression, trigger.timezone, timezone.now())
+    return ["next_fire_at"]
+
+
+def _snapshot(t: ScheduledTrigger) -> dict[str, Any]:
+    return {"name": t.name, "workflow_name": t.workflow_name, "cron_expression": t.cron_expression,
+            "timezone": t.timezone, "catch_up": t.catch_up, "enabled": t.enabled, "input": t.input}
+
+
+def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
+    """Create a trigger from ``data`` (name, workflow_name, cron_expression, timezone,
+    input, catch_up, enabled). Raises Forbidden or TriggerError (naming the field)."""
+    require(actor.role, Action.WORKFLOW_EDIT)
+    fields = _clean(actor, data, partial=False, current=None)
+    trigger = ScheduledTrigger(organization=actor.organization, created_by=actor.user, **fields)
+    _schedule_fields(trigger)
+    try:
+        with transaction.atomic():
+            trigger.save(force_insert=True)
+            audit.record("trigger.created", actor=actor, target=trigger, metadata=_snapshot(trigger))
+    except IntegrityError:
+        raise TriggerError("name", f"a trigger named {fields['name']!r} already exists") from None
+    return trigger
+
+
+def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, Any]) -> ScheduledTrigger:
+    """Change some fields of ``trigger``; a schedule change recomputes next_fire_at.
+    Records ``trigger.changed`` (or paused/resumed when only ``enabled`` flips)."""
+    require(actor.role, Action.WORKFLOW_EDIT)
+    fields = _clean(actor, data, partial=True, current=trigger)
+    with transaction.atomic():
+        locked = ScheduledTrigger.objects.for_organization(actor.organization).select_for_update().get(pk=trigger.pk)
+        before = _snapshot(locked)
+        for k, v in fields.items():
+            setattr(locked, k, v)
+        after = _snapshot(locked)
+        if before == after:
+            return locked
+        update = list(fields)
+        if {"cron_expression", "timezone", "enabled"} & set(fields):
+            update += _schedule_fields(locked)
+        try:
+            with transaction.atomic():
+                locked.save(update_fields=update)
+        except IntegrityError:
+            raise TriggerError("name", f"a trigger named {fields.get('name')!r} already exists") from None
+        diff = audit.changes(before, after)
+        if set(diff) == {"enabled"}:
+            action = "trigger.resumed" if locked.enabled else "trigger.paused"
+        else:
+            action = "trigger.changed"
+        audit.record(action, actor=actor, target=locked, metadata={"changes": diff})
+    return locked
+
+
+def set_enabled(*, actor: Actor, trigger: ScheduledTrigger, enabled: bool) -> ScheduledTrigger:
+    """Pause (False) or resume (True) a trigger. Resuming does not fire missed instants
+    from the paused period: the next instant is computed from now."""
+    return update_trigger(actor=actor, trigger=trigger, data={"enabled": enabled})
+
+
+def delete_trigger(*, actor: Actor, trigger: ScheduledTrigger) -> None:
+    """Delete a trigger (its firings go with it; runs it started keep existing)."""
+    require(actor.role, Action.WORKFLOW_EDIT)
+    with transaction.atomic():
+        audit.record("trigger.deleted", actor=actor, target=trigger, metadata=_snapshot(trigger))
+        ScheduledTrigger.objects.for_organization(actor.organization).filter(pk=trigger.pk).delete()
