@@ -1,16 +1,8 @@
 """REST API v1 routes (mounted at /api/v1/ by flowforge.urls)."""
 
-from django.urls import path
-
-from api import views
+from api.urls_engine import urlpatterns as engine_patterns
+from api.urls_org import urlpatterns as org_patterns
 
 app_name = "api"
 
-urlpatterns = [
-    path("workflows/", views.WorkflowListView.as_view(), name="workflow-list"),
-    path("workflows/<uuid:pk>/", views.WorkflowDetailView.as_view(), name="workflow-detail"),
-    path("runs/<uuid:pk>/", views.RunDetailView.as_view(), name="run-detail"),
-    path("runs/<uuid:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
-    path("api-keys/", views.ApiKeyListView.as_view(), name="apikey-list"),
-    path("api-keys/<uuid:pk>/revoke/", views.ApiKeyRevokeView.as_view(), name="apikey-revoke"),
-]
+urlpatterns = engine_patterns + org_patterns

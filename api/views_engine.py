@@ -1,4 +1,4 @@
-"""REST API v1: the first read endpoints, run cancellation and API key management.
+"""REST API v1: workflows and runs.
 
 Views parse and authorize (api.base does the authorization), then call a service
 function; no view writes a model itself. Every read starts from
@@ -10,22 +10,13 @@ from __future__ import annotations
 
 from django.db.models import Count, OuterRef, Prefetch, Subquery
 from django.db.models.functions import Coalesce
-from rest_framework import status
 from rest_framework.response import Response
 
 from api.base import OrganizationAPIView
 from api.exceptions import Conflict
-from api.serializers import (
-    ApiKeyCreateSerializer,
-    ApiKeySerializer,
-    RunSerializer,
-    WorkflowDetailSerializer,
-    WorkflowListSerializer,
-)
+from api.serializers import RunSerializer, WorkflowDetailSerializer, WorkflowListSerializer
 from engine.models import Task, TaskDependency, TaskRun, Workflow, WorkflowRun
 from engine.services import cancel_run
-from tenancy.apikeys import create_api_key, revoke_api_key
-from tenancy.models import ApiKey
 from tenancy.permissions import Action
 
 
@@ -118,39 +109,3 @@ class RunCancelView(_RunView):
         if not changed:
             raise Conflict(f"The run has already finished ({run.state}).")
         return Response(RunSerializer(run).data)
-
-
-class ApiKeyListView(OrganizationAPIView):
-    """GET /api-keys/ — the organization's keys, newest first (revoked ones included).
-    POST /api-keys/ — create one; the response holds the full key, shown this once."""
-
-    required_action = {"GET": Action.APIKEY_MANAGE, "POST": Action.APIKEY_MANAGE}
-
-    def get_scoped_queryset(self):
-        return ApiKey.objects.for_organization(self.organization).select_related("created_by").order_by(
-            "-created_at", "id"
-        )
-
-    def get(self, request):
-        return Response(ApiKeySerializer(self.get_queryset(), many=True).data)
-
-    def post(self, request):
-        payload = ApiKeyCreateSerializer(data=request.data)
-        payload.is_valid(raise_exception=True)
-        api_key, full_key = create_api_key(actor=self.actor, **payload.validated_data)
-        body = {**ApiKeySerializer(api_key).data, "key": full_key}
-        # The secret is in this body: no cache along the way may keep it.
-        return Response(body, status=status.HTTP_201_CREATED, headers={"Cache-Control": "no-store"})
-
-
-class ApiKeyRevokeView(OrganizationAPIView):
-    """POST /api-keys/<id>/revoke/ — revoke a key (idempotent); refused everywhere from the next request."""
-
-    required_action = {"POST": Action.APIKEY_MANAGE}
-
-    def get_scoped_queryset(self):
-        return ApiKey.objects.for_organization(self.organization).select_related("created_by")
-
-    def post(self, request, pk):
-        revoke_api_key(actor=self.actor, api_key=self.get_object())
-        return Response(ApiKeySerializer(self.get_object()).data)
