@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "allauth",
     "allauth.account",
     "allauth.mfa",
@@ -168,7 +169,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.problem_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+SPECTACULAR_SETTINGS = {
+    "TITLE": "FlowForge API",
+    "DESCRIPTION": "Workflows, runs, events, triggers and organization administration. "
+    "Authenticate with `Authorization: Bearer ffk_...`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# Largest request body accepted, in bytes (a bigger one is a 413).
+FLOWFORGE_MAX_BODY_BYTES = int(os.environ.get("FLOWFORGE_MAX_BODY_BYTES", str(1024 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = FLOWFORGE_MAX_BODY_BYTES
+# Requests per minute per API key (Redis-backed); past it, 429 with Retry-After.
+FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIMIT_PER_MINUTE", "600"))
 PASSWORD_HASHERS = [
     "django.contrib.auth.hashers.Argon2PasswordHasher",
     "django.contrib.auth.hashers.PBKDF2PasswordHasher",
