@@ -52,7 +52,7 @@ check-migrations: install
 	$(PY) manage.py makemigrations --check --dry-run
 
 test: install
-	@$(TEST_ENV) $(PY) -m flowforge.services_check --create-database
+	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
 	$(TEST_ENV) $(VENV)/bin/pytest

@@ -63,3 +63,31 @@ def on_authenticator_saved(sender, instance, created, **kwargs):
 def on_authenticator_deleted(sender, instance, **kwargs):
     record("account.mfa_disabled", user=instance.user, target=("authenticator", instance.pk),
            metadata={"type": instance.type})
+
+
+@receiver(post_save, sender="admin.LogEntry", dispatch_uid="audit_admin_change")
+def on_admin_change(sender, instance, created, **kwargs):
+    """A staff change made in the Django admin (Django logs each one as a LogEntry, in
+    the same transaction as the change)."""
+    if not created:
+        return
+    verb = {1: "added", 2: "changed", 3: "deleted"}.get(instance.action_flag, "changed")
+    model = instance.content_type.model if instance.content_type_id else "object"
+    organization = None
+    obj_model = instance.content_type.model_class() if instance.content_type_id else None
+    if obj_model is not None and verb != "deleted":
+        from tenancy.models import Organization
+
+        if obj_model is Organization:
+            organization = instance.object_id
+        elif any(f.name == "organization" for f in obj_model._meta.fields):
+            organization = (
+                obj_model._base_manager.filter(pk=instance.object_id).values_list("organization_id", flat=True).first()
+            )
+    record(
+        f"admin.{model}.{verb}",
+        user=instance.user,
+        organization=organization,
+        target=(model, instance.object_id or ""),
+        metadata={"object": instance.object_repr[:200], "change": instance.get_change_message()[:1000]},
+    )

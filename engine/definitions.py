@@ -48,13 +48,43 @@ class DefinitionError(ValueError):
         super().__init__("; ".join(f"{e['path']}: {e['message']}" for e in errors))
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs):
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        keys = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            keys.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
     """Parse a JSON or YAML document (YAML when ``filename`` ends in .yaml/.yml or the
     text is not JSON). Raises DefinitionError with the line of a syntax error."""
     is_yaml = filename.endswith((".yaml", ".yml"))
     if not is_yaml:
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_no_duplicates)
+        except _DuplicateKey as exc:
+            raise DefinitionError([{"path": "document", "message": f"duplicate key {exc.args[0]!r} in an object"}]) from exc
         except json.JSONDecodeError as exc:
             if filename.endswith(".json"):
                 raise DefinitionError(
@@ -63,7 +93,7 @@ def parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
             is_yaml = True
     if is_yaml:
         try:
-            doc = yaml.safe_load(text)
+            doc = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
         except yaml.YAMLError as exc:
             raise DefinitionError([{"path": "document", "message": f"invalid YAML: {exc}"}]) from exc
     if not isinstance(doc, dict):
@@ -140,8 +170,10 @@ def validate_document(doc: Any) -> dict[str, Any]:
     for extra in sorted(set(doc) - DOC_FIELDS):
         errors.append({"path": extra, "message": f"unknown field; allowed: {', '.join(sorted(DOC_FIELDS))}"})
     name = doc.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        errors.append({"path": "name", "message": "required: 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"})
+    if name is None or name == "":
+        errors.append({"path": "name", "message": "required: the workflow's name"})
+    elif not isinstance(name, str) or not NAME_RE.match(name):
+        errors.append({"path": "name", "message": f"{name!r}: use 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"})
     description = doc.get("description", "")
     if description is None:
         description = ""
@@ -151,7 +183,10 @@ def validate_document(doc: Any) -> dict[str, Any]:
     elif len(description) > MAX_DESCRIPTION_LENGTH:
         errors.append({"path": "description", "message": f"at most {MAX_DESCRIPTION_LENGTH} characters"})
     tasks = doc.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
+    if tasks is not None and not isinstance(tasks, list):
+        errors.append({"path": "tasks", "message": f"must be a list of tasks, got {type(tasks).__name__}"})
+        raise DefinitionError(errors)
+    if not tasks:
         errors.append({"path": "tasks", "message": "a workflow needs at least one task"})
         raise DefinitionError(errors)
     if len(tasks) > MAX_TASKS:

@@ -292,8 +292,9 @@ def nudge_scheduler() -> None:
 
     try:
         schedule_tick.send()
-    except Exception:
-        log.warning("could not nudge the scheduler; the clock will pick the work up", exc_info=True)
+    except Exception as exc:  # broker down: the run is stored, the clock's tick claims it
+        log.warning("could not nudge the scheduler (%s: %s); the clock will pick the work up",
+                    type(exc).__name__, exc)
 
 
 __all__ = [

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         web = stack.start_web(bind=args.bind)
         stack.start_worker(processes=2, threads=8)
         stack.start_clock()
-        print(f"web      http://{args.bind}/admin/   (log {log_dir}/web.log)")
+        print(f"web      http://{args.bind}/   sign in as demo@flowforge.local / flowforge-demo   (log {log_dir}/web.log)")
         print(f"workers  dramatiq flowforge.worker --processes 2 --threads 8   (log {log_dir}/worker.log)")
         print(f"clock    manage.py run_clock   (log {log_dir}/clock.log)")
         time.sleep(1.0)
@@ -71,12 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         state = wait_for_run(run, timeout=args.timeout, stdout=_Out())
         summary = load_summary(run.pk, run.organization_id)
         print_summary(_Out(), summary, events=False)
-        retried = [tr.task.key for tr in summary.task_runs if tr.attempt > 1]
+        retried = [(tr.task.key, tr.attempt) for tr in summary.task_runs if tr.attempt > 1]
         ok = state == "succeeded" and all(tr.state == "succeeded" for tr in summary.task_runs)
         duration = summary.duration_seconds
         print(
             f"SUMMARY run {run.pk}: {state}; {sum(tr.state == 'succeeded' for tr in summary.task_runs)}/"
-            f"{len(summary.task_runs)} tasks succeeded; retried: {', '.join(f'{k} (attempt 2)' for k in retried) or 'none'}; "
+            f"{len(summary.task_runs)} tasks succeeded; retried: {', '.join(f'{k} (attempt {n})' for k, n in retried) or 'none'}; "
             f"duration {duration:.2f} s" if duration is not None else f"SUMMARY run {run.pk}: {state}"
         )
         report = (summary.task_runs and next((tr.output for tr in summary.task_runs if tr.task.key == "report"), None))

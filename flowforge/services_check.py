@@ -38,8 +38,9 @@ def _tcp_ok(host: str, port: int, timeout: float = 2.0) -> str | None:
         return exc.strerror or str(exc)
 
 
-def check_postgres(url: str, *, create: bool) -> str | None:
-    """Return None when PostgreSQL answers and the database exists (or was created), else a message."""
+def check_postgres(url: str, *, create: bool, server_only: bool = False) -> str | None:
+    """Return None when PostgreSQL answers and the database exists (or was created, or
+    ``server_only``: only the server must answer), else a message."""
     import psycopg
     from psycopg import sql
 
@@ -53,7 +54,7 @@ def check_postgres(url: str, *, create: bool) -> str | None:
     if cfg.get("PASSWORD"):
         params["password"] = cfg["PASSWORD"]
     try:
-        psycopg.connect(dbname=name, **params).close()
+        psycopg.connect(dbname="postgres" if server_only else name, **params).close()
         return None
     except psycopg.OperationalError as exc:
         if "does not exist" not in str(exc) or not create:
@@ -91,11 +92,13 @@ def check_broker(url: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--create-database", action="store_true")
+    parser.add_argument("--server-only", action="store_true",
+                        help="only check that the servers answer (the test runner creates its own database)")
     args = parser.parse_args(argv)
     db_url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/flowforge")
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     broker_url = os.environ.get("BROKER_URL", redis_url)
-    problems = [p for p in (check_postgres(db_url, create=args.create_database), check_broker(broker_url)) if p]
+    problems = [p for p in (check_postgres(db_url, create=args.create_database, server_only=args.server_only), check_broker(broker_url)) if p]
     if broker_url != redis_url:
         problem = check_broker(redis_url)
         if problem:

@@ -1,6 +1,6 @@
 """Start and stop FlowForge's processes: web, Dramatiq workers, clock.
 
-Used by ``make run`` / ``make demo`` (``scripts/stack.py``) and by the integration
+Used by ``make run`` / ``make demo`` (``flowforge/devstack.py``) and by the integration
 tests, so both exercise the same commands a deployment runs.
 """
 
@@ -39,10 +39,12 @@ class Proc:
         return self.popen.poll() is None
 
     def stop(self, *, timeout: float = 15.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL after ``timeout`` seconds. Returns the exit code."""
+        """SIGTERM the main process (gunicorn's and dramatiq's masters stop their own
+        children gracefully, letting in-flight tasks finish), then SIGKILL the whole
+        group after ``timeout`` seconds. Returns the exit code."""
         if self.alive():
             try:
-                os.killpg(self.popen.pid, signal.SIGTERM)
+                os.kill(self.popen.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             try:

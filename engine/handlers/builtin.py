@@ -27,9 +27,15 @@ class SleepHandler(TaskHandler):
     type_name = "sleep"
     description = "Waits `seconds` (interrupted if the lease is lost), then succeeds."
 
+    # Longest sleep accepted, in seconds (a week); a task that must wait longer wants a cron trigger.
+    MAX_SECONDS = 7 * 24 * 3600
+
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
         reject_unknown(config, {"seconds"})
-        return {"seconds": require_number(config, "seconds")}
+        seconds = require_number(config, "seconds")
+        if seconds > self.MAX_SECONDS:
+            raise ConfigError(f"'seconds' must be at most {self.MAX_SECONDS} (a week), got {seconds}")
+        return {"seconds": seconds}
 
     def run(self, context: TaskContext) -> Any:
         seconds = float(context.config["seconds"])

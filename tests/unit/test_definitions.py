@@ -154,7 +154,19 @@ BAD_DEFINITIONS = [
         "malformed-name",
         {"name": "has spaces", "tasks": [noop("a")]},
         "name",
-        ["required: 1-200 letters, digits"],
+        ["'has spaces': use 1-200 letters, digits"],
+    ),
+    (
+        "tasks-not-a-list",
+        {"name": "obj", "tasks": {"a": {"type": "noop"}}},
+        "tasks",
+        ["must be a list of tasks, got dict"],
+    ),
+    (
+        "sleep-longer-than-a-week",
+        {"name": "long", "tasks": [{"key": "nap", "type": "sleep", "config": {"seconds": 1e12}}]},
+        "tasks[nap].config",
+        ["'seconds' must be at most 604800"],
     ),
 ]
 
@@ -548,3 +560,17 @@ def test_start_run_refuses_nan_input_with_a_clear_error(org, make_workflow):
     with pytest.raises(ValueError, match="run input is not storable JSON"):
         start_run(workflow=wf, run_input={"x": float("inf")})
     assert not wf.runs.exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "filename"),
+    [
+        ('{"name": "dup", "tasks": [{"key": "a", "type": "noop", "type": "sleep"}]}', "dup.json"),
+        ("name: dup\ntasks:\n  - key: a\n    type: noop\n    type: sleep\n", "dup.yaml"),
+    ],
+    ids=["json", "yaml"],
+)
+def test_a_repeated_key_is_an_error_not_last_wins(text, filename):
+    with pytest.raises(DefinitionError) as excinfo:
+        parse_document(text, filename=filename)
+    assert "duplicate key 'type'" in str(excinfo.value)

@@ -20,13 +20,21 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         org = get_organization(opts["org"])
-        failed = False
-        for name in opts["files"]:
+        texts = []
+        for name in opts["files"]:  # read every file before applying any
             path = Path(name)
             try:
-                text = path.read_text()
+                raw = path.read_bytes()
             except OSError as exc:
-                raise CommandError(f"{name}: cannot read ({exc.strerror})") from exc
+                raise CommandError(f"{name}: cannot read ({exc.strerror}); nothing was applied") from exc
+            try:
+                texts.append((name, path, raw.decode("utf-8-sig")))
+            except UnicodeDecodeError as exc:
+                raise CommandError(
+                    f"{name}: not UTF-8 text (byte {exc.start}: {exc.reason}); nothing was applied"
+                ) from exc
+        failed = False
+        for name, path, text in texts:
             try:
                 wf = apply_definition(
                     organization=org,

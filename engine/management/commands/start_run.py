@@ -23,6 +23,8 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
 
     def handle(self, *args, **opts):
+        if opts["timeout"] <= 0:
+            raise CommandError("--timeout must be a positive number of seconds")
         org = get_organization(opts["org"])
         try:
             run_input = json.loads(opts["input"])
@@ -41,6 +43,12 @@ class Command(BaseCommand):
         if not opts["wait"]:
             return
         state = wait_for_run(run, timeout=opts["timeout"], stdout=self.stdout)
+        if state == "timeout":
+            raise CommandError(
+                f"run {run.pk} is still running after {opts['timeout']:g} s (it goes on; follow it with "
+                f"manage.py show_run {run.pk}). If nothing moved, no worker may be consuming tasks: start one with "
+                "`dramatiq flowforge.worker` and the clock with `manage.py run_clock`."
+            )
         if state != "succeeded":
             raise CommandError(f"run {run.pk} ended {state}; see: manage.py show_run {run.pk}")
 

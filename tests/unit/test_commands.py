@@ -1,0 +1,99 @@
+"""The management commands a person types: clear errors, nothing half-done."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from engine.models import Workflow, WorkflowRun
+from tenancy.models import Organization, User
+
+DIAMOND = '{"name": "d", "tasks": [{"key": "a", "type": "noop"}]}'
+
+
+def run(*args, **kwargs):
+    out, err = io.StringIO(), io.StringIO()
+    call_command(*args, stdout=out, stderr=err, **kwargs)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.django_db
+def test_apply_workflow_reads_every_file_before_applying_any(org, tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(DIAMOND)
+    with pytest.raises(CommandError, match=r"missing\.json: cannot read \(No such file or directory\); nothing was applied"):
+        run("apply_workflow", str(good), str(tmp_path / "missing.json"), org=org.slug)
+    assert not Workflow.objects.for_organization(org).exists()
+
+
+@pytest.mark.django_db
+def test_apply_workflow_refuses_a_file_that_is_not_utf8(org, tmp_path):
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{\x00}\x00")
+    with pytest.raises(CommandError, match=r"binary\.json: not UTF-8 text \(byte 0: invalid start byte\)"):
+        run("apply_workflow", str(binary), org=org.slug)
+
+
+@pytest.mark.django_db
+def test_apply_workflow_accepts_a_utf8_bom(org, tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + DIAMOND.encode())
+    out, _ = run("apply_workflow", str(path), org=org.slug)
+    assert "d v1" in out
+
+
+@pytest.mark.django_db
+def test_a_draft_is_published_and_archived_from_the_command_line(org, tmp_path):
+    path = tmp_path / "wf.json"
+    path.write_text(DIAMOND)
+    run("apply_workflow", str(path), org=org.slug, draft=True)
+    assert Workflow.objects.for_organization(org).get(name="d").state == "draft"
+    with pytest.raises(CommandError, match="is draft; only active workflows can start runs"):
+        run("start_run", "d", org=org.slug)
+    out, _ = run("set_workflow_state", "d", "active", org=org.slug)
+    assert out.strip() == "d v1 is active"
+    run("start_run", "d", org=org.slug)
+    assert WorkflowRun.objects.for_organization(org).count() == 1
+    out, _ = run("set_workflow_state", "d", "archived", org=org.slug)
+    assert out.strip() == "d v1 is archived; 1 running run(s) cancelled"
+    assert WorkflowRun.objects.for_organization(org).get().state == "cancelled"
+
+
+@pytest.mark.django_db
+def test_start_run_refuses_a_non_positive_timeout(org):
+    with pytest.raises(CommandError, match="--timeout must be a positive number of seconds"):
+        run("start_run", "d", org=org.slug, wait=True, timeout=-1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("email", "password", "message"),
+    [
+        ("not-an-email", None, "owner email 'not-an-email' is not an email address"),
+        ("a b@@x", None, "is not an email address"),
+        ("ok@example.com", "123", "--password: This password is too short"),
+    ],
+)
+def test_createorganization_validates_the_owner(email, password, message):
+    with pytest.raises(CommandError, match=message):
+        run("createorganization", "acme", "Acme", email, password=password)
+    assert not Organization.objects.filter(slug="acme").exists()
+    assert not User.objects.filter(email=email.lower()).exists()
+
+
+@pytest.mark.django_db
+def test_createorganization_without_password_says_how_to_set_one():
+    out, err = run("createorganization", "acme", "Acme", "Owner@Example.com")
+    assert "owner owner@example.com (new user)" in out
+    assert "has no password yet" in err
+    assert not User.objects.get(email="owner@example.com").has_usable_password()
+
+
+@pytest.mark.django_db
+def test_createorganization_refuses_a_password_for_an_existing_user():
+    User.objects.create_user(email="exists@example.com", password="an-old-long-password")
+    with pytest.raises(CommandError, match="already has an account; --password only applies to a new user"):
+        run("createorganization", "acme", "Acme", "exists@example.com", password="another-long-password-1")
