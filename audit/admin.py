@@ -48,8 +48,8 @@ class AuditLogAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def get_actions(self, request):
-        return {}  # no bulk delete
+    def get_actions(self, request, *args, **kwargs):
+        return {}  # no bulk actions, so no bulk delete
 
     def get_urls(self):
         return [
