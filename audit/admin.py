@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 
 from django.contrib import admin
+from django.contrib.admin.options import ActionLocation
 from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import path
 
@@ -48,7 +49,7 @@ class AuditLogAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    def get_actions(self, request, *args, **kwargs):
+    def get_actions(self, request, action_location=ActionLocation.CHANGE_LIST):
         return {}  # no bulk actions, so no bulk delete
 
     def get_urls(self):
