@@ -13,6 +13,12 @@ from tenancy.services import create_organization
 _counter = itertools.count(1)
 
 
+def pytest_configure(config):
+    from tests import secret_registry
+
+    secret_registry.install()
+
+
 def _transactional(request) -> bool:
     marker = request.node.get_closest_marker("django_db")
     if marker is not None and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):
