@@ -326,6 +326,14 @@ def _cache_put(prefix: str, entry: dict, *, expires_at: dt.datetime | None) -> N
         log.warning("could not cache API key %s", prefix, exc_info=True)
 
 
+def _record_failure(row: ApiKey, reason: str) -> None:
+    """Audit a failed authentication with a known prefix (``api_key.auth_failed``).
+    The request's transaction is kept for this record even though the request fails
+    (api.exceptions commits an authentication failure's transaction)."""
+    actor = Actor(organization=row.organization_id, role=None, api_key=row, channel="api")
+    audit.record("api_key.auth_failed", actor=actor, target=row, metadata={"reason": reason, "prefix": row.prefix})
+
+
 def authenticate(raw_key: str) -> AuthenticatedKey | None:
     """The key ``raw_key`` names, verified, with its effective role; None when it is
     malformed, unknown, wrong, expired or revoked, or its creator is no longer an
@@ -362,16 +370,25 @@ def authenticate(raw_key: str) -> AuthenticatedKey | None:
     )
     if row is None:
         _verify(_dummy_hash(), secret)
+        # Recorded for staff (account-level chain), and so this path does the same work
+        # as a known prefix's failure: the two take about the same time.
+        audit.record("api_key.auth_failed", metadata={"reason": "unknown_prefix", "prefix": prefix})
         return None
     if not _verify(row.hashed_key, secret):
+        _record_failure(row, "wrong_secret")
         return None
-    if row.revoked_at is not None or (row.expires_at is not None and row.expires_at <= timezone.now()):
+    if row.revoked_at is not None:
+        _record_failure(row, "revoked")
+        return None
+    if row.expires_at is not None and row.expires_at <= timezone.now():
+        _record_failure(row, "expired")
         return None
     result = _authenticated(
         key_id=row.pk, prefix=prefix, name=row.name, role=row.role, organization_id=row.organization_id,
         creator_id=row.created_by_id, expires_at=row.expires_at,
     )
     if result is None:
+        _record_failure(row, "creator_not_a_member")
         return None
     if HASHER.check_needs_rehash(row.hashed_key):
         # Parameters changed since the key was made: upgrade the stored hash in place.
