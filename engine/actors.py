@@ -41,6 +41,24 @@ def reap_leases() -> None:
     reap_once()
 
 
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def fire_triggers() -> None:
+    """Fire due cron triggers (each scheduled instant at most once)."""
+    from engine.cron import fire_due_triggers
+
+    fire_due_triggers()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def housekeeping() -> None:
+    """Periodic clean-up: expired idempotency keys."""
+    from engine import services
+
+    purge = getattr(services, "purge_expired_idempotency_keys", None)
+    if purge is not None:
+        purge()
+
+
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
 def execute_task_run(task_run_id: str, fencing_token: int) -> None:
     """Run one generation of one task run (see ``engine.runtime.execute``)."""

@@ -60,11 +60,33 @@ def validate_timezone(name: str) -> str:
     return name
 
 
+def _fixed_hours(expression: str) -> bool:
+    """True when the hour field names specific hours ("2", "1-3", "2,14"), not every hour."""
+    hour = expression.split(" ")[1]
+    return not (hour == "*" or hour.startswith("*/"))
+
+
 def next_instant(expression: str, tz_name: str, after: dt.datetime) -> dt.datetime:
     """The first instant of ``expression`` in zone ``tz_name`` strictly after ``after``, in UTC.
-    A wall-clock time skipped by a DST change fires at the shifted time (croniter)."""
-    local = after.astimezone(ZoneInfo(tz_name))
-    return croniter(expression, local).get_next(dt.datetime).astimezone(dt.UTC)
+
+    Daylight-saving time, as cron has always done it: a wall-clock time that a spring-
+    forward skips fires once, at the shifted time; a wall-clock time that a fall-back
+    repeats fires once (the first occurrence) when the expression names specific hours,
+    while an expression over every hour ("*/15 * * * *") fires through both hours, since
+    each of those instants is a real, distinct moment.
+    """
+    tz = ZoneInfo(tz_name)
+    cursor = after
+    for _ in range(4):
+        candidate = croniter(expression, cursor.astimezone(tz)).get_next(dt.datetime).astimezone(dt.UTC)
+        local = candidate.astimezone(tz)
+        if local.fold == 1 and _fixed_hours(expression):
+            earlier = local.replace(fold=0)
+            if earlier.utcoffset() != local.utcoffset():  # an ambiguous wall time: its second pass
+                cursor = candidate
+                continue
+        return candidate
+    return candidate
 
 
 def preview(expression: str, tz_name: str, *, count: int = 5, after: dt.datetime | None = None) -> list[dt.datetime]:

@@ -59,6 +59,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "flowforge.middleware.RequestContextMiddleware",
+    # Problem details for every /api/ error, and the request body limit (api.middleware).
+    "api.middleware.ApiProblemMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -170,6 +172,8 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session), in Redis.
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "FlowForge API",
@@ -221,6 +225,8 @@ FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))
 FLOWFORGE_CLOCK_SCHEDULE_SECONDS = env_float("FLOWFORGE_CLOCK_SCHEDULE_SECONDS", 1.0)
 FLOWFORGE_CLOCK_REAP_SECONDS = env_float("FLOWFORGE_CLOCK_REAP_SECONDS", 2.0)
 FLOWFORGE_CLOCK_RELAY_SECONDS = env_float("FLOWFORGE_CLOCK_RELAY_SECONDS", 2.0)
+FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
+FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)
 # Dotted paths that the ``python`` task type may call. A prefix ending in "." allows a module.
 FLOWFORGE_PYTHON_TASK_ALLOWLIST = [
     p for p in os.environ.get("FLOWFORGE_PYTHON_TASK_ALLOWLIST", "examples.,tests.").split(",") if p

@@ -12,18 +12,23 @@ log = logging.getLogger("flowforge.clock")
 
 
 class Command(BaseCommand):
-    help = "Run the clock: every few seconds enqueue schedule_tick, relay_outbox and reap_leases."
+    help = (
+        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases and fire_triggers "
+        "(and housekeeping every few minutes)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="enqueue each periodic actor once and exit")
 
     def handle(self, *args, **opts):
-        from engine.actors import reap_leases, relay_outbox, schedule_tick
+        from engine.actors import fire_triggers, housekeeping, reap_leases, relay_outbox, schedule_tick
 
         jobs = [
             (schedule_tick, settings.FLOWFORGE_CLOCK_SCHEDULE_SECONDS),
             (relay_outbox, settings.FLOWFORGE_CLOCK_RELAY_SECONDS),
             (reap_leases, settings.FLOWFORGE_CLOCK_REAP_SECONDS),
+            (fire_triggers, settings.FLOWFORGE_CLOCK_TRIGGER_SECONDS),
+            (housekeeping, settings.FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS),
         ]
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
