@@ -14,7 +14,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	BROKER_URL=$${TEST_BROKER_URL:-$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}} \
 	BROKER_NAMESPACE=$${TEST_BROKER_NAMESPACE:-flowforge-test}
 
-.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean
+.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
@@ -51,7 +51,17 @@ lint: install
 check-migrations: install
 	$(PY) manage.py makemigrations --check --dry-run
 
-test: install
+# Browser tests drive Debian's Chromium (never a downloaded browser).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core) >/dev/null; \
+	  else \
+	    echo "browser tests need Debian's chromium: sudo apt-get install chromium"; exit 1; \
+	  fi; }
+
+test: install browser
 	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run

@@ -22,3 +22,9 @@ urlpatterns = [
     ),
     path("invitations/<str:token>/", invitations.invitation_accept, name="invitation_accept"),
 ]
+
+# Workflows, triggers, API keys and settings; runs and the audit log: each section owns its routes.
+from frontend.urls_runs import urlpatterns as _runs  # noqa: E402
+from frontend.urls_workflows import urlpatterns as _workflows  # noqa: E402
+
+urlpatterns += _workflows + _runs

@@ -1,0 +1,3 @@
+"""Routes of runs and the audit log."""
+
+urlpatterns: list = []

@@ -1,0 +1,3 @@
+"""Routes of workflows, triggers, API keys and organization settings."""
+
+urlpatterns: list = []
