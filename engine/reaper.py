@@ -6,6 +6,7 @@ import logging
 
 from django.conf import settings
 
+from engine import metrics
 from engine.db import atomic_retry
 from engine.repositories import transitions
 from engine.scheduler import process_owner, publish_dispatches
@@ -28,6 +29,9 @@ def reap_once(*, limit: int = 500) -> int:
         )
         if result.accepted:
             reaped += 1
+            metrics.incr("flowforge_lease_reaps_total", {"ready": "requeued", "failed": "failed"}.get(result.state or "", "other"))
+            if result.run_state is not None:
+                metrics.incr("flowforge_runs_finished_total", result.run_state)
             log.info("reaped lease of task run %s generation %s -> %s", task_run_id, token, result.state)
             publish_dispatches(result.dispatches)
     return reaped

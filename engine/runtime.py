@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import traceback
 import uuid
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from django import db
 from django.conf import settings
 
+from engine import metrics
 from engine.db import atomic_retry
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.jsonb import strip_nul
@@ -126,6 +128,8 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     )
     if started is None:
         return "ignored"
+    if started.dispatch_latency_seconds is not None:
+        metrics.observe("flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
     context = TaskContext(
         task_run_id=started.task_run_id,
         workflow_run_id=started.workflow_run_id,
@@ -145,6 +149,7 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     retryable = True
     output: Any = None
     error = ""
+    began = time.monotonic()
     try:
         handler = get_handler(started.task_type)
         output = cap_output(handler.run(context))
@@ -159,6 +164,7 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         )
     finally:
         hb.unregister(context)
+        metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
     result = atomic_retry(
         lambda: transitions.complete_attempt(
             task_run_id=task_run_id,
@@ -174,11 +180,16 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         connection_attempts=8,
     )
     if not result.accepted:
+        metrics.incr("flowforge_task_attempts_total", "rejected")
         return "rejected"
     publish_dispatches(result.dispatches)
+    if result.run_state is not None:
+        metrics.incr("flowforge_runs_finished_total", result.run_state)
     if result.retry_in_seconds is not None:
         from engine.actors import schedule_tick
 
+        metrics.incr("flowforge_task_attempts_total", "retrying")
         schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
         return "retrying"
+    metrics.incr("flowforge_task_attempts_total", result.state or "unknown")
     return result.state or "unknown"

@@ -66,6 +66,8 @@ class StartedAttempt:
     timeout_seconds: float | None
     run_input: dict[str, Any]
     upstream: dict[str, Any]
+    # Seconds from this generation's claim to its start (None if the claim event is gone).
+    dispatch_latency_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,7 +330,12 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
                  FROM core_taskdependency d
                  JOIN core_task uk ON uk.id = d.depends_on_id
                  JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
-                 WHERE d.task_id = s.task_id), '{}'::jsonb)
+                 WHERE d.task_id = s.task_id), '{}'::jsonb),
+       -- idx_event_taskrun_created: this generation's claim, for the dispatch-latency metric.
+       EXTRACT(EPOCH FROM clock_timestamp() - (
+           SELECT e.created_at FROM core_taskrunevent e
+           WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
+           ORDER BY e.created_at DESC LIMIT 1))
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id
 """
 
@@ -362,6 +369,7 @@ def start_attempt(
             timeout_seconds=r[9],
             run_input=_json(r[10]) or {},
             upstream=_json(r[11]) or {},
+            dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
         )
     current = _fetch(
         "SELECT workflow_run_id, state, fencing_token, started_fencing_token FROM core_taskrun WHERE id = %s",
