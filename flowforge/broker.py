@@ -7,6 +7,9 @@ the broker has the message. Import this module before declaring actors.
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import dramatiq
 from django.conf import settings
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
@@ -30,6 +33,10 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
         Retries(max_retries=3, min_backoff=200, max_backoff=5_000),
         DjangoConnectionMiddleware(),
     ]
+    # Extra middleware by dotted path (fault injection in tests/faults uses this).
+    for dotted in filter(None, os.environ.get("FLOWFORGE_BROKER_MIDDLEWARE", "").split(",")):
+        module_name, _, attr = dotted.strip().rpartition(".")
+        middleware.append(getattr(importlib.import_module(module_name), attr)())
     if url.startswith(("redis://", "rediss://", "unix://")):
         from dramatiq.brokers.redis import RedisBroker
 

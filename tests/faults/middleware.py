@@ -1,0 +1,18 @@
+"""Broker middleware that injects faults, loaded through FLOWFORGE_BROKER_MIDDLEWARE."""
+
+from __future__ import annotations
+
+import uuid
+
+from dramatiq.middleware import Middleware
+
+
+class DuplicateDelivery(Middleware):
+    """Deliver every execute message twice: after each enqueue, enqueue a copy with a
+    new message id (the copy is marked so it is not copied again)."""
+
+    def after_enqueue(self, broker, message, delay):
+        if message.actor_name != "execute_task_run" or message.options.get("ff_duplicate"):
+            return
+        copy = message.copy(message_id=str(uuid.uuid4()), options={**message.options, "ff_duplicate": True})
+        broker.enqueue(copy, delay=delay)
