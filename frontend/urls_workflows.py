@@ -1,3 +1,24 @@
 """Routes of workflows, triggers, API keys and organization settings."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from frontend.views import apikeys, settings, triggers, workflows
+
+urlpatterns: list = [
+    path("workflows/", workflows.workflow_list, name="workflows"),
+    path("workflows/new/", workflows.workflow_new, name="workflow_new"),
+    path("workflows/<uuid:workflow_id>/", workflows.workflow_detail, name="workflow_detail"),
+    path("workflows/<uuid:workflow_id>/start/", workflows.workflow_start, name="workflow_start"),
+    path("workflows/<uuid:workflow_id>/archive/", workflows.workflow_archive, name="workflow_archive"),
+    path("workflows/<uuid:workflow_id>/restore/", workflows.workflow_restore, name="workflow_restore"),
+    path("triggers/", triggers.trigger_list, name="triggers"),
+    path("triggers/new/", triggers.trigger_new, name="trigger_new"),
+    path("triggers/preview/", triggers.trigger_preview, name="trigger_preview"),
+    path("triggers/<uuid:trigger_id>/edit/", triggers.trigger_edit, name="trigger_edit"),
+    path("triggers/<uuid:trigger_id>/pause/", triggers.trigger_pause, name="trigger_pause"),
+    path("triggers/<uuid:trigger_id>/resume/", triggers.trigger_resume, name="trigger_resume"),
+    path("triggers/<uuid:trigger_id>/delete/", triggers.trigger_delete, name="trigger_delete"),
+    path("api-keys/", apikeys.apikey_list, name="apikeys"),
+    path("api-keys/<uuid:key_id>/revoke/", apikeys.apikey_revoke, name="apikey_revoke"),
+    path("settings/", settings.organization_settings, name="settings"),
+]
