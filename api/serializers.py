@@ -1,17 +1,65 @@
 """Serializers of the REST API v1. Read shapes are explicit field lists; nothing is
-writable through a ModelSerializer (writes go through the service functions)."""
+writable through a ModelSerializer (writes go through the service functions).
+
+Input serializers (``*InputSerializer``, ``*FilterSerializer``) only parse and check the
+request; the rules of the domain stay in the services. List bodies are
+``{"results": [...], "next": url | null}`` (api.pagination).
+"""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from engine.models import TaskRun, Workflow, WorkflowRun
+from engine.models import RunState, TaskRun, TaskRunEvent, Workflow, WorkflowRun, WorkflowState
 from tenancy.apikeys import NAME_MAX_LENGTH
 from tenancy.models import ApiKey, Role
 
+# Deepest nesting of a JSON value the API accepts (run input, a definition document).
+# Far beyond any real document, far below Python's recursion limit (the values are
+# walked recursively on their way to the database).
+MAX_JSON_DEPTH = 64
+INT32_MAX = 2**31 - 1
+
+
+def json_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when ``value`` nests objects/arrays deeper than ``limit`` (iterative: any depth is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def storable_json_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be stored as JSON (too deep, NaN/Infinity, not JSON), or None."""
+    if json_depth_exceeds(value):
+        return f"is nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return "contains NaN or Infinity (or a number too large for a float), which JSON cannot store"
+    except TypeError:
+        return "is not JSON"
+    return None
+
+
+# --- workflows ----------------------------------------------------------------------------------
+
 
 class WorkflowListSerializer(serializers.ModelSerializer):
-    """The latest version of one workflow name (``task_count`` is annotated by the view)."""
+    """One workflow version in a list (``task_count`` is annotated by the view)."""
 
     task_count = serializers.IntegerField(read_only=True)
 
@@ -21,34 +69,70 @@ class WorkflowListSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class PositionSerializer(serializers.Serializer):
+    x = serializers.IntegerField()
+    y = serializers.IntegerField()
+
+
 class TaskSerializer(serializers.Serializer):
+    """One task of a workflow version: its type and config, its upstream task keys, its
+    retry settings (``max_attempts``, ``retry_backoff_seconds``: attempt n waits
+    base × 2^(n-1) seconds; ``timeout_seconds`` per attempt) and its canvas position."""
+
     id = serializers.UUIDField()
     key = serializers.CharField()
     type = serializers.CharField()
     config = serializers.JSONField()
+    depends_on = serializers.SerializerMethodField()
     max_attempts = serializers.IntegerField()
     retry_backoff_seconds = serializers.FloatField()
     timeout_seconds = serializers.FloatField(allow_null=True)
-    depends_on = serializers.SerializerMethodField()
+    position = serializers.SerializerMethodField()
 
     def get_depends_on(self, task) -> list[str]:
         # Filled by WorkflowDetailSerializer from the prefetched edges (no query per task).
         return sorted(self.context["depends_on"].get(task.pk, []))
 
+    @extend_schema_field(PositionSerializer(allow_null=True))
+    def get_position(self, task) -> dict[str, int] | None:
+        if task.position_x is None or task.position_y is None:
+            return None
+        return {"x": task.position_x, "y": task.position_y}
+
+
+class EdgeSerializer(serializers.Serializer):
+    """An edge of the DAG: ``to`` runs after ``from`` succeeded; ``label`` is its caption.
+    Expects ``task`` and ``depends_on`` loaded. (``from`` is a Python keyword, hence the
+    field renamed in get_fields.)"""
+
+    from_ = serializers.CharField(help_text="The upstream task's key.")
+    to = serializers.CharField(help_text="The downstream task's key.")
+    label = serializers.CharField()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = fields.pop("from_")
+        return {"from": fields["from"], "to": fields["to"], "label": fields["label"]}
+
+    def to_representation(self, edge) -> dict[str, str]:
+        return {"from": edge.depends_on.key, "to": edge.task.key, "label": edge.label}
+
 
 class WorkflowDetailSerializer(serializers.ModelSerializer):
-    """One workflow version with its tasks and each task's upstream task keys.
+    """One workflow version with its tasks and its labelled edges.
 
-    Expects ``tasks`` and ``dependencies`` (with ``depends_on``) prefetched.
+    Expects ``tasks`` and ``dependencies`` (with ``task`` and ``depends_on``) prefetched.
     """
 
     tasks = serializers.SerializerMethodField()
+    edges = serializers.SerializerMethodField()
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "version", "state", "description", "created_at", "tasks"]
+        fields = ["id", "name", "version", "state", "description", "created_at", "tasks", "edges"]
         read_only_fields = fields
 
+    @extend_schema_field(TaskSerializer(many=True))
     def get_tasks(self, workflow) -> list[dict]:
         depends_on: dict = {}
         for edge in workflow.dependencies.all():
@@ -56,33 +140,183 @@ class WorkflowDetailSerializer(serializers.ModelSerializer):
         tasks = sorted(workflow.tasks.all(), key=lambda t: t.key)
         return TaskSerializer(tasks, many=True, context={**self.context, "depends_on": depends_on}).data
 
+    @extend_schema_field(EdgeSerializer(many=True))
+    def get_edges(self, workflow) -> list[dict[str, str]]:
+        edges = sorted(workflow.dependencies.all(), key=lambda e: (e.depends_on.key, e.task.key))
+        return [EdgeSerializer(e).data for e in edges]
+
+
+class WorkflowFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /workflows/."""
+
+    name = serializers.CharField(required=False, max_length=200)
+    state = serializers.ChoiceField(choices=WorkflowState.choices, required=False)
+
+
+class ArchiveInputSerializer(serializers.Serializer):
+    """Body of POST /workflows/<id>/archive/: the workflow's name, typed out as a confirmation."""
+
+    confirm = serializers.CharField(max_length=200, trim_whitespace=False)
+
+
+class ArchiveResultSerializer(serializers.Serializer):
+    workflow = WorkflowDetailSerializer()
+    runs_cancelled = serializers.IntegerField()
+
+
+class ValidateResultSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    normalized = serializers.JSONField()
+
+
+class DefinitionDocumentSerializer(serializers.Serializer):
+    """A workflow definition document (schema only: engine.definitions validates it)."""
+
+    name = serializers.CharField()
+    description = serializers.CharField(required=False)
+    tasks = serializers.ListField(child=serializers.DictField())
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+
+class WorkflowRefSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    version = serializers.IntegerField()
+
+
+class _RunFieldsMixin(serializers.Serializer):
+    workflow = serializers.SerializerMethodField()
+    triggered_by = serializers.SerializerMethodField()
+
+    @extend_schema_field(WorkflowRefSerializer)
+    def get_workflow(self, run) -> dict[str, Any]:
+        wf = run.workflow
+        return {"id": str(wf.pk), "name": wf.name, "version": wf.version}
+
+    def get_triggered_by(self, run) -> str | None:
+        return run.triggered_by.email if run.triggered_by_id else None
+
+
+RUN_FIELDS = ["id", "workflow", "state", "trigger_source", "trigger", "triggered_by", "retry_of", "error",
+              "created_at", "started_at", "finished_at"]
+
+
+class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
+    """A run in a list (no input, no task runs). Expects ``workflow`` and ``triggered_by`` selected."""
+
+    class Meta:
+        model = WorkflowRun
+        fields = RUN_FIELDS
+        read_only_fields = fields
+
 
 class TaskRunSerializer(serializers.ModelSerializer):
+    key = serializers.CharField(source="task.key", read_only=True)
     task_id = serializers.UUIDField(read_only=True)
-    task_key = serializers.CharField(source="task.key", read_only=True)
 
     class Meta:
         model = TaskRun
-        fields = ["id", "task_id", "task_key", "state", "attempt", "output", "error",
+        fields = ["id", "key", "task_id", "state", "attempt", "output", "error",
                   "created_at", "started_at", "finished_at"]
         read_only_fields = fields
 
 
-class RunSerializer(serializers.ModelSerializer):
-    """A run with its task runs. Expects ``workflow`` selected and ``task_runs__task`` prefetched."""
+class RunSerializer(_RunFieldsMixin, serializers.ModelSerializer):
+    """A run with its input and task runs. Expects ``workflow``/``triggered_by`` selected
+    and ``task_runs__task`` prefetched. ``retry_of`` is the run this one retries,
+    ``trigger`` the cron trigger that started it (ids, or null)."""
 
-    workflow = serializers.SerializerMethodField()
     task_runs = TaskRunSerializer(many=True, read_only=True)
 
     class Meta:
         model = WorkflowRun
-        fields = ["id", "workflow", "state", "input", "trigger_source", "error",
-                  "created_at", "started_at", "finished_at", "task_runs"]
+        fields = RUN_FIELDS[:3] + ["input"] + RUN_FIELDS[3:] + ["task_runs"]
         read_only_fields = fields
 
-    def get_workflow(self, run) -> dict:
-        wf = run.workflow
-        return {"id": str(wf.pk), "name": wf.name, "version": wf.version}
+
+class RunStartInputSerializer(serializers.Serializer):
+    """Body of POST /runs/: which workflow (a name, or a version's id), optionally which
+    version of a name (default: the latest active one), and the run's input object."""
+
+    workflow = serializers.CharField(max_length=200)
+    version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT32_MAX)
+    input = serializers.JSONField(required=False, default=dict)
+
+    def validate_input(self, value: Any) -> dict:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        problem = storable_json_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+class RunFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /runs/ (times in ISO 8601; both bounds exclusive)."""
+
+    workflow = serializers.CharField(required=False, max_length=200)
+    state = serializers.ChoiceField(choices=RunState.choices, required=False)
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+
+    def validate(self, attrs: dict) -> dict:
+        after, before = attrs.get("created_after"), attrs.get("created_before")
+        if after is not None and before is not None and after >= before:
+            raise serializers.ValidationError({"created_before": ["must be later than created_after"]})
+        return attrs
+
+
+class RunEventSerializer(serializers.ModelSerializer):
+    """One event of a run's history. ``seq`` is gap-free per run and is the order;
+    ``task_run``/``task_key`` are null for run-level events (run_started, run_finished)."""
+
+    task_run = serializers.UUIDField(source="task_run_id", read_only=True, allow_null=True)
+    task_key = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TaskRunEvent
+        fields = ["seq", "kind", "task_run", "task_key", "from_state", "to_state", "attempt", "fencing_token",
+                  "detail", "created_at"]
+        read_only_fields = fields
+
+    def get_task_key(self, event) -> str | None:
+        return event.task_run.task.key if event.task_run_id else None
+
+
+# --- pages and problems (for the OpenAPI document) ----------------------------------------------
+
+
+def page_of(item: type[serializers.Serializer], name: str) -> type[serializers.Serializer]:
+    """A serializer class describing ``{"results": [item], "next": url | null}``."""
+    return type(name, (serializers.Serializer,), {
+        "results": item(many=True),
+        "next": serializers.URLField(allow_null=True, help_text="The next page's full URL; null on the last page."),
+        "__doc__": f"A page of {item.__name__.removesuffix('Serializer')} (keyset-paginated).",
+    })
+
+
+WorkflowPageSerializer = page_of(WorkflowListSerializer, "WorkflowPageSerializer")
+RunPageSerializer = page_of(RunListSerializer, "RunPageSerializer")
+RunEventPageSerializer = page_of(RunEventSerializer, "RunEventPageSerializer")
+
+
+class DefinitionErrorSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="Where the problem is: tasks[extract].config, name, ...")
+    message = serializers.CharField()
+
+
+class DefinitionProblemSerializer(serializers.Serializer):
+    """The 400 of an invalid workflow definition: a problem document whose ``errors`` lists
+    every problem found, each with the path of the task (and field) it concerns."""
+
+    type = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField()
+    code = serializers.CharField(help_text="`invalid_definition`")
+    errors = DefinitionErrorSerializer(many=True)
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

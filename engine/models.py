@@ -213,8 +213,16 @@ class WorkflowRun(models.Model):
             models.CheckConstraint(condition=Q(last_event_seq__gte=0), name="wfrun_event_seq_non_negative"),
         ]
         indexes = [
-            # "the last N runs of this workflow" (seed 000).
+            # "the last N runs of this workflow" (seed 000): GET /api/v1/runs/?workflow=<id>.
             models.Index(F("workflow"), F("created_at").desc(), name="idx_wfrun_wf_recent"),
+            # GET /api/v1/runs/ unfiltered: WHERE organization_id = $1 AND created_at <= $t
+            # AND (created_at < $t OR id < $id) ORDER BY created_at DESC, id DESC LIMIT n+1 —
+            # the keyset page (api.pagination). Equality on the tenant first, then the sort
+            # key in the sort's own direction, so every page is one index range scan with
+            # no sort, page 500 costing what page 1 costs (bench/bench_api_pagination.py).
+            # idx_wfrun_wf_recent cannot serve it (it leads with workflow), nor can
+            # idx_wfrun_state_age (leads with state, ascending).
+            models.Index(F("organization"), F("created_at").desc(), F("id").desc(), name="idx_wfrun_org_recent"),
             # stuck-run sweep: state = 'running' AND created_at < now() - interval (seed 000).
             models.Index(fields=["state", "created_at"], name="idx_wfrun_state_age"),
         ]
@@ -413,15 +421,34 @@ class ScheduledTrigger(models.Model):
 
 
 class IdempotencyKey(models.Model):
-    """A client-chosen key that makes a repeated start return the first run.
+    """A client-chosen key that makes a repeated start return the first run (seed 000,
+    seed 001's ``IdempotencyKeys``).
 
-    Unique on (organization, user, key) per seed 000; NULLs are not distinct, so
-    keys of system callers without a user collide too.
+    Unique on (organization, user, key) per seed 000, NULLS NOT DISTINCT, so the
+    constraint also holds between callers without a user. Who the caller is:
+
+    - a signed-in user: ``user`` set, ``api_key`` NULL, ``key`` the client's key as sent;
+    - an API key: ``user`` NULL, ``api_key`` set, and ``key`` stored namespaced as
+      ``"<api key id>:<client key>"``. The seed's constraint has no api-key column and
+      every API-key row has ``user`` NULL, so without the prefix two keys of one
+      organization that happened to pick the same client key (``"order-42"``) would
+      collide and one would be handed the other's run. The API key id is a UUID and
+      holds no ':' of its own, so the namespaced values of two keys can never be equal,
+      and no user's row can equal one either (its ``user`` is not NULL).
+
+    The row is inserted before the run, in the run's transaction: the unique constraint
+    picks the winner of concurrent starts with one key (the others wait for its commit
+    and return its run). ``request_hash`` is the SHA-256 of the canonical request body;
+    the same key with another body is a conflict. Rows are kept until ``expires_at`` (at
+    least 24 hours) and then removed by ``engine.services.purge_expired_idempotency_keys``.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
     user = models.ForeignKey("tenancy.User", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # The API key that sent the start (NULL for a signed-in user); see the class docstring.
+    # Its foreign-key index serves the cascade when an API key row is deleted.
+    api_key = models.ForeignKey("tenancy.ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     key = models.CharField(max_length=255)
     # SHA-256 of the canonical request body: the same key with another body is a conflict.
     request_hash = models.CharField(max_length=64)

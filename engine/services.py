@@ -267,6 +267,122 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     return WorkflowRun.objects.for_organization(workflow.organization_id).get(pk=run_id)
 
 
+# Seconds an idempotency key is kept (at least 24 h, seed 001's IdempotencyKeys): a
+# repeat within this window returns the first run; after it, the key starts afresh.
+IDEMPOTENCY_TTL_SECONDS = 24 * 3600
+# Longest client key; the stored key of an API key adds "<uuid>:" (37 characters) and
+# must fit IdempotencyKey.key (255).
+IDEMPOTENCY_KEY_MAX_LENGTH = 200
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key was already used with another request body. The message says so."""
+
+
+def _idempotency_caller(actor: Actor, key: str) -> tuple[uuid.UUID | None, uuid.UUID | None, str]:
+    """(user id, api key id, stored key) of ``actor``'s key: an API key's keys are
+    namespaced by its id (see engine.models.IdempotencyKey)."""
+    if actor.api_key is not None:
+        return None, actor.api_key.pk, f"{actor.api_key.pk}:{key}"
+    return getattr(actor.user, "pk", None), None, key
+
+
+def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow: Workflow,
+                         run_input: dict[str, Any] | None = None) -> tuple[WorkflowRun, bool]:
+    """Start a run of ``workflow`` at most once per (organization, caller, ``key``) within
+    IDEMPOTENCY_TTL_SECONDS (seed 000's ``uniq_idempotency_org_user_key``).
+
+    Returns (run, True) for the call that started it and (first run, False) for a repeat
+    with the same ``request_hash``. Raises IdempotencyConflict when the key was used
+    with another ``request_hash``, and whatever ``start_run`` raises (then nothing is
+    kept, not even the key, so the client may try again with it).
+
+    The key row is inserted first, in the run's transaction, with ``ON CONFLICT DO
+    NOTHING``: when concurrent calls share a key, PostgreSQL lets one insert and makes
+    the others wait for its transaction; once it commits their insert finds the
+    conflict, and the read that follows (a new snapshot under READ COMMITTED) sees the
+    winner's row with its run. If the winner rolls back, a waiter's insert succeeds and
+    it starts the run itself. An expired row still in the table is deleted and the
+    insert tried again.
+    """
+    require(actor.role, Action.RUN_OPERATE)
+    if not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise ValueError(f"an idempotency key has 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} characters")
+    user_id, api_key_id, stored_key = _idempotency_caller(actor, key)
+    org_id = actor.organization.pk
+    with transaction.atomic():
+        for _attempt in range(3):
+            with connection.cursor() as cur:
+                cur.execute(
+                    """
+                    INSERT INTO core_idempotencykey
+                        (id, organization_id, user_id, api_key_id, key, request_hash, workflow_run_id,
+                         created_at, expires_at)
+                    VALUES (%s, %s, %s, %s, %s, %s, NULL, now(), now() + make_interval(secs => %s))
+                    ON CONFLICT ON CONSTRAINT uniq_idempotency_org_user_key DO NOTHING
+                    RETURNING id
+                    """,
+                    [uuid.uuid4(), org_id, user_id, api_key_id, stored_key, request_hash,
+                     IDEMPOTENCY_TTL_SECONDS],
+                )
+                claimed = cur.fetchone()
+                if claimed is not None:
+                    run = start_run(workflow=workflow, run_input=run_input, actor=actor)
+                    cur.execute("UPDATE core_idempotencykey SET workflow_run_id = %s WHERE id = %s",
+                                [run.pk, claimed[0]])
+                    return run, True
+                # The same columns as uniq_idempotency_org_user_key (NULLs equal, like the constraint).
+                cur.execute(
+                    """
+                    SELECT id, request_hash, workflow_run_id, expires_at < now()
+                    FROM core_idempotencykey
+                    WHERE organization_id = %s AND user_id IS NOT DISTINCT FROM %s AND key = %s
+                    """,
+                    [org_id, user_id, stored_key],
+                )
+                existing = cur.fetchone()
+                if existing is None:
+                    continue  # purged between the two statements: insert again
+                row_id, stored_hash, run_id, expired = existing
+                if expired:
+                    cur.execute("DELETE FROM core_idempotencykey WHERE id = %s AND expires_at < now()", [row_id])
+                    continue
+            if stored_hash != request_hash:
+                raise IdempotencyConflict(
+                    "this Idempotency-Key was already used with a different request; "
+                    "use a new key for a different request"
+                )
+            if run_id is None:  # not reachable: the winner sets the run before it commits
+                raise IdempotencyConflict("the first request with this Idempotency-Key has not finished")
+            return WorkflowRun.objects.for_organization(org_id).get(pk=run_id), False
+    raise IdempotencyConflict("the Idempotency-Key could not be claimed; try again")
+
+
+def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete idempotency keys whose ``expires_at`` has passed, in batches of
+    ``batch_size`` (one short transaction each, ``idx_idempotency_expiry``), at most
+    ``max_batches`` per call. Returns how many rows were deleted. For the clock.
+
+    A system sweep over every organization, hence the unscoped SQL.
+    """
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(
+                """
+                DELETE FROM core_idempotencykey WHERE id IN (
+                    SELECT id FROM core_idempotencykey WHERE expires_at < now()
+                    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                """,
+                [batch_size],
+            )
+            deleted = cur.rowcount
+        total += deleted
+        if deleted < batch_size:
+            break
+    return total
+
+
 def cancel_run(*, run: WorkflowRun, actor: Actor | None = None, reason: str = "cancelled by request") -> bool:
     """Cancel ``run`` (see ``transitions.cancel_run``) and record ``run.cancelled``.
     Returns False, recording nothing, if it had already finished.
@@ -298,11 +414,15 @@ def nudge_scheduler() -> None:
 
 
 __all__ = [
+    "IDEMPOTENCY_TTL_SECONDS",
     "DefinitionError",
+    "IdempotencyConflict",
     "WorkflowNotStartable",
     "apply_definition",
     "cancel_run",
     "nudge_scheduler",
+    "purge_expired_idempotency_keys",
     "resolve_workflow",
     "start_run",
+    "start_run_idempotent",
 ]

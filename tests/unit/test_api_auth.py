@@ -146,7 +146,7 @@ def test_bearer_key_reads_the_keys_organization(client, tenant, other):
     response = client.get(url("workflows"), headers=bearer(tenant.keys[Role.VIEWER]))
     assert response.status_code == 200
     assert response["Content-Type"] == "application/json"
-    body = response.json()
+    body = response.json()["results"]
     assert [(w["name"], w["version"], w["task_count"]) for w in body] == [("pipeline", 2, 3)]
     assert body[0]["id"] == str(tenant.workflow.pk)
 
@@ -364,7 +364,7 @@ def assert_isolated(client: Client, headers: dict, tenant: Tenant, other: Tenant
         assert_problem(response, 404)
         # Byte for byte what an id that exists nowhere gets: nothing confirms the other tenant.
         assert response.content == getattr(client, method)(missing, headers=headers).content, path
-    names = [w["name"] for w in client.get(url("workflows"), headers=headers).json()]
+    names = [w["name"] for w in client.get(url("workflows"), headers=headers).json()["results"]]
     assert names == ["pipeline"]
     keys = client.get(url("keys"), headers=headers).json()
     assert {k["prefix"] for k in keys} == {r.prefix for r in tenant.key_rows.values()}
@@ -400,9 +400,9 @@ def test_a_session_user_with_two_memberships_must_choose_an_organization(client,
     assert "X-Organization" in body["detail"]
     assert body["code"] == "organization_required"
     response = client.get(url("workflows"), headers={"X-Organization": tenant.org.slug})
-    assert response.status_code == 200 and [w["name"] for w in response.json()] == ["pipeline"]
+    assert response.status_code == 200 and [w["name"] for w in response.json()["results"]] == ["pipeline"]
     response = client.get(url("workflows"), headers={"X-Organization": str(other.org.pk)})
-    assert [w["name"] for w in response.json()] == ["other-tenants-secret-pipeline"]
+    assert [w["name"] for w in response.json()["results"]] == ["other-tenants-secret-pipeline"]
     # The role is the one of the chosen organization.
     assert client.post(url("cancel", other.run.pk), headers={"X-Organization": other.org.slug}).status_code == 403
 
@@ -448,7 +448,7 @@ def test_run_detail_has_its_task_runs(client, tenant):
     body = client.get(url("run", tenant.run.pk), headers=bearer(tenant.keys[Role.VIEWER])).json()
     assert body["id"] == str(tenant.run.pk)
     assert body["workflow"] == {"id": str(tenant.workflow.pk), "name": "pipeline", "version": 2}
-    assert sorted(tr["task_key"] for tr in body["task_runs"]) == ["extract", "load", "report"]
+    assert sorted(tr["key"] for tr in body["task_runs"]) == ["extract", "load", "report"]
 
 
 def test_a_validation_error_is_a_problem_with_field_errors(tenant):
@@ -507,7 +507,7 @@ def test_lists_take_a_constant_number_of_queries(client, tenant, make_workflow):
     big = make_workflow(tenant.org, [{"key": f"t{i}", "type": "noop"} for i in range(12)], name="wide")
     big_run = start_run(workflow=big, trigger_source="api")
     assert count_queries(client, url("workflows"), key) == workflows_before
-    assert len(client.get(url("workflows"), headers=key).json()) == 7
+    assert len(client.get(url("workflows"), headers=key).json()["results"]) == 7
     assert count_queries(client, url("keys"), key) == keys_before
     assert len(client.get(url("keys"), headers=key).json()) == 9
     assert count_queries(client, url("run", big_run.pk), key) == run_before
