@@ -5,29 +5,48 @@ stable machine-readable name, and ``errors`` with the per-field messages of a
 validation error), served as ``application/problem+json``.
 
 ``problem_exception_handler`` is the DRF exception handler. api.base's views use it
-whatever the settings say; to give every DRF view the same shape set
-``REST_FRAMEWORK["EXCEPTION_HANDLER"] = "api.exceptions.problem_exception_handler"``.
+whatever the settings say; ``REST_FRAMEWORK["EXCEPTION_HANDLER"]`` names it too, so
+every DRF view (the schema views included) answers the same way. Errors raised
+outside DRF on an ``/api/`` path (no route, a body over the limit before any view
+ran, Django's own 500 page) are turned into the same shape by
+``api.middleware.ApiProblemMiddleware``, which uses ``problem_response`` below.
 
 Service-layer errors are translated here, so views can let them propagate:
-tenancy Forbidden → 403, TenancyError → 400, a missing (or another organization's)
-object → 404.
+tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError → 400
+naming its field, a missing (or another organization's) object → 404, a body over
+the limit → 413. Anything else is a bug: it is logged, reported to Django's
+``got_request_exception`` signal (so the test client re-raises it and error
+reporters see it), the request's transaction is rolled back, and the client gets a
+500 problem that names the request id — never a traceback.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
 from http import HTTPStatus
+from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
+from django.core.signals import got_request_exception
+from django.http import HttpResponse
 from rest_framework import exceptions, status
+from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
+from engine.triggers import TriggerError
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
+
+logger = logging.getLogger("api.errors")
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 # RFC 9457: "about:blank" says the problem is no more than its HTTP status; the
 # ``code`` extension member tells our problems apart.
 PROBLEM_TYPE = "about:blank"
+UNEXPECTED_DETAIL = "An unexpected error occurred. It has been logged; quote the request id when reporting it."
 
 
 class InvalidRequest(exceptions.APIException):
@@ -54,42 +73,132 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class FieldConflict(exceptions.ValidationError):
+    """409 naming the field whose value clashes with an existing object (a taken
+    name, an address that is already a member): a problem with ``errors``."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
+class PayloadTooLarge(exceptions.APIException):
+    """413: the request body is larger than ``settings.FLOWFORGE_MAX_BODY_BYTES``."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "payload_too_large"
+
+
+def body_too_large_detail() -> str:
+    from django.conf import settings
+
+    return f"The request body is larger than the limit of {settings.FLOWFORGE_MAX_BODY_BYTES} bytes."
+
+
+def _raised_by_json_parser(exc: BaseException) -> bool:
+    """True when ``exc`` was raised while DRF's JSONParser decoded a body."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "parse" and code.co_filename.replace("\\", "/").endswith("rest_framework/parsers.py"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _translate(exc: Exception) -> Exception:
     """Service-layer and Django errors as the DRF exceptions with the right status."""
     if isinstance(exc, Forbidden):
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
+    if isinstance(exc, TriggerError):
+        return exceptions.ValidationError({exc.field: [exc.message]})
     if isinstance(exc, ObjectDoesNotExist):
         # Same body whatever the model or reason: never confirm another tenant's ids.
         return exceptions.NotFound()
+    if isinstance(exc, RequestDataTooBig):
+        return PayloadTooLarge(body_too_large_detail())
+    if isinstance(exc, RecursionError) and _raised_by_json_parser(exc):
+        # json.load gives up on deeply nested arrays with RecursionError, not ValueError.
+        return exceptions.ParseError("JSON parse error - the document is nested too deeply.")
     return exc
 
 
 def _code(exc: Exception, data) -> str:
+    if isinstance(exc, FieldConflict):
+        return "conflict"
     if isinstance(exc, exceptions.ValidationError):
         return "invalid"
     detail = data.get("detail") if isinstance(data, dict) else None
     return getattr(detail, "code", None) or getattr(exc, "default_code", None) or "error"
 
 
+def problem_body(status_code: int, detail: str, *, code: str, errors: dict | None = None,
+                 **extra: Any) -> dict[str, Any]:
+    """The problem document for ``status_code`` (``title`` is the status's reason phrase)."""
+    body: dict[str, Any] = {
+        "type": PROBLEM_TYPE,
+        "title": HTTPStatus(status_code).phrase,
+        "status": status_code,
+        "detail": detail,
+        "code": code,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    body.update(extra)
+    return body
+
+
+def problem_response(status_code: int, detail: str, *, code: str, errors: dict | None = None,
+                     headers: dict[str, str] | None = None, **extra: Any) -> HttpResponse:
+    """A plain Django response holding a problem document (for code outside DRF)."""
+    body = problem_body(status_code, detail, code=code, errors=errors, **extra)
+    response = HttpResponse(json.dumps(body), status=status_code, content_type=PROBLEM_CONTENT_TYPE)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def _unexpected(exc: Exception, context: dict) -> Response:
+    """The last resort: a 500 problem for an exception nothing above knew.
+
+    Rolls the request's transaction back (ATOMIC_REQUESTS would otherwise commit
+    whatever the view did before it failed), logs the traceback and sends Django's
+    ``got_request_exception`` — the signal the test client listens to, so a test
+    that provokes a bug fails with that bug's traceback instead of passing on a
+    tidy 500.
+    """
+    set_rollback()
+    drf_request = context.get("request")
+    django_request = getattr(drf_request, "_request", drf_request)
+    request_id = getattr(django_request, "request_id", "") or ""
+    logger.error("unhandled %s in %s (request id %s)", type(exc).__name__,
+                 getattr(django_request, "path", "?"), request_id, exc_info=exc)
+    if sys.exc_info()[1] is exc:  # inside DRF's ``except`` block: receivers read sys.exc_info()
+        got_request_exception.send(sender=None, request=django_request)
+    response = Response(
+        problem_body(500, UNEXPECTED_DETAIL, code="server_error", request_id=request_id),
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+    )
+    response.content_type = PROBLEM_CONTENT_TYPE
+    # Logged above with its traceback: Django's log_response need not log it again.
+    response._has_been_logged = True
+    return response
+
+
 def problem_exception_handler(exc: Exception, context: dict):
-    """DRF exception handler producing problem+json; None (a 500 by Django) for
-    exceptions DRF does not handle either."""
+    """DRF exception handler producing problem+json, for every exception (an
+    unexpected one becomes a logged 500 problem, see ``_unexpected``)."""
     exc = _translate(exc)
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return _unexpected(exc, context)
     data = response.data
-    problem = {
-        "type": PROBLEM_TYPE,
-        "title": HTTPStatus(response.status_code).phrase,
-        "status": response.status_code,
-        "detail": "",
-        "code": _code(exc, data),
-    }
+    problem = problem_body(response.status_code, "", code=_code(exc, data))
     if isinstance(exc, exceptions.ValidationError):
-        problem["detail"] = "The request body is invalid; see errors."
+        problem["detail"] = ("The request conflicts with existing data; see errors." if isinstance(exc, FieldConflict)
+                             else "The request is invalid; see errors.")
         problem["errors"] = data if isinstance(data, dict) else {"non_field_errors": data}
     elif isinstance(data, dict) and "detail" in data:
         problem["detail"] = str(data["detail"])

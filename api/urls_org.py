@@ -5,6 +5,15 @@ from django.urls import path
 from api import views_org as views
 
 urlpatterns = [
+    path("triggers/", views.TriggerListView.as_view(), name="trigger-list"),
+    path("triggers/<uuid:pk>/", views.TriggerDetailView.as_view(), name="trigger-detail"),
+    path("triggers/<uuid:pk>/pause/", views.TriggerPauseView.as_view(), name="trigger-pause"),
+    path("triggers/<uuid:pk>/resume/", views.TriggerResumeView.as_view(), name="trigger-resume"),
+    path("members/", views.MemberListView.as_view(), name="member-list"),
+    path("members/<uuid:pk>/", views.MemberDetailView.as_view(), name="member-detail"),
+    path("invitations/", views.InvitationListView.as_view(), name="invitation-list"),
+    path("invitations/<uuid:pk>/revoke/", views.InvitationRevokeView.as_view(), name="invitation-revoke"),
     path("api-keys/", views.ApiKeyListView.as_view(), name="apikey-list"),
     path("api-keys/<uuid:pk>/revoke/", views.ApiKeyRevokeView.as_view(), name="apikey-revoke"),
+    path("audit-events/", views.AuditEventListView.as_view(), name="auditevent-list"),
 ]

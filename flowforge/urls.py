@@ -1,9 +1,12 @@
 """Root URLconf: allauth's account pages, the admin (behind allauth's login), the
-REST API under /api/v1/ and the server-rendered frontend."""
+REST API under /api/v1/ with its OpenAPI schema and docs, and the server-rendered
+frontend."""
 
 from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
 from django.urls import include, path
+
+from api.schema import SchemaView, docs_view
 
 # The admin's own login form would bypass allauth's rate limits and MFA: send staff
 # through allauth's login instead (a signed-in non-staff user gets a 403).
@@ -13,5 +16,8 @@ urlpatterns = [
     path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
+    # The OpenAPI 3 schema of /api/v1/ (YAML; ?format=json for JSON) and Swagger UI over it.
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
+    path("api/docs/", docs_view(), name="api-docs"),
     path("", include("frontend.urls")),
 ]

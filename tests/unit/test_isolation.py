@@ -23,8 +23,9 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from audit.models import AuditLog
-from engine.models import TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.models import ScheduledTrigger, TaskRun, TaskRunEvent, Workflow, WorkflowRun
 from engine.services import apply_definition, start_run
+from engine.triggers import create_trigger
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key
 from tenancy.models import ApiKey, Invitation, Membership, Role, User
@@ -38,10 +39,36 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:workflow-detail": {"pk": "workflow"},
     "api:run-detail": {"pk": "run"},
     "api:run-cancel": {"pk": "run"},
+    "api:workflow-versions": {"pk": "workflow"},
+    "api:workflow-archive": {"pk": "workflow"},
+    "api:workflow-restore": {"pk": "workflow"},
+    "api:run-retry": {"pk": "run"},
+    "api:run-events": {"pk": "run"},
+    "api:run-event-stream": {"pk": "run"},
     "api:apikey-revoke": {"pk": "api_key"},
+    "api:trigger-detail": {"pk": "trigger"},
+    "api:trigger-pause": {"pk": "trigger"},
+    "api:trigger-resume": {"pk": "trigger"},
+    "api:member-detail": {"pk": "membership"},
+    "api:invitation-revoke": {"pk": "invitation"},
     "frontend:member_role": {"membership_id": "membership"},
     "frontend:member_remove": {"membership_id": "membership"},
     "frontend:invitation_revoke": {"invitation_id": "invitation"},
+    "frontend:run_detail": {"run_id": "run"},
+    "frontend:run_live": {"run_id": "run"},
+    "frontend:run_stream": {"run_id": "run"},
+    "frontend:run_events": {"run_id": "run"},
+    "frontend:run_cancel": {"run_id": "run"},
+    "frontend:run_retry": {"run_id": "run"},
+    "frontend:workflow_detail": {"workflow_id": "workflow"},
+    "frontend:workflow_start": {"workflow_id": "workflow"},
+    "frontend:workflow_archive": {"workflow_id": "workflow"},
+    "frontend:workflow_restore": {"workflow_id": "workflow"},
+    "frontend:trigger_edit": {"trigger_id": "trigger"},
+    "frontend:trigger_pause": {"trigger_id": "trigger"},
+    "frontend:trigger_resume": {"trigger_id": "trigger"},
+    "frontend:trigger_delete": {"trigger_id": "trigger"},
+    "frontend:apikey_revoke": {"key_id": "api_key"},
 }
 
 # Patterns whose parameter is not an object id, with the reason they are exempt.
@@ -73,7 +100,18 @@ class TenantData:
             "task_run": str(TaskRun.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
+            "trigger": str(trigger_of(self).pk),
         }
+
+
+def trigger_of(tenant: TenantData) -> ScheduledTrigger:
+    """The tenant's cron trigger (created on first use, by its owner)."""
+    found = ScheduledTrigger.objects.for_organization(tenant.org).first()
+    if found is not None:
+        return found
+    actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+    return create_trigger(actor=actor, data={"name": f"{tenant.org.slug} nightly", "cron_expression": "0 2 * * *",
+                                             "workflow_name": tenant.workflow.name, "timezone": "UTC"})
 
 
 def build_tenant(slug: str) -> TenantData:

@@ -1,0 +1,89 @@
+"""The API's rate limit: a fixed-window counter per API key (per user for a browser
+session), in the shared Redis cache so every web process counts against one limit.
+
+``settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE`` requests are allowed per caller per
+clock minute; the next one is a 429 problem whose ``Retry-After`` says how many
+seconds remain in the window. A fixed window admits a burst of up to twice the
+limit across a window boundary: a fair trade for one INCR per request (seed 001,
+"Windows are fixed, not sliding").
+
+DRF runs throttles after authentication and the permission check, so an
+unauthenticated request never reaches this (it is a 401), and the schema views,
+which allow anonymous callers, are not counted for them.
+
+The counter is a convenience, not state: when Redis cannot be reached the request
+is let through and a warning logged (the API stays up; PostgreSQL is the truth).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from django.conf import settings
+from django.core.cache import cache
+from rest_framework.throttling import BaseThrottle
+
+from tenancy.apikeys import AuthenticatedKey
+from tenancy.models import User
+
+log = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 60
+# Counters outlive their window a little, so a slow clock in another process still finds them.
+COUNTER_TTL_SECONDS = 2 * WINDOW_SECONDS
+
+
+def now() -> float:
+    """Seconds since the epoch (a function so tests can pin the window)."""
+    return time.time()
+
+
+def caller_ident(request) -> str | None:
+    """Whose budget a request spends: ``org:<id>:key:<id>`` for an API key (the cache
+    key names the organization, as every tenant cache key does), ``user:<id>`` for a
+    session user, None for an anonymous caller."""
+    auth = getattr(request, "auth", None)
+    if isinstance(auth, AuthenticatedKey):
+        return f"org:{auth.organization.pk}:key:{auth.id}"
+    user = getattr(request, "user", None)
+    if isinstance(user, User) and user.is_authenticated:
+        return f"user:{user.pk}"
+    return None
+
+
+def _count(key: str) -> int | None:
+    """Increment the window counter ``key`` and return its new value (None: Redis failed)."""
+    try:
+        for _ in range(2):
+            cache.add(key, 0, timeout=COUNTER_TTL_SECONDS)
+            try:
+                return cache.incr(key)
+            except ValueError:  # expired between add and incr: start it again
+                continue
+    except Exception as exc:  # noqa: BLE001 - any cache failure: fail open, loudly
+        log.warning("API rate limit counter unavailable (%s); request allowed", type(exc).__name__)
+    return None
+
+
+class ApiRateThrottle(BaseThrottle):
+    """Fixed-window limit of FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per caller (0 disables it)."""
+
+    def __init__(self) -> None:
+        self.retry_after: float = 0.0
+
+    def allow_request(self, request, view) -> bool:
+        limit = settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE
+        ident = caller_ident(request)
+        if ident is None or limit <= 0:
+            return True
+        at = now()
+        window = int(at // WINDOW_SECONDS)
+        count = _count(f"api-rate:{ident}:{window}")
+        self.retry_after = (window + 1) * WINDOW_SECONDS - at
+        return count is None or count <= limit
+
+    def wait(self) -> float:
+        """Whole seconds until the window ends (at least 1): the ``Retry-After`` value."""
+        return max(1, math.ceil(self.retry_after))

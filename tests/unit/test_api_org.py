@@ -1,0 +1,623 @@
+"""Organization administration through the REST API (Django's test client, real
+PostgreSQL and Redis): cron triggers, members, invitations, API keys and the audit
+log — behaviour, role checks, another organization's objects (404), and constant
+query counts for the lists."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import secrets
+import uuid
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core import mail
+from django.core.cache import cache
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from audit import services as audit
+from audit.models import AuditLog
+from engine.models import ScheduledTrigger
+from engine.triggers import create_trigger
+from tenancy import apikeys
+from tenancy.apikeys import create_api_key
+from tenancy.context import actor_for_membership
+from tenancy.models import ApiKey, Invitation, Membership, Role, User
+from tenancy.services import invite_member
+
+PROBLEM = "application/problem+json"
+ROLES = [Role.VIEWER, Role.MEMBER, Role.ADMIN, Role.OWNER]
+TASKS = [{"key": "extract", "type": "noop"}, {"key": "load", "type": "noop", "depends_on": ["extract"]}]
+
+
+# --- fixtures and helpers -----------------------------------------------------------------------
+
+
+def bearer(full_key: str) -> dict:
+    return {"Authorization": f"Bearer {full_key}"}
+
+
+def data_queries(captured) -> list[str]:
+    """Captured SQL minus transaction control (ATOMIC_REQUESTS adds a savepoint per request)."""
+    return [q["sql"] for q in captured.captured_queries
+            if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT"))]
+
+
+def assert_problem(response, status: int) -> dict:
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == PROBLEM
+    body = response.json()
+    assert body["status"] == status and body["type"] == "about:blank"
+    assert isinstance(body["detail"], str) and body["detail"]
+    return body
+
+
+def actor_of(m: Membership, channel: str = "cli"):
+    m = Membership.objects.for_organization(m.organization_id).select_related("organization", "user").get(pk=m.pk)
+    return actor_for_membership(m, channel=channel)
+
+
+@dataclasses.dataclass
+class Org:
+    org: object
+    members: dict  # role -> Membership
+    keys: dict  # role -> full key, created by the owner
+    key_rows: dict  # role -> ApiKey
+
+    def as_(self, role: str) -> dict:
+        return bearer(self.keys[role])
+
+    def actor(self, role: str = Role.OWNER):
+        return actor_of(self.members[role])
+
+
+@pytest.fixture
+def org_factory(make_org, make_workflow):
+    prefixes: list[str] = []
+
+    def make(workflow_name: str = "nightly-report") -> Org:
+        org = make_org()
+        members = {Role.OWNER: Membership.objects.for_organization(org).get(role=Role.OWNER)}
+        for role in (Role.ADMIN, Role.MEMBER, Role.VIEWER):
+            user = User.objects.create_user(email=f"{role}-{secrets.token_hex(3)}@{org.slug}.example")
+            members[role] = Membership.objects.create(organization=org, user=user, role=role)
+        keys, rows = {}, {}
+        for role in ROLES:
+            row, full_key = create_api_key(actor=actor_of(members[Role.OWNER]), name=f"{role} key", role=role)
+            keys[role], rows[role] = full_key, row
+            prefixes.append(row.prefix)
+        make_workflow(org, TASKS, name=workflow_name)
+        return Org(org=org, members=members, keys=keys, key_rows=rows)
+
+    yield make
+    cache.delete_many([k for p in prefixes for k in (apikeys._entry_key(p), apikeys._tombstone_key(p))])
+
+
+@pytest.fixture
+def acme(org_factory) -> Org:
+    return org_factory()
+
+
+@pytest.fixture
+def other(org_factory) -> Org:
+    return org_factory()
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
+
+
+def trigger_body(**overrides) -> dict:
+    body = {"name": "nightly report", "workflow_name": "nightly-report", "cron_expression": "30 2 * * *",
+            "timezone": "Europe/Berlin", "input": {"region": "eu"}, "catch_up": "latest", "enabled": True}
+    body.update(overrides)
+    return body
+
+
+def post(client, path, body, headers):
+    return client.post(path, body, content_type="application/json", headers=headers)
+
+
+def patch(client, path, body, headers):
+    return client.patch(path, body, content_type="application/json", headers=headers)
+
+
+def make_trigger(o: Org, name: str = "t", **data):
+    return create_trigger(actor=o.actor(), data={"name": name, "workflow_name": "nightly-report",
+                                                 "cron_expression": "0 3 * * *", **data})
+
+
+def fetch_all(client, path: str, headers: dict, *, page_size: int) -> list[dict]:
+    """Every row of a keyset-paginated list, following ``next``; asserts each page's size."""
+    rows, url, pages = [], f"{path}?page_size={page_size}", 0
+    while url:
+        response = client.get(url, headers=headers)
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert len(body["results"]) <= page_size
+        rows += body["results"]
+        url = body["next"]
+        pages += 1
+        assert pages < 100
+    return rows
+
+
+def count_queries(client, path: str, headers: dict) -> int:
+    client.get(path, headers=headers)  # warm the key cache
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(path, headers=headers).status_code == 200
+    return len(data_queries(queries))
+
+
+# --- cron triggers --------------------------------------------------------------------------------
+
+
+def test_creating_a_trigger_returns_its_next_fire_times_in_its_time_zone(client, acme):
+    response = post(client, "/api/v1/triggers/", trigger_body(), acme.as_(Role.MEMBER))
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert {k: body[k] for k in ("name", "workflow_name", "cron_expression", "timezone", "input", "catch_up",
+                                 "enabled")} == trigger_body()
+    times = [dt.datetime.fromisoformat(t) for t in body["next_fire_times"]]
+    assert len(times) == 5 and times == sorted(times) and len(set(times)) == 5
+    berlin = ZoneInfo("Europe/Berlin")
+    for t in times:
+        assert t.utcoffset() == t.astimezone(berlin).utcoffset()  # written in Berlin time
+        assert (t.hour, t.minute) == (2, 30) or t.astimezone(berlin).hour == 3  # 02:30 (or DST-shifted)
+    next_fire_at = dt.datetime.fromisoformat(body["next_fire_at"].replace("Z", "+00:00"))
+    assert next_fire_at == times[0] and next_fire_at > timezone.now()
+    assert body["created_by"] is None  # an API key is no user
+    assert AuditLog.objects.for_organization(acme.org).filter(action="trigger.created", target_id=body["id"]).exists()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("cron_expression", "61 * * * *", "is not a valid cron expression"),
+    ("cron_expression", "* * * *", "must have 5 fields"),
+    ("cron_expression", "0 0 30 2 *", "never matches a date"),
+    ("timezone", "Mars/Olympus_Mons", "is not an IANA time zone"),
+    ("workflow_name", "no-such-workflow", "no workflow named"),
+    ("catch_up", "sometimes", "is not a valid choice"),
+    ("input", ["not", "an", "object"], "Must be a JSON object"),
+    ("enabled", "yes", "Must be a valid boolean"),
+    ("name", 42, "Must be a string"),
+    ("name", "bad\u0000name", "NUL"),
+])
+def test_an_invalid_trigger_is_a_400_naming_the_field(client, acme, field, value, message):
+    response = post(client, "/api/v1/triggers/", trigger_body(**{field: value}), acme.as_(Role.ADMIN))
+    body = assert_problem(response, 400)
+    assert list(body["errors"]) == [field]
+    assert message in " ".join(body["errors"][field]), body
+    assert not ScheduledTrigger.objects.for_organization(acme.org).exists()
+
+
+def test_a_patch_with_a_bad_time_zone_names_it_and_changes_nothing(client, acme):
+    trigger = make_trigger(acme, timezone="UTC")
+    body = assert_problem(patch(client, f"/api/v1/triggers/{trigger.pk}/", {"timezone": "Nowhere/Special"},
+                                acme.as_(Role.MEMBER)), 400)
+    assert body["errors"] == {"timezone": ["'Nowhere/Special' is not an IANA time zone (e.g. 'Europe/Berlin')"]}
+    trigger.refresh_from_db()
+    assert trigger.timezone == "UTC"
+
+
+def test_trigger_input_that_the_audit_log_refuses_is_a_400_not_a_500(client, acme):
+    response = post(client, "/api/v1/triggers/", trigger_body(input={"token": "abc"}), acme.as_(Role.MEMBER))
+    assert "input" in assert_problem(response, 400)["errors"]
+
+
+def test_a_deeply_nested_trigger_input_is_a_400(client, acme):
+    nested: dict = {}
+    for _ in range(40):
+        nested = {"a": nested}
+    response = post(client, "/api/v1/triggers/", trigger_body(input=nested), acme.as_(Role.MEMBER))
+    assert "nested" in assert_problem(response, 400)["errors"]["input"][0]
+
+
+def test_a_taken_trigger_name_is_a_409_naming_it(client, acme):
+    make_trigger(acme, name="nightly report")
+    other = make_trigger(acme, name="other")
+    body = assert_problem(post(client, "/api/v1/triggers/", trigger_body(), acme.as_(Role.MEMBER)), 409)
+    assert body["code"] == "conflict" and "already exists" in body["errors"]["name"][0]
+    body = assert_problem(patch(client, f"/api/v1/triggers/{other.pk}/", {"name": "nightly report"},
+                                acme.as_(Role.MEMBER)), 409)
+    assert list(body["errors"]) == ["name"]
+    # Its own name is no conflict.
+    assert patch(client, f"/api/v1/triggers/{other.pk}/", {"name": "other"}, acme.as_(Role.MEMBER)).status_code == 200
+
+
+def test_patching_the_schedule_recomputes_next_fire_at(client, acme):
+    trigger = make_trigger(acme, cron_expression="0 3 * * *", timezone="UTC")
+    response = patch(client, f"/api/v1/triggers/{trigger.pk}/",
+                     {"cron_expression": "15 6 * * *", "timezone": "America/New_York"}, acme.as_(Role.MEMBER))
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["cron_expression"], body["timezone"], body["name"]) == ("15 6 * * *", "America/New_York", "t")
+    first = dt.datetime.fromisoformat(body["next_fire_times"][0])
+    local = first.astimezone(ZoneInfo("America/New_York"))
+    assert (local.hour, local.minute) == (6, 15)
+    assert dt.datetime.fromisoformat(body["next_fire_at"].replace("Z", "+00:00")) == first
+    trigger.refresh_from_db()
+    assert trigger.next_fire_at == first
+
+
+def test_pause_and_resume_flip_enabled_and_are_audited(client, acme):
+    trigger = make_trigger(acme)
+    key = acme.as_(Role.MEMBER)
+    paused = client.post(f"/api/v1/triggers/{trigger.pk}/pause/", headers=key)
+    assert paused.status_code == 200 and paused.json()["enabled"] is False
+    assert client.post(f"/api/v1/triggers/{trigger.pk}/pause/", headers=key).json()["enabled"] is False
+    resumed = client.post(f"/api/v1/triggers/{trigger.pk}/resume/", headers=key)
+    assert resumed.status_code == 200 and resumed.json()["enabled"] is True
+    actions = list(AuditLog.objects.for_organization(acme.org).filter(target_id=str(trigger.pk))
+                   .order_by("seq").values_list("action", flat=True))
+    assert actions == ["trigger.created", "trigger.paused", "trigger.resumed"]
+
+
+def test_deleting_a_trigger_is_a_204_and_then_a_404(client, acme):
+    trigger = make_trigger(acme)
+    response = client.delete(f"/api/v1/triggers/{trigger.pk}/", headers=acme.as_(Role.MEMBER))
+    assert response.status_code == 204 and response.content == b""
+    assert not ScheduledTrigger.objects.for_organization(acme.org).filter(pk=trigger.pk).exists()
+    assert_problem(client.get(f"/api/v1/triggers/{trigger.pk}/", headers=acme.as_(Role.MEMBER)), 404)
+
+
+def test_viewers_read_triggers_but_only_members_and_up_change_them(client, acme):
+    trigger = make_trigger(acme)
+    viewer = acme.as_(Role.VIEWER)
+    assert client.get("/api/v1/triggers/", headers=viewer).json()["results"][0]["id"] == str(trigger.pk)
+    assert client.get(f"/api/v1/triggers/{trigger.pk}/", headers=viewer).status_code == 200
+    assert_problem(post(client, "/api/v1/triggers/", trigger_body(), viewer), 403)
+    assert_problem(patch(client, f"/api/v1/triggers/{trigger.pk}/", {"enabled": False}, viewer), 403)
+    assert_problem(client.post(f"/api/v1/triggers/{trigger.pk}/pause/", headers=viewer), 403)
+    assert_problem(client.delete(f"/api/v1/triggers/{trigger.pk}/", headers=viewer), 403)
+    trigger.refresh_from_db()
+    assert trigger.enabled
+
+
+def test_another_organizations_trigger_is_404_for_every_method(client, acme, other):
+    theirs = make_trigger(other)
+    key = acme.as_(Role.OWNER)
+    base = f"/api/v1/triggers/{theirs.pk}/"
+    missing = f"/api/v1/triggers/{uuid.uuid4()}/"
+    for method, suffix in (("get", ""), ("patch", ""), ("delete", ""), ("post", "pause/"), ("post", "resume/")):
+        got = getattr(client, method)(base + suffix, headers=key)
+        assert_problem(got, 404)
+        assert got.content == getattr(client, method)(missing + suffix, headers=key).content
+    assert client.get("/api/v1/triggers/", headers=key).json() == {"results": [], "next": None}
+    theirs.refresh_from_db()
+    assert theirs.enabled
+
+
+def test_the_trigger_list_pages_by_name(client, acme):
+    for name in ("delta", "alpha", "echo", "charlie", "bravo"):
+        make_trigger(acme, name=name)
+    rows = fetch_all(client, "/api/v1/triggers/", acme.as_(Role.VIEWER), page_size=2)
+    assert [r["name"] for r in rows] == ["alpha", "bravo", "charlie", "delta", "echo"]
+
+
+# --- members ---------------------------------------------------------------------------------------
+
+
+def test_every_role_lists_the_members_with_email_role_and_join_time(client, acme, other):
+    body = client.get("/api/v1/members/", headers=acme.as_(Role.VIEWER)).json()
+    got = {m["email"]: m["role"] for m in body["results"]}
+    assert got == {m.user.email: role for role, m in acme.members.items()}
+    assert body["next"] is None
+    row = next(m for m in body["results"] if m["role"] == Role.ADMIN)
+    admin = acme.members[Role.ADMIN]
+    assert row["id"] == str(admin.pk) and row["user_id"] == str(admin.user_id)
+    assert dt.datetime.fromisoformat(row["joined_at"].replace("Z", "+00:00")) == admin.created_at
+
+
+def test_an_admin_changes_a_members_role(client, acme):
+    target = acme.members[Role.MEMBER]
+    response = patch(client, f"/api/v1/members/{target.pk}/", {"role": "viewer"}, acme.as_(Role.ADMIN))
+    assert response.status_code == 200 and response.json()["role"] == "viewer"
+    target.refresh_from_db()
+    assert target.role == Role.VIEWER
+    assert AuditLog.objects.for_organization(acme.org).filter(action="member.role_changed",
+                                                              target_id=str(target.pk)).exists()
+
+
+def test_only_an_owner_grants_the_owner_role(client, acme):
+    target = acme.members[Role.MEMBER]
+    body = assert_problem(patch(client, f"/api/v1/members/{target.pk}/", {"role": "owner"}, acme.as_(Role.ADMIN)),
+                          403)
+    assert "owner" in body["detail"]
+    response = patch(client, f"/api/v1/members/{target.pk}/", {"role": "owner"}, acme.as_(Role.OWNER))
+    assert response.status_code == 200 and response.json()["role"] == "owner"
+
+
+def test_the_last_owner_cannot_be_demoted_or_removed(client, acme):
+    owner = acme.members[Role.OWNER]
+    session = Client()
+    session.force_login(owner.user)
+    body = assert_problem(patch(session, f"/api/v1/members/{owner.pk}/", {"role": "admin"}, {}), 400)
+    assert "last owner" in body["errors"]["role"][0]
+    body = assert_problem(session.delete(f"/api/v1/members/{owner.pk}/"), 400)
+    assert "last owner" in body["detail"]
+    owner.refresh_from_db()
+    assert owner.role == Role.OWNER
+
+
+def test_an_invalid_role_is_a_400_naming_it(client, acme):
+    target = acme.members[Role.MEMBER]
+    body = assert_problem(patch(client, f"/api/v1/members/{target.pk}/", {"role": "emperor"}, acme.as_(Role.ADMIN)),
+                          400)
+    assert list(body["errors"]) == ["role"]
+    # A PATCH without fields changes nothing.
+    response = patch(client, f"/api/v1/members/{target.pk}/", {}, acme.as_(Role.ADMIN))
+    assert response.status_code == 200 and response.json()["role"] == Role.MEMBER
+
+
+def test_members_and_viewers_cannot_manage_members(client, acme):
+    target = acme.members[Role.VIEWER]
+    for role in (Role.MEMBER, Role.VIEWER):
+        assert_problem(patch(client, f"/api/v1/members/{target.pk}/", {"role": "member"}, acme.as_(role)), 403)
+        assert_problem(client.delete(f"/api/v1/members/{target.pk}/", headers=acme.as_(role)), 403)
+    assert Membership.objects.for_organization(acme.org).filter(pk=target.pk, role=Role.VIEWER).exists()
+
+
+def test_an_admin_removes_a_member_but_not_an_owner(client, acme):
+    target = acme.members[Role.MEMBER]
+    response = client.delete(f"/api/v1/members/{target.pk}/", headers=acme.as_(Role.ADMIN))
+    assert response.status_code == 204
+    assert not Membership.objects.for_organization(acme.org).filter(pk=target.pk).exists()
+    assert AuditLog.objects.for_organization(acme.org).filter(action="member.removed").exists()
+    owner = acme.members[Role.OWNER]
+    assert "owner" in assert_problem(client.delete(f"/api/v1/members/{owner.pk}/", headers=acme.as_(Role.ADMIN)),
+                                     403)["detail"]
+
+
+def test_another_organizations_member_is_404(client, acme, other):
+    theirs = other.members[Role.MEMBER]
+    key = acme.as_(Role.OWNER)
+    for method, body in (("get", None), ("patch", {"role": "viewer"}), ("delete", None)):
+        kwargs = {"content_type": "application/json", "data": body} if body else {}
+        got = getattr(client, method)(f"/api/v1/members/{theirs.pk}/", headers=key, **kwargs)
+        missing = getattr(client, method)(f"/api/v1/members/{uuid.uuid4()}/", headers=key, **kwargs)
+        assert_problem(got, 404)
+        assert got.content == missing.content
+    assert Membership.objects.for_organization(other.org).filter(pk=theirs.pk, role=Role.MEMBER).exists()
+
+
+# --- invitations -----------------------------------------------------------------------------------
+
+
+ACCEPT_LINK_RE = re.compile(r"http://testserver/invitations/([A-Za-z0-9_-]+)/")
+
+
+def test_inviting_mails_the_link_once_committed_and_never_returns_the_token(
+        client, acme, django_capture_on_commit_callbacks):
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post(client, "/api/v1/invitations/", {"email": "Linus@Example.com", "role": "member"},
+                        acme.as_(Role.ADMIN))
+        assert mail.outbox == []  # not before the commit
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["email"], body["role"], body["state"]) == ("linus@example.com", "member", "pending")
+    assert set(body) == {"id", "email", "role", "state", "invited_by", "created_at", "expires_at", "accepted_at",
+                         "revoked_at"}
+    assert len(mail.outbox) == 1
+    message = mail.outbox[0]
+    assert message.to == ["linus@example.com"]
+    token = ACCEPT_LINK_RE.search(message.body).group(1)
+    assert token not in response.content.decode()
+    # An API key invites on behalf of its creator, whom the email names.
+    assert acme.members[Role.OWNER].user.email in message.body
+    invitation = Invitation.objects.for_organization(acme.org).get(pk=body["id"])
+    assert invitation.role == Role.MEMBER and invitation.is_pending
+
+
+def test_a_session_user_invites_in_their_own_name(acme, django_capture_on_commit_callbacks):
+    session = Client()
+    admin = acme.members[Role.ADMIN].user
+    session.force_login(admin)
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post(session, "/api/v1/invitations/", {"email": "ada@example.com"}, {})
+    assert response.status_code == 201 and response.json()["invited_by"] == admin.email
+    assert response.json()["role"] == "member"
+    assert f"{admin.email} invited you" in mail.outbox[0].body
+
+
+def test_invitation_rules_are_problems(client, acme):
+    key = acme.as_(Role.ADMIN)
+    member_email = acme.members[Role.MEMBER].user.email
+    body = assert_problem(post(client, "/api/v1/invitations/", {"email": member_email.upper()}, key), 409)
+    assert body["code"] == "conflict" and "already a member" in body["errors"]["email"][0]
+    body = assert_problem(post(client, "/api/v1/invitations/", {"email": "not-an-address"}, key), 400)
+    assert list(body["errors"]) == ["email"]
+    body = assert_problem(post(client, "/api/v1/invitations/", {"email": "x@example.com", "role": "owner"}, key), 403)
+    assert "owner" in body["detail"]
+    assert_problem(post(client, "/api/v1/invitations/", {"email": "x@example.com"}, acme.as_(Role.MEMBER)), 403)
+    assert_problem(client.get("/api/v1/invitations/", headers=acme.as_(Role.MEMBER)), 403)
+    assert not Invitation.objects.for_organization(acme.org).exists()
+
+
+def test_the_invitation_list_shows_pending_ones_only(client, acme):
+    actor = acme.actor()
+    pending, _ = invite_member(actor=actor, email="pending@example.com", role=Role.VIEWER)
+    revoked, _ = invite_member(actor=actor, email="revoked@example.com")
+    expired, _ = invite_member(actor=actor, email="expired@example.com")
+    Invitation.objects.for_organization(acme.org).filter(pk=revoked.pk).update(revoked_at=timezone.now())
+    Invitation.objects.for_organization(acme.org).filter(pk=expired.pk).update(expires_at=timezone.now())
+    body = client.get("/api/v1/invitations/", headers=acme.as_(Role.ADMIN)).json()
+    assert [(i["id"], i["email"], i["state"]) for i in body["results"]] == [
+        (str(pending.pk), "pending@example.com", "pending")]
+    assert body["results"][0]["invited_by"] == acme.members[Role.OWNER].user.email
+
+
+def test_revoking_an_invitation_twice_is_a_409(client, acme):
+    invitation, _ = invite_member(actor=acme.actor(), email="linus@example.com")
+    key = acme.as_(Role.ADMIN)
+    response = client.post(f"/api/v1/invitations/{invitation.pk}/revoke/", headers=key)
+    assert response.status_code == 200 and response.json()["state"] == "revoked"
+    body = assert_problem(client.post(f"/api/v1/invitations/{invitation.pk}/revoke/", headers=key), 409)
+    assert body["code"] == "conflict" and "revoked" in body["detail"]
+
+
+def test_another_organizations_invitation_is_404(client, acme, other):
+    theirs, _ = invite_member(actor=other.actor(), email="linus@example.com")
+    key = acme.as_(Role.OWNER)
+    got = client.post(f"/api/v1/invitations/{theirs.pk}/revoke/", headers=key)
+    assert_problem(got, 404)
+    assert got.content == client.post(f"/api/v1/invitations/{uuid.uuid4()}/revoke/", headers=key).content
+    assert Invitation.objects.for_organization(other.org).get(pk=theirs.pk).revoked_at is None
+    assert client.get("/api/v1/invitations/", headers=key).json()["results"] == []
+
+
+# --- API keys --------------------------------------------------------------------------------------
+
+
+def test_a_created_key_is_shown_once_and_listed_by_prefix(acme):
+    session = Client()
+    session.force_login(acme.members[Role.ADMIN].user)
+    response = post(session, "/api/v1/api-keys/", {"name": "deploy", "role": "member"}, {})
+    assert response.status_code == 201 and response["Cache-Control"] == "no-store"
+    created = response.json()
+    assert re.fullmatch(r"ffk_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", created["key"])
+    assert created["key"].startswith(f"ffk_{created['prefix']}_")
+    listed = session.get("/api/v1/api-keys/").json()
+    row = next(k for k in listed if k["id"] == created["id"])
+    assert (row["prefix"], row["name"], row["role"], row["last_used_at"]) == (created["prefix"], "deploy", "member",
+                                                                               None)
+    assert "key" not in row and created["key"].split("_")[2] not in session.get("/api/v1/api-keys/").content.decode()
+    # Used once, the key shows when.
+    assert Client().get("/api/v1/members/", headers=bearer(created["key"])).status_code == 200
+    row = next(k for k in session.get("/api/v1/api-keys/").json() if k["id"] == created["id"])
+    assert row["last_used_at"] is not None
+
+
+def test_a_key_rule_refusal_names_the_field(acme):
+    session = Client()
+    session.force_login(acme.members[Role.ADMIN].user)
+    body = assert_problem(post(session, "/api/v1/api-keys/", {"name": "old", "expires_at": "2001-01-01T00:00:00Z"},
+                               {}), 400)
+    assert body["errors"] == {"expires_at": ["expires_at must be in the future"]}
+    assert_problem(post(session, "/api/v1/api-keys/", {"name": "big", "role": "owner"}, {}), 403)
+
+
+def test_a_key_name_that_postgres_cannot_store_is_a_400(acme):
+    session = Client()
+    session.force_login(acme.members[Role.ADMIN].user)
+    for name in ("a\u0000b", 7):
+        body = assert_problem(post(session, "/api/v1/api-keys/", {"name": name}, {}), 400)
+        assert list(body["errors"]) == ["name"]
+    raw = b'{"name": "half a pair \\ud800"}'
+    response = session.post("/api/v1/api-keys/", raw, content_type="application/json")
+    assert list(assert_problem(response, 400)["errors"]) == ["name"]
+
+
+# --- audit events ----------------------------------------------------------------------------------
+
+
+def test_the_audit_log_is_for_owners_and_admins(client, acme):
+    for role in (Role.OWNER, Role.ADMIN):
+        assert client.get("/api/v1/audit-events/", headers=acme.as_(role)).status_code == 200
+    for role in (Role.MEMBER, Role.VIEWER):
+        assert_problem(client.get("/api/v1/audit-events/", headers=acme.as_(role)), 403)
+
+
+def test_audit_events_are_the_organizations_newest_first_without_account_records(client, acme, other):
+    owner = acme.members[Role.OWNER].user
+    audit.record("user.signed_in", user=owner)  # account-level: no organization
+    make_trigger(acme, name="mine")
+    make_trigger(other, name="theirs")
+    body = client.get("/api/v1/audit-events/", headers=acme.as_(Role.ADMIN)).json()
+    events = body["results"]
+    expected = list(AuditLog.objects.for_organization(acme.org).order_by("-created_at", "-id")
+                    .values_list("id", flat=True))
+    assert [e["id"] for e in events] == [str(pk) for pk in expected]
+    assert events[0]["action"] == "trigger.created" and events[0]["metadata"]["name"] == "mine"
+    assert "user.signed_in" not in {e["action"] for e in events}
+    assert "theirs" not in client.get("/api/v1/audit-events/", headers=acme.as_(Role.ADMIN)).content.decode()
+    assert body["next"] is None
+
+
+def test_audit_events_filter_by_action_actor_and_time(client, acme):
+    key = acme.as_(Role.ADMIN)
+    admin_key_prefix = acme.key_rows[Role.ADMIN].prefix
+    post(client, "/api/v1/triggers/", trigger_body(name="by key"), key)  # recorded with the admin key
+    make_trigger(acme, name="by owner")  # recorded with the owner (cli actor)
+    owner_email = acme.members[Role.OWNER].user.email
+
+    def actions(query: str) -> list[str]:
+        response = client.get(f"/api/v1/audit-events/?{query}", headers=key)
+        assert response.status_code == 200, response.content
+        return [e["action"] for e in response.json()["results"]]
+
+    assert actions("action=trigger.created") == ["trigger.created", "trigger.created"]
+    assert set(actions("action=api_key.")) == {"api_key.created"}
+    assert len(actions("action=api_key.")) == 4
+    assert actions("action=api_key") == []  # exact, not a prefix, without the dot
+    assert actions(f"actor=ffk_{admin_key_prefix}") == ["trigger.created"]
+    assert actions(f"actor={admin_key_prefix}") == ["trigger.created"]
+    by_owner = actions(f"actor={owner_email.upper()}")
+    assert by_owner[0] == "trigger.created" and "organization.created" in by_owner
+    newest = AuditLog.objects.for_organization(acme.org).order_by("-created_at").first()
+    after = newest.created_at.isoformat().replace("+00:00", "Z")
+    assert actions(f"created_after={after.replace('Z', '%2B00:00')}") == [newest.action]
+    before = actions(f"created_before={after}")
+    assert len(before) == AuditLog.objects.for_organization(acme.org).count() - 1
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("created_after=yesterday", "created_after"),
+    ("created_before=2026-13-01T00:00:00Z", "created_before"),
+    ("page_size=0", "page_size"),
+    ("page_size=ten", "page_size"),
+    ("cursor=not-a-cursor", "cursor"),
+    ("action=" + "a" * 101, "action"),
+    ("actor=x%00y", "actor"),
+])
+def test_a_bad_audit_filter_is_a_400_naming_it(client, acme, query, field):
+    body = assert_problem(client.get(f"/api/v1/audit-events/?{query}", headers=acme.as_(Role.ADMIN)), 400)
+    assert list(body["errors"]) == [field]
+
+
+def test_audit_paging_returns_every_record_once_even_when_timestamps_tie(client, acme):
+    tie = timezone.now() - dt.timedelta(minutes=5)
+    for seq in range(1, 13):  # twelve rows in one microsecond, in their own chain
+        AuditLog(organization=acme.org, actor_type="system", action=f"test.tie{seq}", created_at=tie,
+                 chain=f"t-{acme.org.pk}", seq=seq, prev_hash="0" * 64, row_hash="0" * 64).save(force_insert=True)
+    rows = fetch_all(client, "/api/v1/audit-events/", acme.as_(Role.ADMIN), page_size=5)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == AuditLog.objects.for_organization(acme.org).count()
+    assert sorted(r["action"] for r in rows if r["action"].startswith("test.")) == sorted(
+        f"test.tie{i}" for i in range(1, 13))
+    keys = [(r["created_at"], r["id"]) for r in rows]
+    assert keys == sorted(keys, reverse=True)
+
+
+# --- query counts ----------------------------------------------------------------------------------
+
+
+def test_lists_take_a_constant_number_of_queries(client, acme, org_factory):
+    key = acme.as_(Role.OWNER)
+    paths = ["/api/v1/triggers/", "/api/v1/members/", "/api/v1/invitations/", "/api/v1/api-keys/",
+             "/api/v1/audit-events/"]
+    make_trigger(acme, name="first")
+    invite_member(actor=acme.actor(), email="first@example.com")
+    before = {p: count_queries(client, p, key) for p in paths}
+    for i in range(6):
+        make_trigger(acme, name=f"more-{i}")
+        invite_member(actor=acme.actor(Role.ADMIN), email=f"more-{i}@example.com")
+        user = User.objects.create_user(email=f"extra-{i}@{acme.org.slug}.example")
+        Membership.objects.create(organization=acme.org, user=user, role=Role.MEMBER)
+        create_api_key(actor=acme.actor(Role.ADMIN), name=f"extra-{i}", role=Role.VIEWER)
+    after = {p: count_queries(client, p, key) for p in paths}
+    assert after == before
+    sizes = {p: client.get(p, headers=key).json() for p in paths}
+    assert len(sizes["/api/v1/triggers/"]["results"]) == 7
+    assert len(sizes["/api/v1/members/"]["results"]) == 10
+    assert len(sizes["/api/v1/invitations/"]["results"]) == 7
+    assert len(sizes["/api/v1/api-keys/"]) == 10
+    assert len(sizes["/api/v1/audit-events/"]["results"]) > 20
+    assert ApiKey.objects.for_organization(acme.org).count() == 10
