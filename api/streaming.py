@@ -36,6 +36,7 @@ import psycopg
 from django.db import connection
 from rest_framework.renderers import BaseRenderer
 
+from engine import live
 from engine.models import RUN_TERMINAL_STATES, TaskRunEvent, WorkflowRun
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,9 @@ class EventStreamRenderer(BaseRenderer):
         return json.dumps(data, default=str)
 
 
+LISTENER_APPLICATION_NAME = "flowforge-run-listener"
+
+
 def format_event(event_id: int, data: dict) -> str:
     """One SSE message. JSON has no raw newlines, so ``data`` is a single line."""
     return f"id: {event_id}\ndata: {json.dumps(data, separators=(',', ':'), default=str)}\n\n"
@@ -78,6 +82,8 @@ def listen_connection() -> psycopg.Connection:
     params = connection.get_connection_params()
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
+    # Named, so operators (and tests) can tell live listeners apart in pg_stat_activity.
+    params["application_name"] = LISTENER_APPLICATION_NAME
     conn = psycopg.connect(**params, autocommit=True)
     try:
         conn.execute(f"LISTEN {CHANNEL}")  # a constant identifier, not user input
@@ -126,7 +132,15 @@ def run_event_stream(*, organization_id: uuid.UUID, run_id: uuid.UUID, after: in
     finishes or is closed. Reads are scoped to ``organization_id``.
     """
     conn = listen_connection()
+    sub_id = None
     try:
+        # Subscribed after LISTEN and before the first read: an event committed later
+        # is announced; one committed earlier is in the first read.
+        try:
+            sub_id = live.subscribe(conn, organization_id=organization_id, run_id=run_id)
+        except psycopg.Error as exc:  # e.g. the run is not committed yet: fall back to polling
+            log.debug("no live subscription for run %s (%s); polling every %ss", run_id, exc, POLL_SECONDS)
+        renewed = time.monotonic()
         started = last_output = time.monotonic()
         cursor = after
         yield f"retry: {RETRY_MILLISECONDS}\n\n"
@@ -154,9 +168,17 @@ def run_event_stream(*, organization_id: uuid.UUID, run_id: uuid.UUID, after: in
             now = time.monotonic()
             if now - started >= MAX_STREAM_SECONDS:
                 return
+            if sub_id is not None and now - renewed >= live.RENEW_SECONDS:
+                live.renew(conn, sub_id)
+                renewed = now
             wait = min(POLL_SECONDS, HEARTBEAT_SECONDS - (now - last_output), MAX_STREAM_SECONDS - (now - started))
             if not wait_for_run(conn, run_id, timeout=wait) and time.monotonic() - last_output >= HEARTBEAT_SECONDS:
                 yield ": heartbeat\n\n"
                 last_output = time.monotonic()
     finally:
+        try:
+            if sub_id is not None and not conn.closed:
+                live.unsubscribe(conn, sub_id)
+        except psycopg.Error:
+            pass  # it expires on its own
         conn.close()

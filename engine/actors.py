@@ -51,12 +51,11 @@ def fire_triggers() -> None:
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def housekeeping() -> None:
-    """Periodic clean-up: expired idempotency keys."""
-    from engine import services
+    """Periodic clean-up: expired idempotency keys and abandoned live subscriptions."""
+    from engine import live, services
 
-    purge = getattr(services, "purge_expired_idempotency_keys", None)
-    if purge is not None:
-        purge()
+    services.purge_expired_idempotency_keys()
+    live.purge_expired()
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)

@@ -500,3 +500,31 @@ class TriggerFiring(models.Model):
 
     def __str__(self) -> str:
         return f"firing of {self.trigger_id} for {self.scheduled_for}"
+
+
+class RunSubscription(models.Model):
+    """A live listener of one run's events (an SSE stream or a live run page).
+
+    The NOTIFY trigger on core_taskrunevent announces an event only while its run has
+    an unexpired subscription: PostgreSQL serializes the commits of every transaction
+    that notified, so notifying for runs nobody watches would cap the engine's commit
+    rate for nothing. Listeners refresh ``expires_at`` while they stream and delete
+    their row when they stop; an abandoned row expires on its own.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+", db_index=False)
+    expires_at = models.DateTimeField()
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_runsubscription"
+        indexes = [
+            # The trigger's probe, once per event: WHERE workflow_run_id = ? AND expires_at > now().
+            models.Index(fields=["workflow_run", "expires_at"], name="idx_runsub_run_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"subscription to {self.workflow_run_id} until {self.expires_at}"

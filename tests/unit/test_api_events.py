@@ -16,6 +16,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from api import streaming
+from engine import live
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
 from engine.repositories import transitions
 from engine.services import apply_definition, start_run
@@ -155,11 +156,11 @@ def read_all(response) -> list[dict]:
 
 
 def listen_backends() -> int:
-    """Connections to this database whose last statement was our LISTEN (idle streams)."""
+    """Open listener connections to this database (the streams' LISTEN connections)."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_clear_snapshot()")  # else a transaction sees its first snapshot again
-        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %s",
-                    [f"LISTEN {streaming.CHANNEL}"])
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = %s", [streaming.LISTENER_APPLICATION_NAME])
         return cur.fetchone()[0]
 
 
@@ -288,6 +289,11 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
     run = start_run(workflow=wf)
     listener = streaming.listen_connection()
     try:
+        # Nobody subscribed to the run: its events are not announced (no commit serialization).
+        with transaction.atomic():
+            transitions.record_run_event(workflow_run_id=run.pk, kind="unwatched")
+        assert list(listener.notifies(timeout=0.5)) == []
+        live.subscribe(listener, organization_id=org.pk, run_id=run.pk)
         with transaction.atomic():
             seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note", detail={"big": "x" * 20_000})
             assert list(listener.notifies(timeout=0.3)) == []  # nothing before the commit

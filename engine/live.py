@@ -1,0 +1,43 @@
+"""Live listeners of a run's events: LISTEN plus a RunSubscription row that makes the
+event trigger NOTIFY for that run (engine.models.RunSubscription explains why)."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+# A subscription lives this long unless renewed; listeners renew it every RENEW_SECONDS.
+SUBSCRIPTION_SECONDS = 60
+RENEW_SECONDS = 20
+
+
+def subscribe(conn: psycopg.Connection, *, organization_id: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:
+    """Register a listener of ``run_id`` on an autocommit connection (it commits at once)."""
+    sub_id = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO core_runsubscription (id, organization_id, workflow_run_id, expires_at) "
+        "VALUES (%s, %s, %s, now() + make_interval(secs => %s))",
+        [sub_id, organization_id, run_id, SUBSCRIPTION_SECONDS],
+    )
+    return sub_id
+
+
+def renew(conn: psycopg.Connection, sub_id: uuid.UUID) -> None:
+    conn.execute(
+        "UPDATE core_runsubscription SET expires_at = now() + make_interval(secs => %s) WHERE id = %s",
+        [SUBSCRIPTION_SECONDS, sub_id],
+    )
+
+
+def unsubscribe(conn: psycopg.Connection, sub_id: uuid.UUID) -> None:
+    conn.execute("DELETE FROM core_runsubscription WHERE id = %s", [sub_id])
+
+
+def purge_expired() -> int:
+    """Delete subscriptions abandoned by listeners that died. Returns how many."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM core_runsubscription WHERE expires_at < now() - interval '1 minute'")
+        return cur.rowcount
