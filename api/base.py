@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from rest_framework.exceptions import MethodNotAllowed, NotAuthenticated, NotFound
 from rest_framework.generics import GenericAPIView
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 
@@ -82,6 +83,8 @@ class OrganizationAPIView(GenericAPIView):
     authentication_classes = [ApiKeyAuthentication, CsrfSessionAuthentication]
     permission_classes = [IsAuthenticated]
     renderer_classes = [JSONRenderer]
+    # JSON bodies only: a form or multipart body is a 415, not silently parsed.
+    parser_classes = [JSONParser]
     # No OPTIONS metadata: DRF's would describe serializers we do not declare (OPTIONS → 405).
     metadata_class = None
     # Upper-case HTTP method → the tenancy Action it needs. Every handler needs an entry.

@@ -27,7 +27,6 @@ from drf_spectacular.utils import (
     extend_schema_field,
     extend_schema_serializer,
 )
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework import serializers
 
 from api.exceptions import PROBLEM_CONTENT_TYPE, PROBLEM_TYPE
@@ -203,56 +202,3 @@ class ProblemAutoSchema(AutoSchema):
             if status == 429:
                 responses[str(status)]["headers"] = RETRY_AFTER_HEADER
         return dict(sorted(responses.items()))
-
-
-# --- the schema and docs views -------------------------------------------------------------------
-
-
-class SchemaView(SpectacularAPIView):
-    """GET /api/schema/ — the OpenAPI 3 document (YAML; ``?format=json`` for JSON).
-
-    ``schema = None`` keeps this view (and DocsView) out of the endpoints the
-    generator enumerates: otherwise their ``/api/`` paths would shorten the common
-    path prefix to ``/api`` and every operation would be tagged ``v1``."""
-
-    schema = None
-
-
-class DocsView(SpectacularSwaggerSplitView):
-    """GET /api/docs/ — Swagger UI over SchemaView. The split view serves its start-up
-    script as a file (``?script``), so the page needs no inline script under the
-    site's Content-Security-Policy; Swagger UI's own assets come from
-    ``SWAGGER_UI_DIST`` (drf-spectacular's default: a CDN), which ``docs_csp()``
-    allows for this page only."""
-
-    schema = None
-
-
-def docs_csp() -> dict[str, list[str]]:
-    """The Content-Security-Policy of the docs page: the site's policy plus Swagger
-    UI's asset origin for scripts, styles and images, and inline styles (Swagger UI
-    sets style attributes; scripts stay file-only)."""
-    from urllib.parse import urlsplit
-
-    from django.utils.csp import CSP
-    from drf_spectacular.settings import spectacular_settings
-
-    origins = []
-    for url in (spectacular_settings.SWAGGER_UI_DIST, spectacular_settings.SWAGGER_UI_FAVICON_HREF):
-        parts = urlsplit(str(url))
-        if parts.scheme in ("http", "https") and parts.netloc:
-            origins.append(f"{parts.scheme}://{parts.netloc}")
-    origins = sorted(set(origins))
-    policy = {key: list(value) for key, value in getattr(settings, "SECURE_CSP", {}).items()}
-    policy["script-src"] = [CSP.SELF, *origins]
-    policy["style-src"] = [CSP.SELF, CSP.UNSAFE_INLINE, *origins]
-    policy["img-src"] = [CSP.SELF, "data:", *origins]
-    policy["connect-src"] = [CSP.SELF]
-    return policy
-
-
-def docs_view():
-    """The view function of /api/docs/ (DocsView with its own CSP)."""
-    from django.views.decorators.csp import csp_override
-
-    return csp_override(docs_csp())(DocsView.as_view(url_name="api-schema"))

@@ -315,8 +315,9 @@ class DefinitionProblemSerializer(serializers.Serializer):
     title = serializers.CharField()
     status = serializers.IntegerField()
     detail = serializers.CharField()
-    code = serializers.CharField(help_text="`invalid_definition`")
-    errors = DefinitionErrorSerializer(many=True)
+    code = serializers.CharField(help_text="`invalid_definition` (or `parse_error` for a body that is not JSON)")
+    errors = DefinitionErrorSerializer(many=True, required=False,
+                                       help_text="Every problem of the definition; absent when the body was not JSON.")
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

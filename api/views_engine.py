@@ -159,7 +159,8 @@ def _run_queryset(organization):
 
 PAGE_PARAMETERS = [
     OpenApiParameter("cursor", str, description="The cursor of the next page: follow the `next` link."),
-    OpenApiParameter("page_size", int, description="Rows per page, 1 to 500 (default 50)."),
+    OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 500},
+                                     description="Rows per page, 1 to 500 (default 50)."),
 ]
 DEFINITION_EXAMPLE = {
     "name": "etl",
@@ -343,7 +344,8 @@ class WorkflowVersionsView(OrganizationAPIView):
         description="Every version of the named workflow (any state), newest first. Paginated by version: "
         "`next` carries `?before=<version>`.",
         parameters=[OpenApiParameter("before", int, description="Only versions below this one (the `next` link)."),
-                    OpenApiParameter("page_size", int, description="Rows per page, 1 to 500 (default 50).")],
+                    OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 500},
+                                     description="Rows per page, 1 to 500 (default 50).")],
         responses={200: WorkflowPageSerializer},
         examples=[OpenApiExample("versions", response_only=True, value={"results": [
             WORKFLOW_SUMMARY_EXAMPLE, {**WORKFLOW_SUMMARY_EXAMPLE, "version": 1, "state": "archived",
@@ -627,7 +629,8 @@ class RunEventListView(OrganizationAPIView):
         "`seq`, and null when no more events exist yet — to follow a live run, ask again with `after` = the last "
         "seq you saw, or use the stream.",
         parameters=[OpenApiParameter("after", int, description="Only events with a greater seq."),
-                    OpenApiParameter("page_size", int, description="Rows per page, 1 to 500 (default 50).")],
+                    OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 500},
+                                     description="Rows per page, 1 to 500 (default 50).")],
         responses={200: RunEventPageSerializer},
         examples=[OpenApiExample("events", response_only=True, value={"results": [EVENT_EXAMPLE], "next": None})],
     )

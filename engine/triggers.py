@@ -44,6 +44,10 @@ def validate_cron(expression: str) -> str:
         raise TriggerError("cron_expression", f"{expression!r} must have 5 fields (minute hour day month weekday)")
     if not croniter.is_valid(expr):
         raise TriggerError("cron_expression", f"{expression!r} is not a valid cron expression")
+    try:  # valid syntax that never fires (e.g. February 30th) is refused too
+        croniter(expr, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)).get_next(dt.datetime)
+    except Exception:
+        raise TriggerError("cron_expression", f"{expression!r} never fires") from None
     return expr
 
 
@@ -146,9 +150,18 @@ def _schedule_fields(trigger: ScheduledTrigger) -> list[str]:
     return ["next_fire_at"]
 
 
+def _input_digest(value: dict[str, Any]) -> str:
+    """SHA-256 of the canonical input: the audit log records that the input changed,
+    never the input itself (it may carry anything, secrets included)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _snapshot(t: ScheduledTrigger) -> dict[str, Any]:
     return {"name": t.name, "workflow_name": t.workflow_name, "cron_expression": t.cron_expression,
-            "timezone": t.timezone, "catch_up": t.catch_up, "enabled": t.enabled, "input": t.input}
+            "timezone": t.timezone, "catch_up": t.catch_up, "enabled": t.enabled,
+            "input_sha256": _input_digest(t.input or {})}
 
 
 def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
@@ -156,7 +169,8 @@ def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
     input, catch_up, enabled). Raises Forbidden or TriggerError (naming the field)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=False, current=None)
-    trigger = ScheduledTrigger(organization=actor.organization, created_by=actor.user, **fields)
+    creator = actor.user or getattr(actor.api_key, "created_by", None)  # a key acts for its creator
+    trigger = ScheduledTrigger(organization=actor.organization, created_by=creator, **fields)
     _schedule_fields(trigger)
     try:
         with transaction.atomic():

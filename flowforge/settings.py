@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_htmx",
     "allauth",
     "allauth.account",
@@ -203,7 +204,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.problem_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "api.schema.ProblemAutoSchema",
     # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session), in Redis.
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiRateThrottle"],
 }
@@ -214,6 +215,16 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI's assets come from the drf-spectacular-sidecar package: served by this
+    # site, so the docs work offline and under the site's Content-Security-Policy.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "WorkflowStateEnum": "engine.models.WorkflowState",
+        "RunStateEnum": "engine.models.RunState",
+        "TaskRunStateEnum": "engine.models.TaskRunState",
+    },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).
 FLOWFORGE_MAX_BODY_BYTES = int(os.environ.get("FLOWFORGE_MAX_BODY_BYTES", str(1024 * 1024)))

@@ -6,7 +6,7 @@ from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
 from django.urls import include, path
 
-from api.schema import SchemaView, docs_view
+from api.schema_views import SchemaView, docs_view
 
 # The admin's own login form would bypass allauth's rate limits and MFA: send staff
 # through allauth's login instead (a signed-in non-staff user gets a 403).
