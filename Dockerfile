@@ -6,4 +6,4 @@ COPY pyproject.toml README.md ./
 COPY . .
 RUN pip install --no-cache-dir -e .
 EXPOSE 8000
-CMD ["gunicorn", "flowforge.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3"]
+CMD ["gunicorn", "flowforge.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "gthread", "--threads", "32"]

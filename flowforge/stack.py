@@ -99,7 +99,9 @@ class Stack:
     def start_web(self, name: str = "web", *, bind: str = "127.0.0.1:8000") -> Proc:
         return self.start(
             name,
-            [bin_path("gunicorn"), "flowforge.wsgi", "--bind", bind, "--workers", "2", "--access-logfile", "-"],
+            # Threaded workers: a live run page or an event stream holds its thread for minutes.
+            [bin_path("gunicorn"), "flowforge.wsgi", "--bind", bind, "--workers", "2", "--worker-class", "gthread",
+             "--threads", "16", "--access-logfile", "-"],
         )
 
     def stop_all(self) -> None:

@@ -1,3 +1,16 @@
 """Routes of runs and the audit log."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from frontend.views import audit, runs
+
+urlpatterns: list = [
+    path("runs/", runs.run_list, name="run_list"),
+    path("runs/<uuid:run_id>/", runs.run_detail, name="run_detail"),
+    path("runs/<uuid:run_id>/live/", runs.run_live, name="run_live"),
+    path("runs/<uuid:run_id>/stream/", runs.run_stream, name="run_stream"),
+    path("runs/<uuid:run_id>/events/", runs.run_events, name="run_events"),
+    path("runs/<uuid:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
+    path("runs/<uuid:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("audit/", audit.audit_list, name="audit"),
+]

@@ -418,12 +418,14 @@ def test_an_organization_the_user_is_not_in_is_404_like_one_that_does_not_exist(
 def test_a_session_post_without_a_csrf_token_is_403(tenant):
     client = Client(enforce_csrf_checks=True)
     client.force_login(tenant.members[Role.MEMBER].user)
-    body = assert_problem(client.post(url("cancel", tenant.run.pk)), 403)
+    # An API client posts JSON (the API accepts JSON bodies only; an empty body needs no type).
+    body = assert_problem(client.post(url("cancel", tenant.run.pk), content_type="application/json"), 403)
     assert "CSRF" in body["detail"]
     assert WorkflowRun.objects.for_organization(tenant.org).get(pk=tenant.run.pk).state != RunState.CANCELLED
     token = secrets.token_hex(16)  # 32 characters: a CSRF secret
     client.cookies["csrftoken"] = token
-    response = client.post(url("cancel", tenant.run.pk), headers={"X-CSRFToken": token})
+    response = client.post(url("cancel", tenant.run.pk), content_type="application/json",
+                           headers={"X-CSRFToken": token})
     assert response.status_code == 200 and response.json()["state"] == RunState.CANCELLED
 
 

@@ -1,0 +1,128 @@
+"""Browser tests: real Chromium (Debian's, never a downloaded one) driven by Python
+Playwright against a real server with real Dramatiq workers and the clock.
+
+- The server is pytest-django's ``live_server``: Django in a thread of this process,
+  serving the test database (transactional, so the worker processes see every
+  commit), static files included. Its mail goes to ``django.core.mail.outbox``, so a
+  test reads the verification and invitation emails from there.
+- ``e2e_stack`` starts one Dramatiq worker process and the clock against that test
+  database and this session's broker namespace (the environment of the integration
+  tests: short leases, fast clock ticks), and stops them at the end.
+- ``browser`` launches Chromium from /usr/bin/chromium with Playwright's sync API.
+
+Screenshots go to ``test-artifacts/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, connections
+
+from flowforge.stack import BASE_DIR, Stack
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu"]
+SCREENSHOTS = BASE_DIR / "test-artifacts" / "screenshots"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: drives real Chromium against a live server with real workers")
+
+
+def _database_url() -> str:
+    s = connection.settings_dict
+    auth = s["USER"] or "postgres"
+    if s.get("PASSWORD"):
+        auth += f":{s['PASSWORD']}"
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def _flush_broker() -> None:
+    """Delete this session's queues in Redis so no message of an earlier test is delivered."""
+    if not settings.BROKER_URL.startswith("redis"):
+        return
+    client = redis.Redis.from_url(settings.BROKER_URL)
+    for key in client.scan_iter(match=f"{settings.BROKER_NAMESPACE}*"):
+        client.delete(key)
+
+
+def orm[T](fn: Callable[[], T]) -> T:
+    """Run ``fn`` (ORM calls) in a thread of its own and close that thread's connections.
+
+    Playwright's sync API runs an event loop in the test's thread: Django refuses ORM
+    calls there ("async context"), and a connection opened in that context would be
+    left open and block dropping the test database. A plain thread has neither problem.
+    """
+
+    def call() -> T:
+        try:
+            return fn()
+        finally:
+            connections.close_all()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
+@pytest.fixture
+def e2e_stack(live_server, tmp_path, request):
+    """A worker and the clock against the live server's (test) database."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        BROKER_URL=settings.BROKER_URL,
+        BROKER_NAMESPACE=settings.BROKER_NAMESPACE,
+        FLOWFORGE_LEASE_SECONDS="5",
+        FLOWFORGE_DISPATCH_LEASE_SECONDS="5",
+        FLOWFORGE_HEARTBEAT_SECONDS="1",
+        FLOWFORGE_CLOCK_SCHEDULE_SECONDS="0.5",
+        FLOWFORGE_CLOCK_REAP_SECONDS="0.5",
+        FLOWFORGE_CLOCK_RELAY_SECONDS="0.5",
+        PYTHONUNBUFFERED="1",
+    )
+    _flush_broker()
+    stack = Stack(env=env, log_dir=Path(tmp_path) / "logs")
+    stack.start_worker(processes=1, threads=8)
+    stack.start_clock()
+    yield stack
+    stack.stop_all()
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for proc in stack.procs:
+            if proc.log_path and proc.log_path.exists():
+                print(f"==== {proc.name} log (last 60 lines) ====")
+                print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-60:]))
+    _flush_broker()
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def screenshots() -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
