@@ -7,12 +7,17 @@ from django.contrib import admin
 from django.urls import include, path
 
 from api.schema_views import SchemaView, docs_view
+from flowforge import health
 
 # The admin's own login form would bypass allauth's rate limits and MFA: send staff
 # through allauth's login instead (a signed-in non-staff user gets a 403).
 admin.site.login = secure_admin_login(admin.site.login)
 
 urlpatterns = [
+    # Liveness, readiness (database, broker, migrations) and Prometheus metrics.
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
     path("accounts/", include("allauth.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
