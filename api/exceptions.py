@@ -14,10 +14,13 @@ ran, Django's own 500 page) are turned into the same shape by
 Service-layer errors are translated here, so views can let them propagate:
 tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError → 400
 naming its field, a missing (or another organization's) object → 404, a body over
-the limit → 413. Anything else is a bug: it is logged, reported to Django's
-``got_request_exception`` signal (so the test client re-raises it and error
-reporters see it), the request's transaction is rolled back, and the client gets a
-500 problem that names the request id — never a traceback.
+the limit → 413. Like DRF, a handled error rolls the request's transaction back
+(ATOMIC_REQUESTS), except a refused authentication (401): nothing was written before
+it but its ``api_key.auth_failed`` audit record, which is kept. Anything else is a
+bug: it is logged, reported to Django's ``got_request_exception`` signal (so the
+test client re-raises it and error reporters see it), the request's transaction is
+rolled back, and the client gets a 500 problem that names the request id — never a
+traceback.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.signals import got_request_exception
+from django.db import connections
 from django.http import HttpResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -187,11 +191,24 @@ def _unexpected(exc: Exception, context: dict) -> Response:
     return response
 
 
+def _rollback_flags() -> list:
+    """(connection, needs_rollback) of each connection in a request transaction."""
+    return [(db, db.needs_rollback) for db in connections.all(initialized_only=True)
+            if db.settings_dict["ATOMIC_REQUESTS"] and db.in_atomic_block]
+
+
 def problem_exception_handler(exc: Exception, context: dict):
     """DRF exception handler producing problem+json, for every exception (an
     unexpected one becomes a logged 500 problem, see ``_unexpected``)."""
     exc = _translate(exc)
+    keep = _rollback_flags() if isinstance(exc, exceptions.AuthenticationFailed | exceptions.NotAuthenticated) else None
     response = drf_exception_handler(exc, context)
+    if keep is not None:
+        # DRF marks the request's transaction for rollback on every handled error. A
+        # refused authentication wrote nothing but its audit record (api_key.auth_failed,
+        # tenancy.apikeys), which must survive the 401: put the flags back as they were.
+        for db, needs_rollback in keep:
+            db.set_rollback(needs_rollback)
     if response is None:
         return _unexpected(exc, context)
     data = response.data

@@ -81,7 +81,9 @@ def record(
         actor_type = ActorType.API_KEY if api_key is not None else ActorType.USER if user is not None else ActorType.SYSTEM
     else:
         api_key = None
-        actor_type = ActorType.USER if user is not None else ActorType.SYSTEM
+        # A person who is not (yet) a user — a sign-in with an unknown address — is a
+        # user actor named only by ``actor_email``, not the system.
+        actor_type = ActorType.USER if user is not None or actor_email else ActorType.SYSTEM
     org_id = getattr(organization, "pk", organization)
     chain = str(org_id) if org_id else ACCOUNT_CHAIN
     target_type, target_id = _target(target)

@@ -1,5 +1,7 @@
 """Account-level audit records (organization NULL, seen only by staff): sign-in and
-sign-out, failed sign-ins, password change and reset, MFA on and off.
+sign-out, failed sign-ins, password change and reset, MFA on and off (and the recovery
+codes that come and go with it); and staff changes made in the Django admin (in the
+organization of the changed object, when it has one).
 
 Requests run in a transaction (ATOMIC_REQUESTS), so each record commits or rolls back
 with the change it describes. Only addresses and ids are recorded, never a password,
@@ -8,8 +10,11 @@ code or secret.
 
 from __future__ import annotations
 
+import functools
+
 from allauth.account import signals as account_signals
 from allauth.mfa.models import Authenticator
+from django.contrib.admin.models import LogEntryManager
 from django.contrib.auth import signals as auth_signals
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
@@ -35,7 +40,10 @@ def on_login_failed(sender, credentials, request=None, **kwargs):
     from tenancy.models import User
 
     user = User.objects.filter(email=attempted.lower()).first() if attempted else None
-    record("account.login_failed", user=user, actor_email=attempted, metadata={"attempted_email": attempted})
+    # The address's account, when there is one, is both the claimed actor and the target
+    # (like a sign-in); an unknown address is an anonymous user named by actor_email.
+    record("account.login_failed", user=user, actor_email=attempted, target=user,
+           metadata={"attempted_email": attempted})
 
 
 @receiver(account_signals.password_changed, dispatch_uid="audit_password_changed")
@@ -53,16 +61,23 @@ def on_password_reset(sender, request, user, **kwargs):
     record("account.password_reset", user=user, target=user)
 
 
+# Turning MFA on or off is about a factor (TOTP); the recovery codes that allauth creates
+# with the first factor, and deletes with the last, are recorded under their own
+# actions, so one "MFA on" is one account.mfa_enabled record.
+_RECOVERY_CODES = Authenticator.Type.RECOVERY_CODES
+
+
 @receiver(post_save, sender=Authenticator, dispatch_uid="audit_mfa_added")
 def on_authenticator_saved(sender, instance, created, **kwargs):
     if created:
-        record("account.mfa_enabled", user=instance.user, target=instance, metadata={"type": instance.type})
+        action = "account.recovery_codes_generated" if instance.type == _RECOVERY_CODES else "account.mfa_enabled"
+        record(action, user=instance.user, target=instance, metadata={"type": instance.type})
 
 
 @receiver(post_delete, sender=Authenticator, dispatch_uid="audit_mfa_removed")
 def on_authenticator_deleted(sender, instance, **kwargs):
-    record("account.mfa_disabled", user=instance.user, target=("authenticator", instance.pk),
-           metadata={"type": instance.type})
+    action = "account.recovery_codes_removed" if instance.type == _RECOVERY_CODES else "account.mfa_disabled"
+    record(action, user=instance.user, target=("authenticator", instance.pk), metadata={"type": instance.type})
 
 
 @receiver(post_save, sender="admin.LogEntry", dispatch_uid="audit_admin_change")
@@ -75,7 +90,9 @@ def on_admin_change(sender, instance, created, **kwargs):
     model = instance.content_type.model if instance.content_type_id else "object"
     organization = None
     obj_model = instance.content_type.model_class() if instance.content_type_id else None
-    if obj_model is not None and verb != "deleted":
+    # The admin logs a deletion before it deletes, so a deleted object's organization is
+    # still there to be found (and the record lands in that organization's log).
+    if obj_model is not None:
         from tenancy.models import Organization
 
         if obj_model is Organization:
@@ -91,3 +108,24 @@ def on_admin_change(sender, instance, created, **kwargs):
         target=(model, instance.object_id or ""),
         metadata={"object": instance.object_repr[:200], "change": instance.get_change_message()[:1000]},
     )
+
+
+def _also_record_bulk_entries(log_actions):
+    """LogEntry.objects.log_actions saves one entry (post_save: recorded above) but
+    bulk-creates several — a bulk delete in the admin — and bulk_create sends no
+    post_save: record each of those entries here, in the same transaction."""
+
+    @functools.wraps(log_actions)
+    def wrapper(self, *args, **kwargs):
+        entries = log_actions(self, *args, **kwargs)
+        if isinstance(entries, list) and len(entries) > 1:
+            for entry in entries:
+                on_admin_change(sender=type(entry), instance=entry, created=True)
+        return entries
+
+    wrapper.audited = True
+    return wrapper
+
+
+if not getattr(LogEntryManager.log_actions, "audited", False):
+    LogEntryManager.log_actions = _also_record_bulk_entries(LogEntryManager.log_actions)

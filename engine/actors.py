@@ -50,6 +50,14 @@ def fire_triggers() -> None:
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def sweep_runs() -> None:
+    """Close runs whose task runs all finished and fail runs past their timeout."""
+    from engine.sweeper import sweep_runs as sweep
+
+    sweep()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys and abandoned live subscriptions."""
     from engine import live, services

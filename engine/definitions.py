@@ -30,7 +30,7 @@ TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
     "position", "edge_labels",
 }
-DOC_FIELDS = {"name", "description", "tasks"}
+DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds"}
 MAX_TASKS = 5000
 MAX_ATTEMPTS_LIMIT = 100
 MAX_LABEL_LENGTH = 100  # TaskDependency.label
@@ -182,6 +182,7 @@ def validate_document(doc: Any) -> dict[str, Any]:
         description = ""
     elif len(description) > MAX_DESCRIPTION_LENGTH:
         errors.append({"path": "description", "message": f"at most {MAX_DESCRIPTION_LENGTH} characters"})
+    run_timeout = _number(errors, "timeout_seconds", doc.get("timeout_seconds"), minimum=0.001, allow_none=True)
     tasks = doc.get("tasks")
     if tasks is not None and not isinstance(tasks, list):
         errors.append({"path": "tasks", "message": f"must be a list of tasks, got {type(tasks).__name__}"})
@@ -305,4 +306,7 @@ def validate_document(doc: Any) -> dict[str, Any]:
     if errors:
         raise DefinitionError(errors)
     # NULs cannot be stored in text or jsonb columns (seed 001): strip them from every string.
-    return strip_nul({"name": name, "description": description, "tasks": normalized})
+    out = {"name": name, "description": description, "tasks": normalized}
+    if run_timeout is not None:
+        out["timeout_seconds"] = run_timeout
+    return strip_nul(out)

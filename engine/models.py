@@ -82,6 +82,8 @@ class Workflow(models.Model):
     state = models.CharField(max_length=20, choices=WorkflowState.choices, default=WorkflowState.ACTIVE)
     # The document this version was created from, normalized; kept for diffs and export.
     definition = models.JSONField(default=dict)
+    # Bound on a whole run, in seconds; the stuck-run sweep fails a run that exceeds it.
+    run_timeout_seconds = models.FloatField(null=True, blank=True)
     created_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -96,6 +98,10 @@ class Workflow(models.Model):
             models.UniqueConstraint(fields=["organization", "name", "version"], name="uniq_workflow_name_version"),
             models.CheckConstraint(condition=Q(version__gte=1), name="workflow_version_positive"),
             models.CheckConstraint(condition=_in("state", WorkflowState.values), name="workflow_state_valid"),
+            models.CheckConstraint(
+                condition=Q(run_timeout_seconds__isnull=True) | Q(run_timeout_seconds__gt=0),
+                name="workflow_run_timeout_positive",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -39,27 +39,119 @@ FOR UPDATE SKIP LOCKED
 """
 
 
-def _publish(broker: dramatiq.Broker, routing_key: str, payload: dict | str) -> None:
-    if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
-        payload = json.loads(payload)
+_STAMP_OK_SQL = """
+UPDATE core_outboxmessage
+SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
+WHERE id = ANY(%(ok)s) AND published_at IS NULL
+"""
+
+# How long a claimer's own publish has the outbox rows of its claim to itself (see
+# publish_claimed): the relay's drain skips them until then.
+INLINE_PUBLISH_RESERVATION_SECONDS = 5.0
+
+_STAMP_FAILED_SQL = """
+UPDATE core_outboxmessage o
+SET publish_attempts = o.publish_attempts + 1, last_error = f.err,
+    next_attempt_at = clock_timestamp() + make_interval(
+        secs => LEAST(%(cap)s, %(base)s * power(2, o.publish_attempts))),
+    dead_lettered_at = CASE WHEN o.publish_attempts + 1 >= %(max)s
+                            THEN clock_timestamp() ELSE NULL END
+FROM unnest(%(failed)s::uuid[], %(errs)s::text[]) AS f(id, err)
+WHERE o.id = f.id
+"""
+
+
+def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
+    """Publish (outbox_id, routing_key, payload) rows as execute_task_run messages, in one
+    pipelined broker round trip; returns (published ids, [(failed id, error)])."""
+    from engine import actors  # noqa: F401  (declares execute_task_run on the broker)
+    from flowforge.broker import enqueue_many
+
+    broker = dramatiq.get_broker()
     actor = broker.get_actor("execute_task_run")
-    message = actor.message_with_options(
-        args=(payload["task_run_id"], payload["fencing_token"]),
-        queue_name=routing_key,
-    )
-    broker.enqueue(message)
+    messages = []
+    for _outbox_id, routing_key, payload in rows:
+        if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
+            payload = json.loads(payload)
+        messages.append(
+            actor.message_with_options(
+                args=(str(payload["task_run_id"]), payload["fencing_token"]), queue_name=routing_key
+            )
+        )
+    ok: list[uuid.UUID] = []
+    failed: list[tuple[uuid.UUID, str]] = []
+    for (outbox_id, _key, _payload), error in zip(rows, enqueue_many(messages, broker), strict=True):
+        if error is None:
+            ok.append(outbox_id)
+        else:  # any broker error: keep the row, retry later
+            log.warning("publishing outbox row %s failed: %s", outbox_id, error)
+            failed.append((outbox_id, strip_nul(f"{type(error).__name__}: {error}")[:2000]))
+    return ok, failed
+
+
+def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[str, dict]:
+    """The statements that record a batch's outcome, and their parameters."""
+    statements = []
+    params: dict = {}
+    if ok:
+        statements.append(_STAMP_OK_SQL)
+        params["ok"] = ok
+    if failed:
+        statements.append(_STAMP_FAILED_SQL)
+        params.update(
+            failed=[f[0] for f in failed],
+            errs=[f[1] for f in failed],
+            cap=PUBLISH_BACKOFF_MAX_SECONDS,
+            base=PUBLISH_BACKOFF_BASE_SECONDS,
+            max=MAX_PUBLISH_ATTEMPTS,
+        )
+    return ";\n".join(statements), params
+
+
+def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
+    """Publish the generations a claim just committed (``transitions.Dispatch``, claimed
+    with ``reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS``), then stamp their rows.
+    Returns (published, failed).
+
+    The claim reserved its outbox rows for this publish, so the relay's drain does not
+    take them meanwhile, and the messages are built from what the claim returned: no
+    read of the outbox and no row lock, one broker round trip and one database round
+    trip (the stamp, committed without waiting for a WAL flush: a stamp lost in a crash
+    only publishes the row again, and a worker starts each generation at most once).
+    A row whose publish failed gets the relay's retry bookkeeping (backoff, dead letter);
+    if this caller dies before publishing, the drain sends the row once the reservation
+    has passed.
+    """
+    from engine.repositories.transitions import TASK_QUEUE
+
+    rows = [
+        (d.outbox_id, TASK_QUEUE, {"task_run_id": d.task_run_id, "fencing_token": d.fencing_token})
+        for d in dispatches
+        if d.outbox_id is not None
+    ]
+    if not rows:
+        return (0, 0)
+    ok, failed = _publish_rows(rows)
+    sql, params = _stamp(ok, failed)
+    with connection.cursor() as cur:
+        if connection.in_atomic_block or not connection.get_autocommit():
+            cur.execute(sql, params)
+        else:
+            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + sql + ";\nCOMMIT", params)
+    return (len(ok), len(failed))
 
 
 def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) -> tuple[int, int]:
     """Publish up to ``limit`` deliverable outbox rows (only ``outbox_ids`` when given),
     oldest first, in one transaction. Returns (published, failed).
 
+    The rows stay locked (``FOR UPDATE SKIP LOCKED``) from before the publish until their
+    stamp commits. The batch is published in one pipelined broker round trip, and the
+    transaction takes two database round trips: ``BEGIN; SELECT ... FOR UPDATE`` and
+    ``UPDATE ...; COMMIT`` (inside a caller's transaction, the same statements run in it).
     A failed publish records the error and schedules the next try with exponential
     backoff; after MAX_PUBLISH_ATTEMPTS the row is dead-lettered.
     """
-    from engine import actors  # noqa: F401  (declares execute_task_run on the broker)
-
-    broker = dramatiq.get_broker()
     params: dict = {"limit": limit}
     id_filter = ""
     if outbox_ids is not None:
@@ -67,47 +159,40 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
             return (0, 0)
         id_filter = "AND id = ANY(%(ids)s)"
         params["ids"] = list(outbox_ids)
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute(_PENDING_SQL.format(id_filter=id_filter), params)
+    select = _PENDING_SQL.format(id_filter=id_filter)
+    if connection.in_atomic_block or not connection.get_autocommit():
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(select, params)
+                rows = cur.fetchall()
+                if not rows:
+                    return (0, 0)
+                ok, failed = _publish_rows(rows)
+                sql, stamp_params = _stamp(ok, failed)
+                cur.execute(sql, stamp_params)
+        return (len(ok), len(failed))
+    with connection.cursor() as cur:
+        # Autocommit mode: an explicit transaction that spans the publish, in two round trips.
+        try:
+            # The stamp need not survive a crash: a row stamped but lost is published
+            # again, and a worker starts each generation at most once. So no WAL flush
+            # is waited for (the claim that wrote the row was flushed).
+            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + select, params)
+            cur.nextset()
+            cur.nextset()
             rows = cur.fetchall()
             if not rows:
+                cur.execute("COMMIT")
                 return (0, 0)
-            ok: list[uuid.UUID] = []
-            failed: list[tuple[uuid.UUID, str]] = []
-            for outbox_id, routing_key, payload in rows:
-                try:
-                    _publish(broker, routing_key, payload)
-                    ok.append(outbox_id)
-                except Exception as exc:  # any broker error: keep the row, retry later
-                    log.warning("publishing outbox row %s failed: %s", outbox_id, exc)
-                    failed.append((outbox_id, strip_nul(f"{type(exc).__name__}: {exc}")[:2000]))
-            if ok:
-                cur.execute(
-                    "UPDATE core_outboxmessage SET published_at = clock_timestamp(), "
-                    "publish_attempts = publish_attempts + 1 WHERE id = ANY(%s)",
-                    [ok],
-                )
-            if failed:
-                cur.execute(
-                    """
-                    UPDATE core_outboxmessage o
-                    SET publish_attempts = o.publish_attempts + 1, last_error = f.err,
-                        next_attempt_at = clock_timestamp() + make_interval(
-                            secs => LEAST(%(cap)s, %(base)s * power(2, o.publish_attempts))),
-                        dead_lettered_at = CASE WHEN o.publish_attempts + 1 >= %(max)s
-                                                THEN clock_timestamp() ELSE NULL END
-                    FROM unnest(%(ids)s::uuid[], %(errs)s::text[]) AS f(id, err)
-                    WHERE o.id = f.id
-                    """,
-                    {
-                        "ids": [f[0] for f in failed],
-                        "errs": [f[1] for f in failed],
-                        "cap": PUBLISH_BACKOFF_MAX_SECONDS,
-                        "base": PUBLISH_BACKOFF_BASE_SECONDS,
-                        "max": MAX_PUBLISH_ATTEMPTS,
-                    },
-                )
+            ok, failed = _publish_rows(rows)
+            sql, stamp_params = _stamp(ok, failed)
+            cur.execute(sql + ";\nCOMMIT", stamp_params)
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # the connection is gone: the server rolled back already
+                log.debug("ROLLBACK after a failed relay batch failed", exc_info=True)
+            raise
     return (len(ok), len(failed))
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django import db
@@ -17,6 +19,7 @@ from engine import metrics
 from engine.db import atomic_retry
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.jsonb import strip_nul
+from engine.relay import INLINE_PUBLISH_RESERVATION_SECONDS
 from engine.repositories import transitions
 from engine.scheduler import process_owner, publish_dispatches
 
@@ -80,6 +83,128 @@ def heartbeater() -> Heartbeater:
     return _heartbeater
 
 
+class Combiner[Req, Res]:
+    """Runs the requests of a process's threads in batches, one batch at a time.
+
+    A request that arrives while no batch is running runs at once, alone (no added
+    latency at light load); requests that arrive while one is running wait and go
+    together into the next batch, which one of them runs. So a worker process has at
+    most one such transaction in flight, and under load one commit covers several
+    tasks instead of each thread queueing on the same run row for a commit of its own.
+    ``run_batch(requests)`` returns one result per request, in order; when it raises,
+    every request of that batch raises the same exception.
+    """
+
+    def __init__(self, run_batch: Callable[[list[Req]], list[Res]], *, max_batch: int = 64):
+        self._run_batch = run_batch
+        self._max_batch = max_batch
+        self._lock = threading.Lock()
+        self._queue: list[_Slot] = []
+        self._busy = False
+
+    def submit(self, request: Req) -> Res:
+        slot = _Slot(request)
+        with self._lock:
+            self._queue.append(slot)
+            lead = not self._busy
+            self._busy = True
+        if not lead:
+            slot.ready.wait()
+            if not slot.lead:
+                return slot.result()
+        with self._lock:
+            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+        try:
+            results = self._run_batch([s.request for s in batch])
+            for s, res in zip(batch, results, strict=True):
+                s.value = res
+        except BaseException as exc:
+            for s in batch:
+                s.error = exc
+        with self._lock:
+            successor = self._queue[0] if self._queue else None
+            if successor is None:
+                self._busy = False
+            else:
+                successor.lead = True
+        for s in batch:
+            s.ready.set()
+        if successor is not None:
+            successor.ready.set()
+        return slot.result()
+
+
+class _Slot:
+    __slots__ = ("request", "ready", "lead", "value", "error")
+
+    def __init__(self, request):
+        self.request = request
+        self.ready = threading.Event()
+        self.lead = False
+        self.value = None
+        self.error: BaseException | None = None
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _start_batch(requests: list[transitions.StartRequest]) -> list[transitions.StartedAttempt | None]:
+    return transitions.start_attempts(
+        requests, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS, connection_attempts=5
+    )
+
+
+def _complete_batch(requests: list[transitions.SuccessRequest]) -> list[transitions.CompletionResult]:
+    results, dispatches = transitions.complete_successes(
+        requests,
+        # The lease of dependents these completions claim: until a worker starts them.
+        lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+        owner=process_owner("scheduler"),
+        connection_attempts=8,
+        reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+    )
+    publish_dispatches(dispatches, reserved=True)  # after the commit, one publish for the whole batch
+    return results
+
+
+_starts: Combiner = Combiner(_start_batch)
+_successes: Combiner = Combiner(_complete_batch)
+
+
+class _MetricsSender:
+    """Sends metrics from a daemon thread, off the task's path (metrics are best effort:
+    when Redis is slow and the backlog passes ``limit``, observations are dropped)."""
+
+    def __init__(self, limit: int = 10_000):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._limit = limit
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, fn: Callable[..., None], *args) -> None:
+        if self._queue.qsize() >= self._limit:
+            return
+        self._queue.put((fn, args))
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._loop, name="flowforge-metrics", daemon=True)
+                    self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, args = self._queue.get()
+            try:
+                fn(*args)
+            except Exception:  # a metric never fails anything
+                log.debug("metric not sent", exc_info=True)
+
+
+_metric = _MetricsSender()
+
+
 class OutputTooLarge(PermanentTaskError):
     """A handler returned more than FLOWFORGE_MAX_OUTPUT_BYTES of output."""
 
@@ -119,17 +244,12 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     """
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
-    lease = settings.FLOWFORGE_LEASE_SECONDS
-    started = atomic_retry(
-        lambda: transitions.start_attempt(
-            task_run_id=task_run_id, fencing_token=fencing_token, owner=owner, lease_seconds=lease
-        ),
-        connection_attempts=5,
-    )
+    # One statement and one commit, shared with the starts of the process's other threads.
+    started = _starts.submit(transitions.StartRequest(task_run_id, fencing_token, owner))
     if started is None:
         return "ignored"
     if started.dispatch_latency_seconds is not None:
-        metrics.observe("flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
+        _metric(metrics.observe, "flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
     context = TaskContext(
         task_run_id=started.task_run_id,
         workflow_run_id=started.workflow_run_id,
@@ -164,32 +284,41 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         )
     finally:
         hb.unregister(context)
-        metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
-    result = atomic_retry(
-        lambda: transitions.complete_attempt(
-            task_run_id=task_run_id,
-            fencing_token=fencing_token,
-            succeeded=succeeded,
-            output=output,
-            error=error,
-            retryable=retryable,
-            # The lease of dependents this completion claims: until a worker starts them.
-            lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-            owner=process_owner("scheduler"),
-        ),
-        connection_attempts=8,
-    )
+        _metric(metrics.observe, "flowforge_task_duration_seconds", time.monotonic() - began)
+    if not succeeded and context.cancelled:
+        # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
+        # it: the reaper, or the cancellation, owns this attempt's outcome and records
+        # the right reason ("attempt timed out", "lease expired"); a completion here
+        # would record the interruption instead.
+        return "abandoned"
+    if succeeded:
+        # One round trip and one commit, shared with the process's other completions; the
+        # dependents it claims are published by whichever thread ran the batch.
+        result = _successes.submit(transitions.SuccessRequest(task_run_id, fencing_token, output))
+    else:
+        result = atomic_retry(
+            lambda: transitions.complete_attempt(
+                task_run_id=task_run_id,
+                fencing_token=fencing_token,
+                succeeded=False,
+                error=error,
+                retryable=retryable,
+                lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+                owner=process_owner("scheduler"),
+            ),
+            connection_attempts=8,
+        )
+        publish_dispatches(result.dispatches)
     if not result.accepted:
-        metrics.incr("flowforge_task_attempts_total", "rejected")
+        _metric(metrics.incr, "flowforge_task_attempts_total", "rejected")
         return "rejected"
-    publish_dispatches(result.dispatches)
     if result.run_state is not None:
-        metrics.incr("flowforge_runs_finished_total", result.run_state)
+        _metric(metrics.incr, "flowforge_runs_finished_total", result.run_state)
     if result.retry_in_seconds is not None:
         from engine.actors import schedule_tick
 
-        metrics.incr("flowforge_task_attempts_total", "retrying")
+        _metric(metrics.incr, "flowforge_task_attempts_total", "retrying")
         schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
         return "retrying"
-    metrics.incr("flowforge_task_attempts_total", result.state or "unknown")
+    _metric(metrics.incr, "flowforge_task_attempts_total", result.state or "unknown")
     return result.state or "unknown"

@@ -49,24 +49,26 @@ def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -
             f"archiving cancels the running runs of {workflow.name} v{workflow.version}; "
             f"send confirm={workflow.name!r} to proceed"
         )
+    # One transaction (as in a request): the archive, its cancellations and their audit
+    # records commit together, so no committed archive lacks its record.
     with transaction.atomic():
         wf = Workflow.objects.for_organization(actor.organization).select_for_update().get(pk=workflow.pk)
         before = wf.state
         if wf.state != WorkflowState.ARCHIVED:
             wf.state = WorkflowState.ARCHIVED
             wf.save(update_fields=["state"])
-    cancelled = 0
-    running = WorkflowRun.objects.for_organization(actor.organization).filter(
-        workflow=wf, state__in=["pending", "running"]
-    ).values_list("pk", flat=True)
-    for run_id in list(running):
-        run = WorkflowRun.objects.for_organization(actor.organization).get(pk=run_id)
-        if cancel_run(run=run, actor=actor, reason=f"workflow {wf.name} v{wf.version} was archived"):
-            cancelled += 1
-    with transaction.atomic():
-        audit.record("workflow.archived", actor=actor, target=wf, metadata={
-            "name": wf.name, "version": wf.version, "state": {"before": before, "after": wf.state},
-            "runs_cancelled": cancelled})
+        cancelled = 0
+        running = WorkflowRun.objects.for_organization(actor.organization).filter(
+            workflow=wf, state__in=["pending", "running"]
+        ).values_list("pk", flat=True)
+        for run_id in list(running):
+            run = WorkflowRun.objects.for_organization(actor.organization).get(pk=run_id)
+            if cancel_run(run=run, actor=actor, reason=f"workflow {wf.name} v{wf.version} was archived"):
+                cancelled += 1
+        if before != wf.state or cancelled:  # archiving an archived version again changes nothing
+            audit.record("workflow.archived", actor=actor, target=wf, metadata={
+                "name": wf.name, "version": wf.version, "state": {"before": before, "after": wf.state},
+                "runs_cancelled": cancelled})
     return wf, cancelled
 
 
@@ -143,6 +145,7 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             name=normalized["name"],
             version=(latest or 0) + 1,
             description=normalized["description"],
+            run_timeout_seconds=normalized.get("timeout_seconds"),
             state=state,
             definition=strip_nul(normalized),
             created_by=created_by,
@@ -182,8 +185,9 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             "workflow.version_created",
             actor=actor,
             target=workflow,
+            # The channel as run.started names it: without an actor the caller is a command (cli).
             metadata={"name": workflow.name, "version": workflow.version, "state": workflow.state,
-                      "tasks": len(tasks), "channel": actor.channel},
+                      "tasks": len(tasks), "channel": str(CHANNEL_SOURCES.get(actor.channel, TriggerSource.CLI))},
         )
     return workflow
 

@@ -8,10 +8,14 @@ the broker has the message. Import this module before declaring actors.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+import uuid
+from collections.abc import Sequence
 
 import dramatiq
 from django.conf import settings
+from dramatiq.common import current_millis
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
 from flowforge.dramatiq_middleware import DjangoConnectionMiddleware
@@ -46,6 +50,67 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
 
         return RabbitmqBroker(url=url, confirm_delivery=True, middleware=middleware)
     raise ValueError(f"BROKER_URL {url!r}: expected a redis:// or amqp:// URL")
+
+
+def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker | None = None) -> list[Exception | None]:
+    """Enqueue ``messages``; returns, in order, None for each message the broker accepted
+    and the exception for each it did not.
+
+    On Redis the whole batch is one pipelined round trip of the same ``enqueue`` script
+    ``RedisBroker.enqueue`` runs per message (a result per message, so one refused
+    message does not hide the others). Other brokers enqueue one by one (RabbitMQ
+    confirms each).
+    """
+    broker = broker or dramatiq.get_broker()
+    if not messages:
+        return []
+    from dramatiq.brokers.redis import RedisBroker
+
+    if not isinstance(broker, RedisBroker):
+        results: list[Exception | None] = []
+        for message in messages:
+            try:
+                broker.enqueue(message)
+                results.append(None)
+            except Exception as exc:  # reported per message, like the Redis path
+                results.append(exc)
+        return results
+    dispatch = broker.scripts["dispatch"]
+    pipe = broker.client.pipeline(transaction=False)
+    out: list[Exception | None] = [None] * len(messages)
+    prepared: list[tuple[int, dramatiq.Message]] = []
+    for i, message in enumerate(messages):
+        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        try:
+            broker.emit_before("enqueue", message, None)
+        except Exception as exc:  # a middleware refused it, as broker.enqueue would raise
+            out[i] = exc
+            continue
+        dispatch(
+            keys=[broker.namespace],
+            args=["enqueue", current_millis(), message.queue_name, broker.broker_id, broker.heartbeat_timeout,
+                  broker.dead_message_ttl, 0, broker._max_unpack_size(),
+                  message.options["redis_message_id"], message.encode()],
+            client=pipe,
+        )
+        prepared.append((i, message))
+    if not prepared:
+        return out
+    try:
+        replies = pipe.execute(raise_on_error=False)
+    except Exception as exc:  # the connection failed: nothing is known to be accepted
+        for i, _message in prepared:
+            out[i] = exc
+        return out
+    for (i, message), reply in zip(prepared, replies, strict=True):
+        if isinstance(reply, Exception):
+            out[i] = reply
+            continue
+        try:
+            broker.emit_after("enqueue", message, None)
+        except Exception:  # accepted all the same; an after-hook cannot take that back
+            logging.getLogger(__name__).exception("after_enqueue middleware failed")
+    return out
 
 
 broker = build_broker()

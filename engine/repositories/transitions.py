@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
+import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from engine.jsonb import jsonb_safe, strip_nul
 
@@ -96,14 +98,101 @@ def _fetch(sql: str, params: Any) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
+    """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
+    one round trip, as server-side prepared statements (Django's cursors bind
+    parameters client-side, so PostgreSQL would parse and plan every statement of every
+    call).
+
+    psycopg's pipeline mode sends them all, each with the parameters bound by the server
+    (so psycopg prepares a statement after a few executions on a connection and later
+    executions skip parsing and planning), and waits once. In autocommit mode they are
+    wrapped in BEGIN ... COMMIT inside the same pipeline (a failure rolls everything
+    back); inside a caller's transaction they just run in it. Each statement takes its own
+    snapshot (READ COMMITTED), after the previous one finished: the locks they take are
+    released by the server at COMMIT, never held while the client is scheduled to send it.
+    """
+    import psycopg
+
+    own = not connection.in_atomic_block and connection.get_autocommit()
+    with connection.wrap_database_errors:
+        connection.ensure_connection()
+        pg = connection.connection
+        cursors = []
+        try:
+            with pg.pipeline():
+                if own:
+                    pg.execute("BEGIN")
+                for sql in statements:
+                    cur = psycopg.Cursor(pg)
+                    cur.execute(sql, params, prepare=True)
+                    cursors.append(cur)
+                if own:
+                    pg.execute("COMMIT")
+            return [cur.fetchall() if cur.description else [] for cur in cursors]
+        except BaseException:
+            if own and not pg.closed:
+                try:
+                    pg.execute("ROLLBACK")
+                except Exception:  # the connection is gone: the server rolled back already
+                    pass
+            raise
+        finally:
+            for cur in cursors:
+                cur.close()
+
+
+def autocommit_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
+                        base_delay_seconds: float = 0.05) -> T:
+    """Run ``fn`` in autocommit mode (each statement, or multi-statement query, is its own
+    transaction) and return its result, retrying it on a deadlock or serialization failure
+    and, when ``connection_attempts`` > 0, on a lost connection, like
+    ``engine.db.atomic_retry``.
+
+    For the hot path's one-round-trip transitions (``start_attempt``, a successful
+    ``complete_attempt``, ``claim_ready``): no BEGIN and COMMIT round trips, and no row
+    lock held while the client is scheduled to send its COMMIT. Only safe for ``fn``
+    whose every effect is one such transaction, or a sequence that is correct when
+    retried (all the functions named above are).
+    """
+    from django.db import InterfaceError, OperationalError
+
+    from engine.db import RETRYABLE_SQLSTATES, _reset_connection, _sqlstate
+
+    tries = 0
+    conn_tries = 0
+    while True:
+        try:
+            return fn()
+        except OperationalError as exc:
+            state = _sqlstate(exc)
+            if state in RETRYABLE_SQLSTATES and tries < attempts:
+                tries += 1
+                time.sleep(random.uniform(0, base_delay_seconds * tries))
+                continue
+            if state not in RETRYABLE_SQLSTATES and conn_tries < connection_attempts:
+                conn_tries += 1
+                _reset_connection()
+                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
+                continue
+            raise
+        except InterfaceError:
+            if conn_tries < connection_attempts:
+                conn_tries += 1
+                _reset_connection()
+                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
+                continue
+            raise
+
+
 # Appended to a statement whose CTE ``tr`` returns task-run rows with the columns
 # (id, workflow_run_id, organization_id, attempt, fencing_token) plus the event's
 # kind/from/to/detail as ev_kind, ev_from, ev_to, ev_detail. Bumps each touched
 # run's event counter once per row and writes one event per row, numbered in
 # ``tr`` order. This is the last write of the statement: the run row is locked last.
-_EVENTS_CTE = """
+_EVENTS_CTE_ORDERED = """
 , ev_rows AS (
-    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY {order}) AS rn
     FROM tr
 ), ev_counts AS (
     SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
@@ -120,6 +209,7 @@ _EVENTS_CTE = """
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 """
+_EVENTS_CTE = _EVENTS_CTE_ORDERED.format(order="tr.id")
 
 
 def record_run_event(
@@ -246,11 +336,15 @@ WITH picked AS (
 ), outbox AS (
     INSERT INTO core_outboxmessage
         (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
-         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at)
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
     SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
            jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
                               'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
-           c.fencing_token, c.attempt, 0, '', clock_timestamp()
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           -- Reserved for the claimer's own publish right after its commit: the relay's
+           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
     FROM claimed c
     -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
     ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
@@ -272,6 +366,7 @@ def claim_ready(
     lease_seconds: float,
     owner: str,
     task_run_ids: Sequence[uuid.UUID] | None = None,
+    reserve_seconds: float = 0.0,
 ) -> list[Dispatch]:
     """Move up to ``limit`` ready task runs to ``running`` and write one outbox row per
     new generation, all in one statement (the design brief's "Claim + dispatch").
@@ -282,6 +377,9 @@ def claim_ready(
     completion's own transaction). Each claim bumps ``fencing_token`` and takes a lease
     of ``lease_seconds`` (the dispatch lease) that covers the time until a worker starts
     the attempt; the worker then takes its own, shorter, heartbeated lease.
+    With ``reserve_seconds`` > 0 the outbox rows are reserved that long for the caller,
+    who publishes them itself after the commit (``engine.relay.publish_claimed``); the
+    relay's drain takes them only if that has not happened by then.
     Returns the claimed generations; never raises for a lost race.
     """
     params: dict[str, Any] = {
@@ -289,6 +387,7 @@ def claim_ready(
         "owner": owner,
         "lease": float(lease_seconds),
         "queue": TASK_QUEUE,
+        "reserve": float(reserve_seconds),
     }
     id_filter = ""
     if task_run_ids is not None:
@@ -296,31 +395,35 @@ def claim_ready(
             return []
         id_filter = "AND id = ANY(%(ids)s)"
         params["ids"] = list(task_run_ids)
-    rows = _fetch(_CLAIM_SQL.format(id_filter=id_filter), params)
+    rows = _run_prepared([_CLAIM_SQL.format(id_filter=id_filter)], params)[0]
     return [Dispatch(*row) for row in rows]
 
 
 # --- Start an attempt (at most once per generation) ------------------------------------------
 
+# Starts one or more generations at once: ``req`` holds (task_run_id, fencing_token,
+# worker) triples with distinct task-run ids. One statement, one commit for all of them.
 _START_SQL = """
-WITH started AS (
+WITH req AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[]) AS a(id, token, owner)
+), started AS (
     UPDATE core_taskrun t
     SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
-        lease_owner = %(owner)s,
+        lease_owner = req.owner,
         lease_expires_at = LEAST(
             clock_timestamp() + make_interval(secs => %(lease)s),
             clock_timestamp() + make_interval(secs => COALESCE(k.timeout_seconds, %(lease)s))
         )
-    FROM core_task k
-    WHERE t.id = %(id)s AND k.id = t.task_id
-      AND t.state = 'running' AND t.fencing_token = %(token)s
-      AND t.started_fencing_token IS DISTINCT FROM %(token)s   -- at most one start per generation
+    FROM core_task k, req
+    WHERE t.id = req.id AND k.id = t.task_id
+      AND t.state = 'running' AND t.fencing_token = req.token
+      AND t.started_fencing_token IS DISTINCT FROM req.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, req.owner
 ), tr AS (
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
            'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
-           jsonb_build_object('worker', %(owner)s::text) AS ev_detail
+           jsonb_build_object('worker', s.owner) AS ev_detail
     FROM started s
 )
 """ + _EVENTS_CTE + """
@@ -340,6 +443,15 @@ FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id
 """
 
 
+@dataclasses.dataclass(frozen=True)
+class StartRequest:
+    """One delivered execute message: start generation ``fencing_token`` as ``owner``."""
+
+    task_run_id: uuid.UUID
+    fencing_token: int
+    owner: str
+
+
 def start_attempt(
     *, task_run_id: uuid.UUID, fencing_token: int, owner: str, lease_seconds: float
 ) -> StartedAttempt | None:
@@ -349,14 +461,36 @@ def start_attempt(
     Returns None, after recording why, when the message is stale (the row moved to
     another generation or state) or a duplicate delivery of a generation that has
     already started: the broker may deliver twice, the handler runs once.
+    One statement on the way that starts; may be called in autocommit mode.
     """
-    rows = _fetch(
-        _START_SQL,
-        {"id": task_run_id, "token": fencing_token, "owner": owner, "lease": float(lease_seconds)},
-    )
-    if rows:
-        r = rows[0]
-        return StartedAttempt(
+    return start_attempts([StartRequest(task_run_id, fencing_token, owner)], lease_seconds=lease_seconds)[0]
+
+
+def start_attempts(
+    requests: Sequence[StartRequest], *, lease_seconds: float, connection_attempts: int = 0
+) -> list[StartedAttempt | None]:
+    """``start_attempt`` for several messages at once (a worker process's threads that
+    received messages at the same time): one statement and one commit start them all.
+    Returns, in order, each request's StartedAttempt or None (stale or duplicate, recorded
+    like ``start_attempt`` does). Of requests naming the same task run, only the first
+    can start; the others are judged against the row afterwards, one by one.
+    In autocommit mode the statement that starts is its own transaction, retried on a
+    deadlock (and on a lost connection, ``connection_attempts`` times); inside a
+    transaction it runs in it.
+    """
+    first: dict[uuid.UUID, int] = {}
+    for i, req in enumerate(requests):
+        first.setdefault(req.task_run_id, i)
+    batch = [requests[i] for i in first.values()]
+    params = {
+        "ids": [r.task_run_id for r in batch],
+        "tokens": [r.fencing_token for r in batch],
+        "owners": [r.owner for r in batch],
+        "lease": float(lease_seconds),
+    }
+    rows = _in_own_transaction(lambda: _run_prepared([_START_SQL], params)[0], connection_attempts)
+    started = {
+        (r[0], r[8]): StartedAttempt(
             task_run_id=r[0],
             workflow_run_id=r[1],
             organization_id=r[2],
@@ -371,12 +505,26 @@ def start_attempt(
             upstream=_json(r[11]) or {},
             dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
         )
+        for r in rows
+    }
+    out: list[StartedAttempt | None] = []
+    for i, req in enumerate(requests):
+        attempt = started.get((req.task_run_id, req.fencing_token)) if first[req.task_run_id] == i else None
+        if attempt is None:
+            _in_own_transaction(
+                lambda r=req: _record_ignored_start(r.task_run_id, r.fencing_token), connection_attempts
+            )
+        out.append(attempt)
+    return out
+
+
+def _record_ignored_start(task_run_id: uuid.UUID, fencing_token: int) -> None:
     current = _fetch(
         "SELECT workflow_run_id, state, fencing_token, started_fencing_token FROM core_taskrun WHERE id = %s",
         [task_run_id],
     )
     if not current:
-        return None
+        return
     run_id, state, token, started_token = current[0]
     duplicate = token == fencing_token and started_token == fencing_token
     record_run_event(
@@ -388,7 +536,6 @@ def start_attempt(
         fencing_token=fencing_token,
         detail={"message_fencing_token": fencing_token, "current_fencing_token": token, "state": state},
     )
-    return None
 
 
 def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> set[uuid.UUID]:
@@ -422,15 +569,19 @@ def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) 
 
 # --- Complete an attempt --------------------------------------------------------------------
 
+# Successful completions of one or more generations: ``req`` holds (task_run_id,
+# fencing_token, output as JSON text) triples. Matches only a generation that started.
 _SUCCEED_SQL = """
-WITH done AS (
+WITH req AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[]) AS a(id, token, output)
+), done AS (
     UPDATE core_taskrun t
-    SET state = 'succeeded', output = %(output)s, error = '', finished_at = clock_timestamp(),
+    SET state = 'succeeded', output = req.output::jsonb, error = '', finished_at = clock_timestamp(),
         lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
-    WHERE t.id = %(id)s AND t.state = 'running' AND t.fencing_token = %(token)s
-      AND t.started_fencing_token = %(token)s
-    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
-              NULL::timestamptz AS not_before
+    FROM req
+    WHERE t.id = req.id AND t.state = 'running' AND t.fencing_token = req.token
+      AND t.started_fencing_token = req.token
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state
 ), tr AS (
     SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token,
            'succeeded'::text AS ev_kind, 'running'::text AS ev_from, 'succeeded'::text AS ev_to,
@@ -438,7 +589,7 @@ WITH done AS (
     FROM done d
 )
 """ + _EVENTS_CTE + """
-SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done
+SELECT id, fencing_token, workflow_run_id, state FROM done
 """
 
 # A failed attempt: retried (back to ready, attempt + 1, exponential backoff) while
@@ -471,6 +622,188 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done
 """
 
 
+# Derive the terminal state of each run in ``{runs}`` (a query of run ids, column ``id``)
+# none of whose task runs is open. The open check probes idx_taskrun_run_state for the
+# three open states and stops at the first live one, so it costs the same for a 10-task
+# run and a 5,000-task one; failed/cancelled rows are counted only for a run that is done.
+# Run after the run's event-counter bump (see the module docstring).
+_FINISH_SQL = """
+WITH runs AS (
+    {runs}
+), done_runs AS (
+    SELECT r.id,
+           (SELECT count(*) FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state = 'failed') AS failed,
+           (SELECT count(*) FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state = 'cancelled')
+               AS cancelled
+    FROM runs r
+    WHERE NOT EXISTS (SELECT 1 FROM core_taskrun t
+                      WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running'))
+), prev AS (
+    SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
+), fin AS (
+    UPDATE core_workflowrun r
+    SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
+                     ELSE 'succeeded' END,
+        finished_at = clock_timestamp(),
+        last_event_seq = r.last_event_seq + 1,
+        error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+    FROM done_runs c, prev p
+    WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
+    RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
+), ev AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
+           f.old_state, f.state, NULL, NULL, '{{}}'::jsonb, clock_timestamp()
+    FROM fin f
+)
+SELECT id, state FROM fin
+"""
+
+
+# The (run, task) of each generation of this batch that is now succeeded.
+_SUCCEEDED_ME = """
+SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
+FROM core_taskrun t JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+     ON t.id = a.id AND t.fencing_token = a.token
+WHERE t.state = 'succeeded'
+"""
+
+# The dependents of the tasks that just succeeded whose dependencies have all
+# succeeded, promoted and claimed at once: pending -> running with the fencing token
+# bumped and the dispatch lease, one outbox row per new generation, and the two events
+# the separate steps write ('promoted' pending -> ready with the old token, then
+# 'claimed' ready -> running with the new one; a run's promoted events come before its
+# claimed ones, as when _PROMOTE_SQL and _CLAIM_SQL run one after the other). One row
+# version per dependent instead of two.
+_PROMOTE_CLAIM_SQL = """
+WITH me AS (""" + _SUCCEEDED_ME + """), claimed AS (
+    UPDATE core_taskrun d
+    SET state = 'running', fencing_token = d.fencing_token + 1, lease_owner = %(owner)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    FROM me
+    WHERE d.workflow_run_id = me.run AND d.state = 'pending'
+      AND d.task_id IN (SELECT task_id FROM core_taskdependency WHERE depends_on_id = me.task)
+      AND NOT EXISTS (
+          SELECT 1 FROM core_taskdependency e
+          JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
+          WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
+    FROM claimed c
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+), tr AS (
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token - 1 AS fencing_token,
+           0 AS ev_ord, 'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM claimed c
+    UNION ALL
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           1, 'claimed', 'ready', 'running', jsonb_build_object('lease_owner', %(owner)s::text)
+    FROM claimed c
+)
+""" + _EVENTS_CTE_ORDERED.format(order="tr.ev_ord, tr.id") + """
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, o.id
+FROM claimed c LEFT JOIN outbox o ON o.task_run_id = c.id
+"""
+
+# Successful completions in one round trip and one transaction (see _run_prepared): the
+# conditional UPDATE + events; then, each statement with a fresh snapshot taken after the
+# runs' event counters were bumped, promotion and claim of the dependents with one outbox
+# row per generation, and the terminal state of each run left with nothing open. The
+# statements after the first are idempotent: what they do after a stale or duplicate
+# completion was due anyway.
+_SUCCEED_STATEMENTS = (
+    _SUCCEED_SQL,
+    _PROMOTE_CLAIM_SQL,
+    _FINISH_SQL.format(runs="SELECT DISTINCT workflow_run_id AS id FROM core_taskrun WHERE id = ANY(%(ids)s)"),
+)
+
+@dataclasses.dataclass(frozen=True)
+class SuccessRequest:
+    """A handler that returned: generation ``fencing_token`` succeeded with ``output``."""
+
+    task_run_id: uuid.UUID
+    fencing_token: int
+    output: Any = None
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text for a jsonb column (NULs stripped, like ``jsonb_safe``)."""
+    try:
+        return json.dumps(strip_nul(value), allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"NaN and Infinity cannot be stored as JSON ({exc})") from exc
+
+
+def _in_own_transaction[T](fn: Callable[[], T], connection_attempts: int) -> T:
+    """``fn`` retried as its own transaction in autocommit mode, or as is inside a caller's."""
+    if connection.in_atomic_block:
+        return fn()
+    return autocommit_retry(fn, connection_attempts=connection_attempts)
+
+
+def complete_successes(
+    requests: Sequence[SuccessRequest],
+    *,
+    lease_seconds: float,
+    owner: str,
+    connection_attempts: int = 0,
+    reserve_seconds: float = 0.0,
+) -> tuple[list[CompletionResult], tuple[Dispatch, ...]]:
+    """Record several successful completions at once (a worker process's threads whose
+    handlers returned at the same time): one round trip and one commit (see
+    ``_SUCCEED_STATEMENTS``), with the same checks, events and consequences as
+    ``complete_attempt(succeeded=True)`` for each. Returns each request's result, in
+    order, and the dependents claimed for all of them (publish them after the commit;
+    ``reserve_seconds`` as for ``claim_ready``).
+    A stale request is recorded as ``stale_completion_rejected`` afterwards.
+
+    In autocommit mode the script is its own transaction and is retried on a deadlock
+    (and on a lost connection, ``connection_attempts`` times); inside a transaction it
+    runs in it.
+    """
+    params = {
+        "ids": [r.task_run_id for r in requests],
+        "tokens": [r.fencing_token for r in requests],
+        "outputs": [_json_text(r.output) for r in requests],
+        "owner": owner,
+        "lease": float(lease_seconds),
+        "queue": TASK_QUEUE,
+        "reserve": float(reserve_seconds),
+    }
+    done, claimed, finished = _in_own_transaction(
+        lambda: _run_prepared(_SUCCEED_STATEMENTS, params), connection_attempts
+    )
+    succeeded = {(row[0], row[1]): row for row in done}
+    run_states = dict(finished)
+    results: list[CompletionResult] = []
+    for req in requests:
+        row = succeeded.pop((req.task_run_id, req.fencing_token), None)
+        if row is None:
+            _in_own_transaction(
+                lambda r=req: _record_stale_completion(
+                    task_run_id=r.task_run_id, fencing_token=r.fencing_token, succeeded=True
+                ),
+                connection_attempts,
+            )
+            results.append(CompletionResult(accepted=False))
+            continue
+        results.append(CompletionResult(accepted=True, state=row[3], run_state=run_states.pop(row[2], None)))
+    return results, tuple(Dispatch(*row) for row in claimed)
+
+
 def complete_attempt(
     *,
     task_run_id: uuid.UUID,
@@ -495,10 +828,11 @@ def complete_attempt(
     with ``retryable=False`` fails the task at once, whatever attempts remain.
     """
     if succeeded:
-        rows = _fetch(
-            _SUCCEED_SQL, {"id": task_run_id, "token": fencing_token, "output": jsonb_safe(output)}
+        results, dispatches = complete_successes(
+            [SuccessRequest(task_run_id, fencing_token, output)], lease_seconds=lease_seconds, owner=owner
         )
-    else:
+        return dataclasses.replace(results[0], dispatches=dispatches)
+    with transaction.atomic(savepoint=False):
         rows = _fetch(
             _FAIL_SQL.format(extra="AND t.started_fencing_token = %(token)s"),
             {
@@ -509,10 +843,10 @@ def complete_attempt(
                 "kind": "attempt_failed",
             },
         )
-    if not rows:
-        _record_stale_completion(task_run_id=task_run_id, fencing_token=fencing_token, succeeded=succeeded)
-        return CompletionResult(accepted=False)
-    return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
+        if not rows:
+            _record_stale_completion(task_run_id=task_run_id, fencing_token=fencing_token, succeeded=succeeded)
+            return CompletionResult(accepted=False)
+        return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
 
 
 def _record_stale_completion(*, task_run_id: uuid.UUID, fencing_token: int, succeeded: bool) -> None:
@@ -626,57 +960,27 @@ def finish_run_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
     (``idx_taskrun_run_state``): failed if any task failed, else cancelled if any was
     cancelled, else succeeded. Returns the new state, or None when the run is not
     finished (or was already finished by someone else)."""
-    rows = _fetch(
-        """
-        WITH counts AS (
-            SELECT count(*) FILTER (WHERE state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled')) AS open,
-                   count(*) FILTER (WHERE state = 'failed') AS failed,
-                   count(*) FILTER (WHERE state = 'cancelled') AS cancelled
-            FROM core_taskrun WHERE workflow_run_id = %(run)s
-        ), prev AS (
-            SELECT id, state FROM core_workflowrun WHERE id = %(run)s
-        ), fin AS (
-            UPDATE core_workflowrun r
-            SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
-                             ELSE 'succeeded' END,
-                finished_at = clock_timestamp(),
-                last_event_seq = r.last_event_seq + 1,
-                error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
-            FROM counts c, prev p
-            WHERE r.id = %(run)s AND p.id = r.id AND r.state IN ('running', 'pending') AND c.open = 0
-            RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
-        ), ev AS (
-            INSERT INTO core_taskrunevent
-                (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-                 attempt, fencing_token, detail, created_at)
-            SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
-                   f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
-            FROM fin f
-        )
-        SELECT state FROM fin
-        """,
-        {"run": workflow_run_id},
-    )
-    return rows[0][0] if rows else None
+    rows = _fetch(_FINISH_SQL.format(runs="SELECT %(run)s::uuid AS id"), {"run": workflow_run_id})
+    return rows[0][1] if rows else None
 
 
 # --- Reap expired leases ----------------------------------------------------------------------
 
 
+# statement_timestamp(), not clock_timestamp(): a volatile function cannot bound an index
+# scan, and the planner would then rather filter idx_taskrun_state_age's running rows.
+# With a stable bound the partial idx_taskrun_lease_expiry serves the range and the order.
+EXPIRED_LEASES_SQL = """
+SELECT id, fencing_token FROM core_taskrun
+WHERE state = 'running' AND lease_expires_at < statement_timestamp()   -- idx_taskrun_lease_expiry (partial)
+ORDER BY lease_expires_at LIMIT %s
+"""
+
+
 def expired_leases(*, limit: int) -> list[tuple[uuid.UUID, int]]:
     """(task_run_id, fencing_token) of running rows whose lease has expired, oldest
     expiry first (``idx_taskrun_lease_expiry``). Read-only; may run outside a transaction."""
-    return [
-        (r[0], r[1])
-        for r in _fetch(
-            """
-            SELECT id, fencing_token FROM core_taskrun
-            WHERE state = 'running' AND lease_expires_at < clock_timestamp()
-            ORDER BY lease_expires_at LIMIT %s
-            """,
-            [limit],
-        )
-    ]
+    return [(r[0], r[1]) for r in _fetch(EXPIRED_LEASES_SQL, [limit])]
 
 
 def expire_lease(
@@ -742,12 +1046,15 @@ def expire_lease(
 # --- Cancel -----------------------------------------------------------------------------------
 
 
-def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
+def cancel_run(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cancelled") -> bool:
     """Cancel a run: every open task run (pending, ready, running) becomes ``cancelled``
     with its fencing token bumped, so a running worker's next heartbeat finds it
-    gone and its completion is rejected as stale; then the run becomes ``cancelled``.
-    Returns False when the run was already terminal (the cancel lost a race with the
-    run's completion and changed nothing)."""
+    gone and its completion is rejected as stale; then the run becomes ``final_state``
+    (``cancelled``, or ``failed`` when the run is stopped for timing out) with
+    ``reason`` as its error. Returns False when the run was already terminal (the
+    cancel lost a race with the run's completion and changed nothing)."""
+    if final_state not in ("cancelled", "failed"):
+        raise ValueError(f"final_state must be cancelled or failed, not {final_state!r}")
     _fetch(
         """
         WITH open AS (
@@ -783,7 +1090,7 @@ def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
         WITH prev AS (
             SELECT id, state FROM core_workflowrun WHERE id = %(run)s FOR UPDATE
         ), fin AS (
-            UPDATE core_workflowrun r SET state = 'cancelled', finished_at = clock_timestamp(),
+            UPDATE core_workflowrun r SET state = %(final)s, finished_at = clock_timestamp(),
                    error = %(reason)s, last_event_seq = r.last_event_seq + 1
             FROM prev p
             WHERE r.id = p.id AND r.state IN ('pending', 'running')
@@ -793,10 +1100,10 @@ def cancel_run(*, workflow_run_id: uuid.UUID, reason: str) -> bool:
             (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
              attempt, fencing_token, detail, created_at)
         SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', f.old_state,
-               'cancelled', NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
+               %(final)s, NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
         FROM fin f
         RETURNING id
         """,
-        {"run": workflow_run_id, "reason": reason},
+        {"run": workflow_run_id, "reason": reason, "final": final_state},
     )
     return bool(rows)

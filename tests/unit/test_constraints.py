@@ -660,6 +660,13 @@ def test_unknown_actor_type_violates_auditlog_actor_type_valid(org):
     assert not AuditLog.objects.for_organization(org).filter(actor_type="robot").exists()
 
 
+def test_non_positive_run_timeout_violates_workflow_run_timeout_positive(chain):
+    qs = Workflow.objects.unscoped().filter(pk=chain.pk)
+    violation("workflow_run_timeout_positive", lambda: qs.update(run_timeout_seconds=0))
+    violation("workflow_run_timeout_positive", lambda: qs.update(run_timeout_seconds=-5))
+    assert Workflow.objects.unscoped().filter(pk=chain.pk).update(run_timeout_seconds=30) == 1
+
+
 # --- coverage -----------------------------------------------------------------------------------
 
 

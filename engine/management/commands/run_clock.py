@@ -21,13 +21,21 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="enqueue each periodic actor once and exit")
 
     def handle(self, *args, **opts):
-        from engine.actors import fire_triggers, housekeeping, reap_leases, relay_outbox, schedule_tick
+        from engine.actors import (
+            fire_triggers,
+            housekeeping,
+            reap_leases,
+            relay_outbox,
+            schedule_tick,
+            sweep_runs,
+        )
 
         jobs = [
             (schedule_tick, settings.FLOWFORGE_CLOCK_SCHEDULE_SECONDS),
             (relay_outbox, settings.FLOWFORGE_CLOCK_RELAY_SECONDS),
             (reap_leases, settings.FLOWFORGE_CLOCK_REAP_SECONDS),
             (fire_triggers, settings.FLOWFORGE_CLOCK_TRIGGER_SECONDS),
+            (sweep_runs, settings.FLOWFORGE_CLOCK_SWEEP_SECONDS),
             (housekeeping, settings.FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS),
         ]
         stop = threading.Event()

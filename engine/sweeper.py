@@ -1,0 +1,78 @@
+"""The stuck-run sweep: nothing waits forever.
+
+Two queries over ``idx_wfrun_state_age`` (state = 'running' AND created_at < ...),
+the seed's stuck-run sweep:
+
+- a run still ``running`` whose task runs are all terminal (its last completion died
+  between its commit and the run's own update — which the transition design makes
+  rare, not impossible) is closed with the state derived from its task runs;
+- a run older than its workflow's ``run_timeout_seconds`` is stopped: its open task
+  runs are cancelled (a running worker sees it on its next heartbeat) and the run
+  ends ``failed`` with an error that says it timed out.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connection
+
+from engine import metrics
+from engine.db import atomic_retry
+from engine.repositories import transitions
+
+log = logging.getLogger(__name__)
+
+# A running run younger than this is not checked for "all tasks terminal" (its own
+# completion is most likely still committing).
+SETTLE_SECONDS = 30
+
+
+def _ids(sql: str, params) -> list:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return [r[0] for r in cur.fetchall()]
+
+
+def sweep_runs(*, limit: int = 200) -> dict[str, int]:
+    """Close finished-but-open runs and fail timed-out ones. Returns how many of each."""
+    finished = 0
+    for run_id in _ids(
+        """
+        SELECT r.id FROM core_workflowrun r
+        WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(secs => %s)
+          AND NOT EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id
+                          AND t.state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled'))
+        ORDER BY r.created_at LIMIT %s
+        """,
+        [SETTLE_SECONDS, limit],
+    ):
+        state = atomic_retry(lambda rid=run_id: transitions.finish_run_if_done(workflow_run_id=rid))
+        if state:
+            finished += 1
+            metrics.incr("flowforge_runs_finished_total", state)
+            log.warning("sweep closed run %s (%s): every task run had finished", run_id, state)
+    timed_out = 0
+    for run_id, timeout in _rows(
+        """
+        SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
+        JOIN core_workflow w ON w.id = r.workflow_id
+        WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
+          AND r.created_at < clock_timestamp() - make_interval(secs => w.run_timeout_seconds)
+        ORDER BY r.created_at LIMIT %s
+        """,
+        [limit],
+    ):
+        reason = f"run timed out: still running after its workflow's timeout of {timeout:g} s"
+        if atomic_retry(lambda rid=run_id, why=reason: transitions.cancel_run(
+                workflow_run_id=rid, reason=why, final_state="failed")):
+            timed_out += 1
+            metrics.incr("flowforge_runs_finished_total", "failed")
+            log.warning("sweep failed run %s: %s", run_id, reason)
+    return {"finished": finished, "timed_out": timed_out}
+
+
+def _rows(sql: str, params) -> list[tuple]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()

@@ -1,0 +1,142 @@
+"""Timeouts, the stuck-run sweep, and cancellation racing completion."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from engine.models import TaskRun, TaskRunEvent, WorkflowRun
+from engine.repositories import transitions
+from engine.services import start_run
+from engine.sweeper import sweep_runs
+
+LEASE = 30.0
+
+
+def claim_and_start(run, key: str = "a"):
+    with transaction.atomic():
+        (d,) = transitions.claim_ready(limit=1, lease_seconds=LEASE, owner="test",
+                                       task_run_ids=[TaskRun.objects.for_organization(run.organization_id)
+                                                     .get(workflow_run=run, task__key=key).pk])
+    with transaction.atomic():
+        started = transitions.start_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token,
+                                            owner="worker", lease_seconds=LEASE)
+    assert started is not None
+    return d
+
+
+@pytest.mark.django_db
+def test_the_sweep_closes_a_running_run_whose_task_runs_all_finished(org, make_workflow):
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf)
+    d = claim_and_start(run)
+    with transaction.atomic():
+        transitions.complete_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token, succeeded=True,
+                                     output=None, lease_seconds=LEASE, owner="test")
+    # As if the run's own update had been lost: every task done, the run still open.
+    old = timezone.now() - dt.timedelta(minutes=5)
+    WorkflowRun.objects.for_organization(org).filter(pk=run.pk).update(state="running", finished_at=None, created_at=old)
+    assert sweep_runs() == {"finished": 1, "timed_out": 0}
+    run.refresh_from_db()
+    assert run.state == "succeeded" and run.finished_at is not None
+    assert sweep_runs() == {"finished": 0, "timed_out": 0}
+
+
+@pytest.mark.django_db
+def test_a_run_past_its_workflow_timeout_is_failed_and_its_tasks_cancelled(org):
+    from engine.services import apply_definition
+
+    wf = apply_definition(organization=org, document={
+        "name": "slow", "timeout_seconds": 60,
+        "tasks": [{"key": "a", "type": "sleep", "config": {"seconds": 600}},
+                  {"key": "b", "type": "noop", "depends_on": ["a"]}]})
+    assert wf.run_timeout_seconds == 60
+    run = start_run(workflow=wf)
+    d = claim_and_start(run)
+    young = start_run(workflow=wf)
+    WorkflowRun.objects.for_organization(org).filter(pk=run.pk).update(
+        created_at=timezone.now() - dt.timedelta(seconds=61))
+    assert sweep_runs()["timed_out"] == 1
+    run.refresh_from_db()
+    assert run.state == "failed"
+    assert run.error == "run timed out: still running after its workflow's timeout of 60 s"
+    states = dict(TaskRun.objects.for_organization(org).filter(workflow_run=run).values_list("task__key", "state"))
+    assert states == {"a": "cancelled", "b": "cancelled"}
+    # The worker still running "a" finds its lease gone and its completion is refused.
+    with transaction.atomic():
+        assert transitions.heartbeat(leases=[(d.task_run_id, d.fencing_token)], lease_seconds=LEASE) == set()
+    young.refresh_from_db()
+    assert young.state == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(org, make_workflow):
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}], name="race")
+    outcomes = {"succeeded": 0, "cancelled": 0}
+    for _ in range(100):
+        run = start_run(workflow=wf)
+        d = claim_and_start(run)
+        barrier = threading.Barrier(2)
+        results: dict[str, object] = {}
+        errors: list[BaseException] = []
+
+        def complete():
+            try:
+                barrier.wait(5)
+                with transaction.atomic():
+                    results["complete"] = transitions.complete_attempt(
+                        task_run_id=d.task_run_id, fencing_token=d.fencing_token, succeeded=True, output={"ok": 1},
+                        lease_seconds=LEASE, owner="test")
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        def cancel():
+            try:
+                barrier.wait(5)
+                from engine.db import atomic_retry
+
+                results["cancel"] = atomic_retry(
+                    lambda: transitions.cancel_run(workflow_run_id=run.pk, reason="race"))
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=complete), threading.Thread(target=cancel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        run.refresh_from_db()
+        task = TaskRun.objects.for_organization(org).get(workflow_run=run)
+        kinds = list(TaskRunEvent.objects.for_organization(org).filter(task_run=task)
+                     .values_list("kind", flat=True).order_by("seq"))
+        terminal = [k for k in kinds if k in ("succeeded", "cancelled")]
+        assert len(terminal) == 1, kinds  # exactly one terminal transition, recorded
+        if run.state == "succeeded":
+            assert task.state == "succeeded" and results["cancel"] is False
+            assert results["complete"].accepted
+        else:
+            assert run.state == "cancelled" and task.state == "cancelled" and results["cancel"] is True
+            assert not results["complete"].accepted and "stale_completion_rejected" in kinds
+        outcomes[run.state] += 1
+    assert sum(outcomes.values()) == 100
+    print(f"cancel vs completion, 100 races: {outcomes}")
+
+
+@pytest.mark.django_db
+def test_a_workflow_timeout_must_be_positive(org):
+    from engine.definitions import DefinitionError
+    from engine.services import apply_definition
+
+    with pytest.raises(DefinitionError) as excinfo:
+        apply_definition(organization=org, document={"name": "x", "timeout_seconds": 0,
+                                                     "tasks": [{"key": "a", "type": "noop"}]})
+    assert excinfo.value.errors == [{"path": "timeout_seconds", "message": "must be at least 0.001, got 0"}]
