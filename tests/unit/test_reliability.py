@@ -84,7 +84,7 @@ def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(o
         results: dict[str, object] = {}
         errors: list[BaseException] = []
 
-        def complete():
+        def complete(barrier=barrier, results=results, errors=errors, d=d):
             try:
                 barrier.wait(5)
                 with transaction.atomic():
@@ -96,7 +96,7 @@ def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(o
             finally:
                 connection.close()
 
-        def cancel():
+        def cancel(barrier=barrier, results=results, errors=errors, run=run):
             try:
                 barrier.wait(5)
                 from engine.db import atomic_retry
