@@ -22,6 +22,7 @@ from engine.jsonb import strip_nul
 from engine.relay import INLINE_PUBLISH_RESERVATION_SECONDS
 from engine.repositories import transitions
 from engine.scheduler import process_owner, publish_dispatches
+from flowforge import logs
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,14 @@ def cap_output(output: Any) -> Any:
 
 
 def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
+    """Run generation ``fencing_token`` of a task run to completion in this thread (see
+    ``_execute``). The ids it binds to log lines are reset when it returns, so nothing
+    of this attempt is ambient in the thread's next message."""
+    with logs.bound(task_run_id=task_run_id, fencing_token=fencing_token):
+        return _execute(task_run_id, fencing_token)
+
+
+def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     """Run generation ``fencing_token`` of a task run to completion in this thread.
 
     Returns what happened: "ignored" (stale or duplicate message), "succeeded",
@@ -248,6 +257,9 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     started = _starts.submit(transitions.StartRequest(task_run_id, fencing_token, owner))
     if started is None:
         return "ignored"
+    # Every log line of this attempt names its organization, run and attempt too.
+    logs.bind(organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
+              attempt=started.attempt)
     if started.dispatch_latency_seconds is not None:
         _metric(metrics.observe, "flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
     context = TaskContext(

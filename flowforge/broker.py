@@ -18,7 +18,7 @@ from django.conf import settings
 from dramatiq.common import current_millis
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
-from flowforge.dramatiq_middleware import DjangoConnectionMiddleware
+from flowforge.dramatiq_middleware import DjangoConnectionMiddleware, LogContextMiddleware
 
 
 def build_broker(url: str | None = None, *, namespace: str | None = None) -> dramatiq.Broker:
@@ -36,6 +36,7 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
         Pipelines(),
         Retries(max_retries=3, min_backoff=200, max_backoff=5_000),
         DjangoConnectionMiddleware(),
+        LogContextMiddleware(),
     ]
     # Extra middleware by dotted path (fault injection in tests/faults uses this).
     for dotted in filter(None, os.environ.get("FLOWFORGE_BROKER_MIDDLEWARE", "").split(",")):

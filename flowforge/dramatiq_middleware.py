@@ -25,3 +25,35 @@ class DjangoConnectionMiddleware(Middleware):
 
     def before_worker_thread_shutdown(self, broker, thread):
         db.connection.close()
+
+
+class LogContextMiddleware(Middleware):
+    """Bind the task run and generation of an execute message to the thread's log lines
+    (flowforge.logs), and reset them when the message is done."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._local = threading.local()
+
+    def before_process_message(self, broker, message):
+        from flowforge import logs
+
+        self._local.token = None
+        if message.actor_name == "execute_task_run" and len(message.args) >= 2:
+            ctx_fields = {"task_run_id": message.args[0], "fencing_token": message.args[1]}
+            self._local.token = logs._fields.set({**logs._fields.get(), **{k: str(v) for k, v in ctx_fields.items()}})
+
+    def _reset(self):
+        from flowforge import logs
+
+        token = getattr(self._local, "token", None)
+        if token is not None:
+            logs._fields.reset(token)
+            self._local.token = None
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        self._reset()
+
+    def after_skip_message(self, broker, message):
+        self._reset()

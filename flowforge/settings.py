@@ -282,11 +282,23 @@ FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", st
 # Where example workflows write their reports.
 FLOWFORGE_REPORT_DIR = Path(os.environ.get("FLOWFORGE_REPORT_DIR", str(BASE_DIR / "var" / "reports")))
 
+# Logs: JSON lines in production (LOG_FORMAT=json, the default when DEBUG is off), plain
+# text in development; every line carries the bound ids (flowforge.logs).
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "plain" if DEBUG else "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "flowforge.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {"()": "flowforge.logs.PlainFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(organization_id)s "
+            "%(workflow_run_id)s %(task_run_id)s %(attempt)s %(fencing_token)s",
+            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
+        },
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
