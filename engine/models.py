@@ -358,6 +358,8 @@ class OutboxMessage(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
     dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    # When `manage.py outbox_replay` last re-dispatched this dead letter's task run.
+    replayed_at = models.DateTimeField(null=True, blank=True)
     published_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 
@@ -375,6 +377,9 @@ class OutboxMessage(models.Model):
         indexes = [
             # The relay drain: WHERE published_at IS NULL ORDER BY created_at ... SKIP LOCKED (seed 000).
             models.Index(fields=["created_at"], name="idx_outbox_pending", condition=Q(published_at__isnull=True)),
+            # Dead letters, kept for staff and replay, and the reaper's scan for their task runs (seed 001).
+            models.Index(fields=["dead_lettered_at"], name="idx_outbox_dead_letter",
+                         condition=Q(dead_lettered_at__isnull=False)),
         ]
 
     def __str__(self) -> str:

@@ -34,4 +34,43 @@ def reap_once(*, limit: int = 500) -> int:
                 metrics.incr("flowforge_runs_finished_total", result.run_state)
             log.info("reaped lease of task run %s generation %s -> %s", task_run_id, token, result.state)
             publish_dispatches(result.dispatches)
+    fail_dead_letters()
     return reaped
+
+
+def fail_dead_letters(*, limit: int = 200) -> int:
+    """Fail the claimed, never-started generations whose outbox row was dead-lettered
+    (seed 001's outbox: kept and replayable, but the task must not wait forever on a
+    message the broker never took). Partial index ``idx_outbox_dead_letter`` keeps the
+    scan to dead-lettered rows. Returns how many task runs were failed."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT o.task_run_id, o.fencing_token_snapshot, o.publish_attempts, o.last_error
+            FROM core_outboxmessage o JOIN core_taskrun t ON t.id = o.task_run_id
+            WHERE o.dead_lettered_at IS NOT NULL AND t.state = 'running'
+              AND t.fencing_token = o.fencing_token_snapshot
+              AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+            LIMIT %s
+            """,
+            [limit],
+        )
+        rows = cur.fetchall()
+    owner = process_owner("reaper")
+    failed = 0
+    for task_run_id, token, attempts, last_error in rows:
+        error = f"dispatch dead-lettered: the broker refused it {attempts} times (last error: {last_error})"
+        result = atomic_retry(
+            lambda tr=task_run_id, tok=token, err=error: transitions.fail_undelivered(
+                task_run_id=tr, fencing_token=tok, error=err,
+                lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS, owner=owner,
+            )
+        )
+        if result.accepted:
+            failed += 1
+            if result.run_state is not None:
+                metrics.incr("flowforge_runs_finished_total", result.run_state)
+            log.warning("task run %s generation %s failed: %s", task_run_id, token, error)
+    return failed

@@ -1043,6 +1043,24 @@ def expire_lease(
     return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
 
 
+def fail_undelivered(
+    *, task_run_id: uuid.UUID, fencing_token: int, error: str, lease_seconds: float, owner: str
+) -> CompletionResult:
+    """Fail a claimed generation whose dispatch was dead-lettered (the broker refused it
+    MAX_PUBLISH_ATTEMPTS times): the task run fails at once with ``error`` rather than
+    waiting on a message that will never arrive, and the run advances (its dependents
+    are skipped). Matches only that generation, still claimed and never started;
+    returns ``accepted=False`` otherwise (it started after all, or moved on)."""
+    rows = _fetch(
+        _FAIL_SQL.format(extra="AND t.started_fencing_token IS DISTINCT FROM %(token)s"),
+        {"id": task_run_id, "token": fencing_token, "error": strip_nul(error)[:10_000], "retryable": False,
+         "kind": "dispatch_dead_lettered"},
+    )
+    if not rows:
+        return CompletionResult(accepted=False)
+    return _advance_after(rows[0], lease_seconds=lease_seconds, owner=owner)
+
+
 # --- Cancel -----------------------------------------------------------------------------------
 
 
