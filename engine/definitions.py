@@ -62,7 +62,17 @@ def _no_duplicates(pairs):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that repeats a key (YAML would keep the last)."""
+    """YAML's safe loader, refusing a mapping that repeats a key (YAML would keep the last)
+    and any alias (``*name``): a few hundred bytes of nested aliases expand to gigabytes
+    ("billion laughs"), and a definition has no need of them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not allowed in a workflow definition", event.start_mark
+            )
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
         keys = set()
@@ -76,9 +86,23 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# Largest definition document accepted, in characters.
+MAX_DOCUMENT_CHARS = 1024 * 1024
+
+
 def parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
     """Parse a JSON or YAML document (YAML when ``filename`` ends in .yaml/.yml or the
-    text is not JSON). Raises DefinitionError with the line of a syntax error."""
+    text is not JSON). Raises DefinitionError with the line of a syntax error, for a
+    document over MAX_DOCUMENT_CHARS, one nested too deeply, or YAML aliases."""
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise DefinitionError([{"path": "document", "message": f"larger than {MAX_DOCUMENT_CHARS} characters"}])
+    try:
+        return _parse_document(text, filename=filename)
+    except RecursionError:
+        raise DefinitionError([{"path": "document", "message": "nested too deeply"}]) from None
+
+
+def _parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
     is_yaml = filename.endswith((".yaml", ".yml"))
     if not is_yaml:
         try:

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit import services as audit
+from engine import metrics
 from engine.db import atomic_retry
 from engine.definitions import DefinitionError, validate_document
 from engine.jsonb import strip_nul
@@ -268,6 +269,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             },
         )
         transaction.on_commit(nudge_scheduler)
+        transaction.on_commit(lambda: metrics.incr("flowforge_runs_started_total", str(trigger_source)))
     return WorkflowRun.objects.for_organization(workflow.organization_id).get(pk=run_id)
 
 

@@ -60,6 +60,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (CSS, JS, htmx, Swagger UI) served by the app server itself, gunicorn included.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "flowforge.middleware.RequestContextMiddleware",
     # Problem details for every /api/ error, and the request body limit (api.middleware).
     "api.middleware.ApiProblemMiddleware",
@@ -249,6 +251,10 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# WhiteNoise serves straight from the apps' static folders (no collectstatic needed to run;
+# the Docker image runs collectstatic and serves the compressed copies).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Engine -----------------------------------------------------------------

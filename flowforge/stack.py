@@ -101,7 +101,7 @@ class Stack:
             name,
             # Threaded workers: a live run page or an event stream holds its thread for minutes.
             [bin_path("gunicorn"), "flowforge.wsgi", "--bind", bind, "--workers", "2", "--worker-class", "gthread",
-             "--threads", "16", "--access-logfile", "-"],
+             "--threads", "16"],  # no access log: Django's request log redacts invitation tokens
         )
 
     def stop_all(self) -> None:

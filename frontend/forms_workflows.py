@@ -43,6 +43,8 @@ def parse_json_object(text: str, *, what: str = "Input") -> dict[str, Any]:
         raise forms.ValidationError(
             f"{what} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}."
         ) from None
+    except RecursionError:
+        raise forms.ValidationError(f"{what} is nested too deeply.") from None
     if not isinstance(value, dict):
         raise forms.ValidationError(f'{what} must be a JSON object, such as {{"limit": 10}}.')
     return value

@@ -574,3 +574,18 @@ def test_a_repeated_key_is_an_error_not_last_wins(text, filename):
     with pytest.raises(DefinitionError) as excinfo:
         parse_document(text, filename=filename)
     assert "duplicate key 'type'" in str(excinfo.value)
+
+
+def test_yaml_aliases_are_refused_so_a_billion_laughs_cannot_expand():
+    text = "name: lol\na: &a ['lol', 'lol']\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\ntasks: []\n"
+    with pytest.raises(DefinitionError) as excinfo:
+        parse_document(text, filename="lol.yaml")
+    assert "aliases (*name) are not allowed" in str(excinfo.value)
+
+
+def test_a_document_nested_too_deeply_is_a_definition_error():
+    with pytest.raises(DefinitionError) as excinfo:
+        parse_document("[" * 100_000 + "]" * 100_000, filename="deep.json")
+    assert "nested too deeply" in str(excinfo.value)
+    with pytest.raises(DefinitionError):
+        parse_document("a: " + "[" * 100_000, filename="deep.yaml")

@@ -512,3 +512,13 @@ def test_detail_page_query_count_does_not_grow_with_tasks_versions_or_runs(team)
     first = Workflow.objects.for_organization(org).get(name="big", version=1)
     with_diff, _ = sql_count(client, f"/workflows/{big.pk}/?compare={first.pk}")
     assert with_diff == many
+
+
+def test_json_input_nested_too_deeply_is_a_form_error_not_a_500():
+    from django import forms as dj_forms
+
+    from frontend.forms_workflows import parse_json_object
+
+    with pytest.raises(dj_forms.ValidationError) as excinfo:
+        parse_json_object("[" * 100_000 + "]" * 100_000)
+    assert excinfo.value.messages == ["Input is nested too deeply."]
