@@ -14,7 +14,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	BROKER_URL=$${TEST_BROKER_URL:-$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}} \
 	BROKER_NAMESPACE=$${TEST_BROKER_NAMESPACE:-flowforge-test}
 
-.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser faults
+.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser faults bench
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
@@ -66,6 +66,12 @@ test: install browser
 	$(VENV)/bin/ruff check .
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
 	$(TEST_ENV) $(VENV)/bin/pytest
+
+# Benchmarks: the engine against raw Dramatiq and the database, in one run (own database,
+# Redis db and workers); prints a table and writes bench/results.json.
+bench: install
+	@$(PY) -m flowforge.services_check --server-only
+	$(PY) -m bench.run
 
 # Fault injection with a bigger load (make test runs it with 200 runs per scenario).
 faults: install

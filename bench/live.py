@@ -1,0 +1,237 @@
+"""Scenarios that need running workers: throughput (1), hop latency (2), worker memory (5).
+
+Every function here works in whatever database and broker Django is configured for
+(the bench's own, or the test database in the smoke test) and expects Dramatiq
+workers started with ``dramatiq flowforge.worker bench.actors`` on that broker.
+Engine figures come from the event log (database timestamps); baseline figures from
+timestamps the baseline actors record.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from bench import actors
+from engine.services import apply_definition, start_run
+from flowforge.stack import wait_until, worker_child_pids
+
+TERMINAL_RUN = ("succeeded", "failed", "cancelled")
+
+
+# --- definitions -------------------------------------------------------------------------------
+
+
+def independent_workflow(org, n: int, name: str):
+    return apply_definition(
+        organization=org, document={"name": name, "tasks": [{"key": f"t{i:05d}", "type": "noop"} for i in range(n)]}
+    )
+
+
+def chain_workflow(org, n: int, name: str):
+    tasks = [{"key": f"t{i:05d}", "type": "noop"} for i in range(n)]
+    for i in range(1, n):
+        tasks[i]["depends_on"] = [f"t{i - 1:05d}"]
+    return apply_definition(organization=org, document={"name": name, "tasks": tasks})
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def start_runs(workflow, count: int) -> list[uuid.UUID]:
+    """Start ``count`` runs of ``workflow`` in one transaction (they become claimable together)."""
+    with transaction.atomic():
+        return [start_run(workflow=workflow, run_input={"bench": i}).pk for i in range(count)]
+
+
+def wait_runs(run_ids: list[uuid.UUID], *, timeout: float) -> dict[str, int]:
+    """Wait until every run is terminal; return the count of each final state."""
+
+    def done():
+        with connection.cursor() as cur:
+            cur.execute("SELECT state, count(*) FROM core_workflowrun WHERE id = ANY(%s) GROUP BY state",
+                        [list(run_ids)])
+            states = dict(cur.fetchall())
+        if sum(n for s, n in states.items() if s in TERMINAL_RUN) == len(run_ids):
+            return states
+        return None
+
+    return wait_until(done, timeout=timeout, interval=0.05, what=f"{len(run_ids)} bench runs to finish")
+
+
+def engine_window(run_ids: list[uuid.UUID]) -> dict:
+    """Tasks, first 'claimed' event to last 'succeeded' event, and tasks/s of these runs."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT count(*) FILTER (WHERE kind = 'succeeded'),
+                   min(created_at) FILTER (WHERE kind = 'claimed'),
+                   max(created_at) FILTER (WHERE kind = 'succeeded')
+            FROM core_taskrunevent WHERE workflow_run_id = ANY(%s)
+            """,
+            [list(run_ids)],
+        )
+        tasks, first, last = cur.fetchone()
+    seconds = (last - first).total_seconds()
+    return {"tasks": tasks, "seconds": round(seconds, 4), "tasks_per_s": round(tasks / seconds, 1)}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    return ordered[k]
+
+
+def latency_summary(hops_ms: list[float]) -> dict:
+    return {
+        "hops": len(hops_ms),
+        "p50_ms": round(statistics.median(hops_ms), 3),
+        "p95_ms": round(_percentile(hops_ms, 95), 3),
+        "p99_ms": round(_percentile(hops_ms, 99), 3),
+        "max_ms": round(max(hops_ms), 3),
+    }
+
+
+# --- scenario 1: throughput --------------------------------------------------------------------
+
+
+def engine_throughput(workflow, runs: int, *, timeout: float) -> dict:
+    run_ids = start_runs(workflow, runs)
+    states = wait_runs(run_ids, timeout=timeout)
+    out = engine_window(run_ids)
+    out["runs"] = runs
+    out["run_states"] = states
+    return out
+
+
+def baseline_throughput(n: int, *, timeout: float) -> dict:
+    """``n`` messages to the no-op actor, written to its queue in one go (a full queue
+    for the workers to drain), first actor start to last actor end."""
+    from django.conf import settings
+
+    label = uuid.uuid4().hex[:12]
+    client = actors.redis_client()
+    queue = f"{settings.BROKER_NAMESPACE}:{actors.BENCH_QUEUE}"
+    ids = []
+    pipe = client.pipeline(transaction=False)
+    for _ in range(n):
+        message = actors.bench_noop.message(label).copy(options={"redis_message_id": str(uuid.uuid4())})
+        mid = message.options["redis_message_id"]
+        pipe.hset(f"{queue}.msgs", mid, message.encode())
+        ids.append(mid)
+    pipe.execute()
+    client.rpush(queue, *ids)  # one command: the whole batch becomes visible at once
+
+    def done():
+        raw = client.hgetall(actors.stats_key(label))
+        per_pid = [json.loads(v) for v in raw.values()]
+        if sum(p[0] for p in per_pid) >= n:
+            return per_pid
+        return None
+
+    per_pid = wait_until(done, timeout=timeout, interval=0.02, what=f"{n} baseline messages")
+    first = min(p[1] for p in per_pid)
+    last = max(p[2] for p in per_pid)
+    client.delete(actors.stats_key(label))
+    seconds = last - first
+    return {
+        "messages": n,
+        "seconds": round(seconds, 4),
+        "messages_per_s": round(n / seconds, 1),
+        "per_process": sorted(p[0] for p in per_pid),
+    }
+
+
+# --- scenario 2: hop latency -------------------------------------------------------------------
+
+
+def engine_hops(workflow, *, timeout: float) -> dict:
+    """One run of a chain; per edge, predecessor's 'succeeded' event to successor's 'started' event."""
+    (run_id,) = start_runs(workflow, 1)
+    wait_runs([run_id], timeout=timeout)
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT EXTRACT(EPOCH FROM (s.created_at - p.created_at)) * 1000
+            FROM core_taskrun d
+            JOIN core_taskdependency dep ON dep.task_id = d.task_id
+            JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = dep.depends_on_id
+            JOIN core_taskrunevent p ON p.task_run_id = u.id AND p.kind = 'succeeded'
+            JOIN core_taskrunevent s ON s.task_run_id = d.id AND s.kind = 'started'
+            WHERE d.workflow_run_id = %s
+            """,
+            [run_id],
+        )
+        hops = [float(r[0]) for r in cur.fetchall()]
+    return {**latency_summary(hops), "_hops": hops}
+
+
+def baseline_hops(n: int, *, timeout: float) -> dict:
+    """A chain of ``n`` raw actors; per edge, predecessor's enqueue of it to its start."""
+    label = uuid.uuid4().hex[:12]
+    client = actors.redis_client()
+    key = actors.hops_key(label)
+    actors.bench_hop.send(label, 0, n)
+    wait_until(lambda: client.llen(key) >= n, timeout=timeout, interval=0.02, what=f"{n} baseline hops")
+    rows = {i: (started, finished) for i, started, finished in (json.loads(v) for v in client.lrange(key, 0, -1))}
+    client.delete(key)
+    hops = [(rows[i][0] - rows[i - 1][1]) * 1000 for i in range(1, n)]
+    return {**latency_summary(hops), "_hops": hops}
+
+
+# --- scenario 5: memory ------------------------------------------------------------------------
+
+
+def worker_memory(master_pid: int) -> list[dict]:
+    """VmRSS and VmHWM (peak RSS), in KiB, of each worker process the dramatiq master forked."""
+    out = []
+    for pid in worker_child_pids(master_pid):
+        fields = {}
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(value.split()[0])
+        out.append({"pid": pid, "rss_kib": fields.get("VmRSS", 0), "peak_rss_kib": fields.get("VmHWM", 0)})
+    return out
+
+
+def engine_tasks_done() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM core_taskrun WHERE state = 'succeeded'")
+        return cur.fetchone()[0]
+
+
+def tasks_per_worker_process() -> dict[int, int]:
+    """Engine tasks started by each worker process, from the 'started' events
+    (``detail.worker`` is ``worker@host:pid:thread``)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT split_part(split_part(detail->>'worker', '@', 2), ':', 2)::int, count(*)
+            FROM core_taskrunevent WHERE kind = 'started' GROUP BY 1
+            """
+        )
+        return dict(cur.fetchall())
+
+
+def run_until_each_process_ran(workflow, master_pid: int, tasks: int, *, timeout: float, max_total: int) -> dict:
+    """Run ``workflow`` (independent tasks) until every worker process of ``master_pid``
+    has started at least ``tasks`` engine tasks (or ``max_total`` were run in all).
+    Returns the per-process counts."""
+    pids = worker_child_pids(master_pid)
+    while True:
+        counts = tasks_per_worker_process()
+        if all(counts.get(pid, 0) >= tasks for pid in pids) or sum(counts.values()) >= max_total:
+            return {pid: counts.get(pid, 0) for pid in pids}
+        engine_throughput(workflow, 1, timeout=timeout)
+
+
+def settle(seconds: float = 0.5) -> None:
+    """Let in-flight clock ticks and stragglers finish before the next measurement."""
+    time.sleep(seconds)

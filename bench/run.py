@@ -1,0 +1,414 @@
+"""``make bench``: FlowForge against raw Dramatiq and against a big database, in one run.
+
+    .venv/bin/python -m bench.run [--smoke] [--skip-api] [--skip-hot] [--output bench/results.json]
+
+It works in its own PostgreSQL database (``BENCH_DATABASE_URL``, default
+``postgres://postgres@127.0.0.1:5432/flowforge_bench``: dropped, re-created and migrated
+each run), its own Redis database and broker namespace (``BENCH_REDIS_URL``, default
+``redis://127.0.0.1:6379/4``; namespace ``ff-bench``), and starts its own Dramatiq
+workers, ``dramatiq flowforge.worker bench.actors`` with 2 processes x 8 threads
+(``--processes``/``--threads``), plus the clock, through ``flowforge.stack``, with
+``DEBUG=0`` as deployed. Every engine figure and its baseline are measured in this one
+run on these same worker processes:
+
+1. throughput: one run of 2,000 independent ``noop`` tasks and 200 runs of a 10-task
+   chain, tasks/s from the first 'claimed' event to the last 'succeeded' event; baseline
+   the same number of messages to a no-op Dramatiq actor (``bench.actors``), written to
+   its queue at once, first actor start to last actor end;
+2. hop latency: a 100-task chain at light load (3 rounds), per edge the predecessor's
+   'succeeded' event to the successor's 'started' event; baseline a raw actor that
+   enqueues its successor, measured the same way from the actors' own timestamps;
+3. hot queries at 10,000 and 1,000,000 historical task runs (``bench.hot_queries``);
+4. API: ``python -m bench.bench_auth`` and ``python -m bench.bench_api_pagination``
+   when present (their printed figures are kept as they are);
+5. worker memory: peak RSS of each worker process once it has run 100 engine tasks and
+   once it has run 10,000 (the larger of the per-process ratios is reported).
+
+It prints a table and writes ``bench/results.json``. ``--smoke`` runs the same code with
+tiny sizes (about 30 s) and without the API benches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/flowforge_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/4"
+NAMESPACE = "ff-bench"
+
+FULL = {
+    "processes": 2,
+    "threads": 8,
+    "independent_tasks": 2000,
+    "chain_runs": 200,
+    "chain_length": 10,
+    "hop_chain_length": 100,
+    "hop_rounds": 3,
+    "memory_small": 100,
+    "memory_large": 10_000,
+    "hot_sizes": (10_000, 1_000_000),
+    "hot_reps": 25,
+    "timeout": 600.0,
+}
+SMOKE = {
+    **FULL,
+    "independent_tasks": 30,
+    "chain_runs": 3,
+    "chain_length": 4,
+    "hop_chain_length": 8,
+    "hop_rounds": 1,
+    "memory_small": 20,
+    "memory_large": 80,
+    "hot_sizes": (500, 2_000),
+    "hot_reps": 3,
+    "timeout": 60.0,
+}
+
+TARGETS = {
+    "throughput_ratio_independent": 0.30,
+    "hop_p50_ratio": 3.0,
+    "hop_p99_ratio": 5.0,
+    "hot_query_ratio": 1.5,
+    "memory_ratio": 1.10,
+}
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# --- environment ---------------------------------------------------------------------------------
+
+
+def recreate_database(url: str) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = parts._replace(path="/postgres").geturl()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # our own configuration's name
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        BROKER_URL=redis_url,
+        BROKER_NAMESPACE=NAMESPACE,
+        DJANGO_SETTINGS_MODULE="flowforge.settings",
+        DEBUG="0",
+        PYTHONUNBUFFERED="1",
+        FLOWFORGE_REPORT_DIR=str(BASE_DIR / "var" / "bench" / "reports"),
+        # The API benches send thousands of requests a minute with one key.
+        FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000000",
+    )
+    return env
+
+
+def flush_namespace(redis_url: str, namespace: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"{namespace}*"):
+        client.delete(key)
+
+
+# --- scenarios 1, 2, 5 ------------------------------------------------------------------------------
+
+
+def start_workers(stack, cfg: dict):
+    from flowforge.stack import bin_path, wait_until, worker_child_pids
+
+    worker = stack.start(
+        "worker",
+        [bin_path("dramatiq"), "flowforge.worker", "bench.actors", "--processes", str(cfg["processes"]),
+         "--threads", str(cfg["threads"]), "--worker-shutdown-timeout", "10000"],
+    )
+    stack.start_clock()
+    wait_until(lambda: len(worker_child_pids(worker.pid)) >= cfg["processes"], timeout=60,
+               what="the worker processes to start")
+    return worker
+
+
+def run_live(stack, org, cfg: dict, log=print) -> dict:
+    """Scenarios 1, 2 and 5 on one set of worker processes (started here, stopped by the caller)."""
+    from bench import live
+
+    timeout = cfg["timeout"]
+    worker = start_workers(stack, cfg)
+    log("workers up; warming up")
+    live.baseline_throughput(cfg["processes"] * cfg["threads"] * 2, timeout=timeout)  # every consumer is polling
+
+    independent = live.independent_workflow(org, cfg["independent_tasks"], "bench-independent")
+    chain = live.chain_workflow(org, cfg["chain_length"], "bench-chain")
+    hop_chain = live.chain_workflow(org, cfg["hop_chain_length"], "bench-hop-chain")
+    small = live.independent_workflow(org, cfg["memory_small"] // 2, "bench-memory-small")
+
+    # 5 (first half): chains, then independent tasks until every worker process has run
+    # 100 engine tasks; then each process's RSS.
+    out: dict = {"load": {"start": load()}}
+    live.engine_throughput(chain, max(1, cfg["memory_small"] // 2 // cfg["chain_length"]), timeout=timeout)
+    per_process = live.run_until_each_process_ran(small, worker.pid, cfg["memory_small"], timeout=timeout,
+                                                  max_total=cfg["memory_small"] * 20)
+    live.settle()
+    memory_small = {"tasks": live.engine_tasks_done(), "tasks_per_process": per_process,
+                    "processes": live.worker_memory(worker.pid)}
+
+    # 1: throughput, each engine figure followed by its baseline.
+    log("throughput")
+    t_ind = live.engine_throughput(independent, 1, timeout=timeout)
+    live.settle()
+    b_ind = live.baseline_throughput(t_ind["tasks"], timeout=timeout)
+    live.settle()
+    t_chain = live.engine_throughput(chain, cfg["chain_runs"], timeout=timeout)
+    live.settle()
+    b_chain = live.baseline_throughput(t_chain["tasks"], timeout=timeout)
+    out["load"]["after_throughput"] = load()
+    out["throughput"] = {
+        "independent": {"engine": t_ind, "baseline": b_ind,
+                        "ratio": round(t_ind["tasks_per_s"] / b_ind["messages_per_s"], 3)},
+        "chains": {"engine": t_chain, "baseline": b_chain,
+                   "ratio": round(t_chain["tasks_per_s"] / b_chain["messages_per_s"], 3)},
+    }
+
+    # 2: hop latency, engine and baseline rounds interleaved, at light load.
+    log("hop latency")
+    live.settle(1.0)
+    engine_hops: list[dict] = []
+    raw_hops: list[dict] = []
+    for _ in range(cfg["hop_rounds"]):
+        engine_hops.append(live.engine_hops(hop_chain, timeout=timeout))
+        live.settle()
+        raw_hops.append(live.baseline_hops(cfg["hop_chain_length"], timeout=timeout))
+        live.settle()
+    e, r = _pool(engine_hops), _pool(raw_hops)
+    out["load"]["after_hops"] = load()
+    out["hop_latency"] = {
+        "engine": e, "baseline": r,
+        "ratio_p50": round(e["p50_ms"] / r["p50_ms"], 2),
+        "ratio_p95": round(e["p95_ms"] / r["p95_ms"], 2),
+        "ratio_p99": round(e["p99_ms"] / r["p99_ms"], 2),
+    }
+
+    # 5 (second half): more independent runs until every worker process has run 10,000.
+    log("memory")
+    per_process = live.run_until_each_process_ran(independent, worker.pid, cfg["memory_large"], timeout=timeout,
+                                                  max_total=cfg["memory_large"] * 4)
+    live.settle()
+    memory_large = {"tasks": live.engine_tasks_done(), "tasks_per_process": per_process,
+                    "processes": live.worker_memory(worker.pid)}
+    before = {p["pid"]: p for p in memory_small["processes"]}
+    ratios = [p["peak_rss_kib"] / before[p["pid"]]["peak_rss_kib"] for p in memory_large["processes"] if p["pid"] in before]
+    out["memory"] = {"after_small": memory_small, "after_large": memory_large,
+                     "ratio": round(max(ratios), 3) if ratios else None}
+    out["load"]["end"] = load()
+    return out
+
+
+def _pool(rounds: list[dict]) -> dict:
+    """One latency summary over the edges of several rounds."""
+    hops = [h for rnd in rounds for h in rnd.pop("_hops")]
+    from bench.live import latency_summary
+
+    return {**latency_summary(hops), "rounds": len(rounds)}
+
+
+# --- scenario 4 ----------------------------------------------------------------------------------
+
+
+API_BENCHES = ("bench_auth", "bench_api_pagination")
+
+
+def run_api_benches(env: dict[str, str], *, timeout: float = 420.0, log=print) -> dict:
+    out = {}
+    for name in API_BENCHES:
+        if not (BASE_DIR / "bench" / f"{name}.py").exists():
+            out[name] = {"status": "absent"}
+            continue
+        log(f"api: {name}")
+        began = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, "-m", f"bench.{name}"], cwd=BASE_DIR, env=env,
+                                  capture_output=True, text=True, timeout=timeout)
+            status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+            output = proc.stdout + (proc.stderr[-2000:] if proc.returncode else "")
+        except subprocess.TimeoutExpired as exc:
+            status = f"timeout after {timeout:.0f}s"
+            output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        out[name] = {"status": status, "seconds": round(time.monotonic() - began, 1), "output": output.strip()}
+    return out
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def verdicts(results: dict) -> dict:
+    v = {}
+    if "throughput" in results:
+        v["throughput_ratio_independent"] = results["throughput"]["independent"]["ratio"] >= TARGETS[
+            "throughput_ratio_independent"]
+    if "hop_latency" in results:
+        v["hop_p50"] = results["hop_latency"]["ratio_p50"] <= TARGETS["hop_p50_ratio"]
+        v["hop_p99"] = results["hop_latency"]["ratio_p99"] <= TARGETS["hop_p99_ratio"]
+    if "hot_queries" in results:
+        hq = results["hot_queries"]
+        large = hq["sizes"][max(hq["sizes"], key=int)]["queries"]
+        v["hot_queries_on_index"] = all(q["uses_index"] for q in large.values())
+        v["hot_queries_ratio"] = all(r <= TARGETS["hot_query_ratio"] for r in hq["ratios"].values())
+    if results.get("memory", {}).get("ratio") is not None:
+        v["memory"] = results["memory"]["ratio"] <= TARGETS["memory_ratio"]
+    return v
+
+
+def table(results: dict) -> str:
+    lines = []
+    meta = results["meta"]
+    lines.append(
+        f"FlowForge bench ({meta['mode']}): {meta['processes']} worker processes x {meta['threads']} threads, "
+        f"{meta['cpus']} CPUs; load average at start {meta['load_start']}, at end {meta.get('load_end')}"
+    )
+    if results.get("load"):
+        lines.append("load average (1/5/15 min) during the live scenarios: "
+                     + "; ".join(f"{k} {v}" for k, v in results["load"].items()))
+    row = "{:<44} {:>16} {:>16} {:>9}  {}"
+    lines.append(row.format("scenario", "engine", "baseline", "ratio", "target"))
+    if "throughput" in results:
+        for key, label in (("independent", "1 throughput: 1 run x {n} independent"),
+                           ("chains", "1 throughput: {runs} runs x 10-chain")):
+            t = results["throughput"][key]
+            lines.append(row.format(
+                label.format(n=t["engine"]["tasks"], runs=t["engine"]["runs"]),
+                f"{t['engine']['tasks_per_s']:.0f} tasks/s", f"{t['baseline']['messages_per_s']:.0f} msg/s",
+                f"{t['ratio']:.2f}", ">= 0.30" if key == "independent" else ""))
+    if "hop_latency" in results:
+        h = results["hop_latency"]
+        for p, target in (("p50", "<= 3x"), ("p95", ""), ("p99", "<= 5x")):
+            lines.append(row.format(f"2 hop latency {p} ({h['engine']['hops']} edges)",
+                                    f"{h['engine'][p + '_ms']:.1f} ms", f"{h['baseline'][p + '_ms']:.1f} ms",
+                                    f"{h['ratio_' + p]:.2f}x", target))
+    if "hot_queries" in results:
+        hq = results["hot_queries"]
+        sizes = sorted(hq["sizes"], key=int)
+        small, large = sizes[0], sizes[-1]
+        for name in hq["ratios"]:
+            a = hq["sizes"][small]["queries"][name]
+            b = hq["sizes"][large]["queries"][name]
+            lines.append(row.format(
+                f"3 {name} ({_n(small)} -> {_n(large)})", f"{b['median_ms']:.2f} ms", f"{a['median_ms']:.2f} ms",
+                f"{hq['ratios'][name]:.2f}x",
+                f"<= 1.5x; {b['index']} {'used' if b['uses_index'] else 'NOT USED: ' + ','.join(b['indexes_used'])}"))
+    if "memory" in results:
+        m = results["memory"]
+        peak = lambda snap: max(p["peak_rss_kib"] for p in snap["processes"]) / 1024  # noqa: E731
+        lines.append(row.format(
+            f"5 worker peak RSS ({_per(m['after_small'])} -> {_per(m['after_large'])} tasks/proc)",
+            f"{peak(m['after_large']):.1f} MiB", f"{peak(m['after_small']):.1f} MiB",
+            f"{m['ratio']:.3f}", "<= 1.10"))
+    lines.append("(engine column: the larger size / later figure; baseline column: raw Dramatiq, the smaller "
+                 "size or the earlier figure)")
+    if "api" in results:
+        for name, r in results["api"].items():
+            lines.append(f"4 {name}: {r['status']}" + (f" ({r.get('seconds')} s)" if "seconds" in r else ""))
+            shown = []
+            for line in (r.get("output") or "").splitlines():
+                if line.startswith(("EXPLAIN", "Traceback")) and r["status"] == "ok":
+                    break  # the plans are in results.json
+                shown.append(line)
+            for line in (shown[:30] if r["status"] == "ok" else shown[-15:]):
+                lines.append("    " + line)
+    if results.get("verdicts"):
+        lines.append("targets met: " + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in results["verdicts"].items()))
+    return "\n".join(lines)
+
+
+def _per(snapshot: dict) -> str:
+    counts = snapshot.get("tasks_per_process") or {}
+    return f">={min(counts.values())}" if counts else str(snapshot["tasks"])
+
+
+def _n(size: str) -> str:
+    n = int(size)
+    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else (f"{n // 1000}k" if n >= 1000 else str(n))
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, no API benches (about 30 s)")
+    parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--skip-hot", action="store_true")
+    parser.add_argument("--skip-live", action="store_true")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--output", default=str(BASE_DIR / "bench" / "results.json"))
+    args = parser.parse_args(argv)
+    cfg = dict(SMOKE if args.smoke else FULL, processes=args.processes, threads=args.threads)
+    began = time.monotonic()
+
+    database_url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
+    redis_url = os.environ.get("BENCH_REDIS_URL", DEFAULT_REDIS_URL)
+    env = bench_env(database_url, redis_url)
+    os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BROKER_NAMESPACE",
+                                           "DJANGO_SETTINGS_MODULE", "DEBUG")})
+    print(f"bench database {database_url} (re-created), redis {redis_url} namespace {NAMESPACE}; load {load()}")
+    recreate_database(database_url)
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    flush_namespace(redis_url, NAMESPACE)
+
+    import django
+
+    django.setup()
+    from flowforge.stack import Stack
+    from tenancy.services import create_organization
+
+    org, _user, _ = create_organization(slug="bench", name="Bench", owner_email="owner@bench.example")
+    results: dict = {"meta": {
+        "mode": "smoke" if args.smoke else "full", "processes": cfg["processes"], "threads": cfg["threads"],
+        "cpus": os.cpu_count(), "load_start": load(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "database": database_url, "redis": redis_url, "namespace": NAMESPACE,
+        "sizes": {k: v for k, v in cfg.items() if k not in ("timeout",)},
+    }}
+    if not args.skip_live:
+        stack = Stack(env=env, log_dir=BASE_DIR / "var" / "bench" / "logs")
+        try:
+            live_results = run_live(stack, org, cfg)
+        finally:
+            stack.stop_all()
+        results.update(live_results)
+    if not args.skip_hot:
+        from bench import hot_queries
+
+        print("hot queries: loading history")
+        with __import__("django.db", fromlist=["connection"]).connection.cursor() as cur:
+            cur.execute("TRUNCATE core_taskrunevent, core_outboxmessage, core_taskrun, core_workflowrun CASCADE")
+        results["hot_queries"] = hot_queries.run(org, sizes=cfg["hot_sizes"], reps=cfg["hot_reps"])
+    if not (args.smoke or args.skip_api):
+        results["api"] = run_api_benches(env)
+    results["meta"]["load_end"] = load()
+    results["meta"]["seconds"] = round(time.monotonic() - began, 1)
+    results["verdicts"] = verdicts(results)
+    text = table(results)
+    print(text)
+    print(f"total {results['meta']['seconds']} s")
+    results["table"] = text
+    Path(args.output).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
