@@ -33,15 +33,15 @@ import uuid
 from collections.abc import Iterator
 
 import psycopg
-from django.db import connection
 from rest_framework.renderers import BaseRenderer
 
 from engine import live
 from engine.models import RUN_TERMINAL_STATES, TaskRunEvent, WorkflowRun
 
 log = logging.getLogger(__name__)
+CHANNEL = live.CHANNEL  # the trigger's channel (engine.live)
 
-CHANNEL = "flowforge_run_events"
+
 # Seconds without output after which a comment line is sent.
 HEARTBEAT_SECONDS = 15.0
 # Longest wait, in seconds, before re-reading even without a notification.
@@ -77,20 +77,10 @@ def format_event(event_id: int, data: dict) -> str:
 
 
 def listen_connection() -> psycopg.Connection:
-    """A new autocommit connection to the default database (same parameters as Django's),
-    already LISTENing on CHANNEL. The caller closes it."""
-    params = connection.get_connection_params()
-    for django_only in ("cursor_factory", "context", "prepare_threshold"):
-        params.pop(django_only, None)
-    # Named, so operators (and tests) can tell live listeners apart in pg_stat_activity.
-    params["application_name"] = LISTENER_APPLICATION_NAME
-    conn = psycopg.connect(**params, autocommit=True)
-    try:
-        conn.execute(f"LISTEN {CHANNEL}")  # a constant identifier, not user input
-    except Exception:
-        conn.close()
-        raise
-    return conn
+    """This module's LISTEN connection (engine.live.listen_connection). The caller closes it."""
+    from engine.live import listen_connection as listen
+
+    return listen(application_name=LISTENER_APPLICATION_NAME)
 
 
 def wait_for_run(conn: psycopg.Connection, run_id: uuid.UUID, *, timeout: float) -> bool:

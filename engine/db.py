@@ -27,22 +27,25 @@ def _sqlstate(exc: BaseException) -> str | None:
     return getattr(cause, "sqlstate", None) or getattr(exc, "sqlstate", None)
 
 
-def atomic_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
-                 base_delay_seconds: float = 0.05) -> T:
-    """Run ``fn`` in ``transaction.atomic`` and return its result, retrying the whole
-    transaction on a deadlock or serialization failure (up to ``attempts`` times) and,
-    when ``connection_attempts`` > 0, on a lost database connection (a PostgreSQL
-    restart) with exponential backoff capped at 2 seconds.
+def retry_transient[T](fn: Callable[[], T], *, atomic: bool, attempts: int = 5, connection_attempts: int = 0,
+                       base_delay_seconds: float = 0.05) -> T:
+    """Run ``fn`` (inside ``transaction.atomic`` when ``atomic``) and return its result,
+    running it again on a deadlock or serialization failure (up to ``attempts`` times)
+    and, when ``connection_attempts`` > 0, on a lost database connection (a PostgreSQL
+    restart) with exponential backoff capped at 2 seconds. Re-raises the last error
+    when the retries are spent.
 
-    Only safe for ``fn`` whose effects are all inside the transaction. Re-raises the
-    last error when the retries are spent.
+    Only safe for ``fn`` whose effects are all inside its transaction(s), so that a
+    repetition is correct.
     """
     tries = 0
     conn_tries = 0
     while True:
         try:
-            with transaction.atomic():
-                return fn()
+            if atomic:
+                with transaction.atomic():
+                    return fn()
+            return fn()
         except OperationalError as exc:
             state = _sqlstate(exc)
             if state in RETRYABLE_SQLSTATES and tries < attempts:
@@ -62,6 +65,14 @@ def atomic_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attemp
                 time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
                 continue
             raise
+
+
+def atomic_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,
+                    base_delay_seconds: float = 0.05) -> T:
+    """``retry_transient`` of ``fn`` in ``transaction.atomic``: the whole transaction is
+    retried on a deadlock, a serialization failure or (when asked) a lost connection."""
+    return retry_transient(fn, atomic=True, attempts=attempts, connection_attempts=connection_attempts,
+                           base_delay_seconds=base_delay_seconds)
 
 
 def _reset_connection() -> None:

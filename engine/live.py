@@ -6,10 +6,31 @@ from __future__ import annotations
 import uuid
 
 import psycopg
+from django.db import connection
+
+# The channel the core_taskrunevent trigger notifies (migrations 0006/0007).
+CHANNEL = "flowforge_run_events"
 
 # A subscription lives this long unless renewed; listeners renew it every RENEW_SECONDS.
 SUBSCRIPTION_SECONDS = 60
 RENEW_SECONDS = 20
+
+
+def listen_connection(*, application_name: str) -> psycopg.Connection:
+    """A new autocommit connection to the default database (Django's parameters), named
+    ``application_name`` in pg_stat_activity and already LISTENing on CHANNEL. The caller
+    closes it."""
+    params = connection.get_connection_params()
+    for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
+        params.pop(django_only, None)
+    params["application_name"] = application_name
+    conn = psycopg.connect(**params, autocommit=True)
+    try:
+        conn.execute(f"LISTEN {CHANNEL}")  # a constant identifier, not user input
+    except Exception:
+        conn.close()
+        raise
+    return conn
 
 
 def subscribe(conn: psycopg.Connection, *, organization_id: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:

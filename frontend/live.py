@@ -41,13 +41,13 @@ import uuid
 from collections.abc import Iterator
 
 import psycopg
-from django.db import connection
 
 # The trigger notifies only for runs with a live subscription (engine.models.RunSubscription).
 from engine import live as subscriptions
 from engine.models import RUN_TERMINAL_STATES
 
-CHANNEL = "flowforge_run_events"
+CHANNEL = subscriptions.CHANNEL  # the trigger's channel
+
 # Seconds without output after which a keep-alive comment is sent (and a re-read made).
 HEARTBEAT_SECONDS = 15.0
 # Seconds after which a stream ends; the browser reconnects with Last-Event-ID.
@@ -63,19 +63,10 @@ _RUN_SQL = "SELECT state, last_event_seq FROM core_workflowrun WHERE id = %s AND
 
 
 def listen_connection() -> psycopg.Connection:
-    """A new autocommit connection to the default database (Django's parameters),
-    already LISTENing on CHANNEL. The caller closes it."""
-    params = connection.get_connection_params()
-    for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
-        params.pop(django_only, None)
-    params["application_name"] = APPLICATION_NAME
-    conn = psycopg.connect(**params, autocommit=True)
-    try:
-        conn.execute(f"LISTEN {CHANNEL}")  # a constant identifier, not user input
-    except Exception:
-        conn.close()
-        raise
-    return conn
+    """This module's LISTEN connection (engine.live.listen_connection). The caller closes it."""
+    from engine.live import listen_connection as listen
+
+    return listen(application_name=APPLICATION_NAME)
 
 
 def message(event: str, data: dict, *, event_id: int | None = None) -> str:

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -155,34 +153,10 @@ def autocommit_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_at
     whose every effect is one such transaction, or a sequence that is correct when
     retried (all the functions named above are).
     """
-    from django.db import InterfaceError, OperationalError
+    from engine.db import retry_transient
 
-    from engine.db import RETRYABLE_SQLSTATES, _reset_connection, _sqlstate
-
-    tries = 0
-    conn_tries = 0
-    while True:
-        try:
-            return fn()
-        except OperationalError as exc:
-            state = _sqlstate(exc)
-            if state in RETRYABLE_SQLSTATES and tries < attempts:
-                tries += 1
-                time.sleep(random.uniform(0, base_delay_seconds * tries))
-                continue
-            if state not in RETRYABLE_SQLSTATES and conn_tries < connection_attempts:
-                conn_tries += 1
-                _reset_connection()
-                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
-                continue
-            raise
-        except InterfaceError:
-            if conn_tries < connection_attempts:
-                conn_tries += 1
-                _reset_connection()
-                time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
-                continue
-            raise
+    return retry_transient(fn, atomic=False, attempts=attempts, connection_attempts=connection_attempts,
+                           base_delay_seconds=base_delay_seconds)
 
 
 # Appended to a statement whose CTE ``tr`` returns task-run rows with the columns
