@@ -10,6 +10,7 @@ from collections.abc import Callable
 from django.db import (
     DatabaseError,
     InterfaceError,
+    NotSupportedError,
     OperationalError,
     close_old_connections,
     connection,
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 # SQLSTATEs that mean "try the same transaction again": serialization_failure, deadlock_detected.
 RETRYABLE_SQLSTATES = {"40001", "40P01"}
+# feature_not_supported: what a prepared statement raises after its table changed shape.
+STALE_PLAN_SQLSTATE = "0A000"
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -56,6 +59,14 @@ def retry_transient[T](fn: Callable[[], T], *, atomic: bool, attempts: int = 5, 
                 conn_tries += 1
                 _reset_connection()
                 time.sleep(min(2.0, base_delay_seconds * 2**conn_tries))
+                continue
+            raise
+        except NotSupportedError as exc:
+            if _sqlstate(exc) == STALE_PLAN_SQLSTATE and tries < attempts:
+                # A migration changed a table under this connection's prepared statements
+                # ("cached plan must not change result type"): a new connection re-prepares.
+                tries += 1
+                _reset_connection()
                 continue
             raise
         except InterfaceError:

@@ -140,3 +140,27 @@ def test_a_workflow_timeout_must_be_positive(org):
         apply_definition(organization=org, document={"name": "x", "timeout_seconds": 0,
                                                      "tasks": [{"key": "a", "type": "noop"}]})
     assert excinfo.value.errors == [{"path": "timeout_seconds", "message": "must be at least 0.001, got 0"}]
+
+
+@pytest.mark.django_db
+def test_a_stale_prepared_plan_is_retried_on_a_fresh_connection(monkeypatch):
+    """After a migration changes a table, a prepared statement fails with SQLSTATE 0A000;
+    the retry helper reconnects and runs the work again."""
+    from django.db import NotSupportedError
+
+    from engine import db
+
+    class Stale(Exception):
+        sqlstate = "0A000"
+
+    calls, resets = [], []
+    monkeypatch.setattr(db, "_reset_connection", lambda: resets.append(1))
+
+    def work():
+        calls.append(1)
+        if len(calls) == 1:
+            raise NotSupportedError("cached plan must not change result type") from Stale()
+        return "done"
+
+    assert db.retry_transient(work, atomic=False) == "done"
+    assert (len(calls), len(resets)) == (2, 1)
