@@ -108,6 +108,13 @@ class Stack:
         for proc in reversed(self.procs):
             proc.stop()
 
+    def print_logs(self, *, lines: int = 60) -> None:
+        """Print the last ``lines`` of each process's log (for a failed test's report)."""
+        for proc in self.procs:
+            if proc.log_path and proc.log_path.exists():
+                print(f"==== {proc.name} log (last {lines} lines) ====")
+                print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-lines:]))
+
 
 def worker_child_pids(master_pid: int) -> list[int]:
     """Pids of the worker processes a ``dramatiq`` master forked (read from /proc)."""

@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import redis
 from django.conf import settings
 from django.db import connection, connections
 
 from flowforge.stack import BASE_DIR, Stack
+from tests.integration.conftest import flush_broker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu"]
@@ -42,15 +42,6 @@ def _database_url() -> str:
     if s.get("PASSWORD"):
         auth += f":{s['PASSWORD']}"
     return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
-
-
-def _flush_broker() -> None:
-    """Delete this session's queues in Redis so no message of an earlier test is delivered."""
-    if not settings.BROKER_URL.startswith("redis"):
-        return
-    client = redis.Redis.from_url(settings.BROKER_URL)
-    for key in client.scan_iter(match=f"{settings.BROKER_NAMESPACE}*"):
-        client.delete(key)
 
 
 def orm[T](fn: Callable[[], T]) -> T:
@@ -88,7 +79,7 @@ def e2e_stack(live_server, tmp_path, request):
         FLOWFORGE_CLOCK_RELAY_SECONDS="0.5",
         PYTHONUNBUFFERED="1",
     )
-    _flush_broker()
+    flush_broker()
     stack = Stack(env=env, log_dir=Path(tmp_path) / "logs")
     stack.start_worker(processes=1, threads=8)
     stack.start_clock()
@@ -96,11 +87,8 @@ def e2e_stack(live_server, tmp_path, request):
     stack.stop_all()
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
-        for proc in stack.procs:
-            if proc.log_path and proc.log_path.exists():
-                print(f"==== {proc.name} log (last 60 lines) ====")
-                print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-60:]))
-    _flush_broker()
+        stack.print_logs()
+    flush_broker()
 
 
 @pytest.fixture

@@ -73,10 +73,7 @@ def stack(stack_env, tmp_path, request):
     s.stop_all()
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
-        for proc in s.procs:
-            if proc.log_path and proc.log_path.exists():
-                print(f"==== {proc.name} log (last 60 lines) ====")
-                print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-60:]))
+        s.print_logs()
     flush_broker()
 
 
