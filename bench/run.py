@@ -134,6 +134,9 @@ def start_workers(stack, cfg: dict):
         "worker",
         [bin_path("dramatiq"), "flowforge.worker", "bench.actors", "--processes", str(cfg["processes"]),
          "--threads", str(cfg["threads"]), "--worker-shutdown-timeout", "10000"],
+        # An idle consumer backs off up to the worker timeout before it polls again (1 s by
+        # default): with 100 ms no process sits out a whole run while another drains it.
+        env={"dramatiq_worker_timeout": "100"},
     )
     stack.start_clock()
     wait_until(lambda: len(worker_child_pids(worker.pid)) >= cfg["processes"], timeout=60,
@@ -153,14 +156,17 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
     independent = live.independent_workflow(org, cfg["independent_tasks"], "bench-independent")
     chain = live.chain_workflow(org, cfg["chain_length"], "bench-chain")
     hop_chain = live.chain_workflow(org, cfg["hop_chain_length"], "bench-hop-chain")
-    small = live.independent_workflow(org, cfg["memory_small"] // 2, "bench-memory-small")
+    # Wider than both processes' prefetch (threads x 2 each), so one process cannot take a
+    # whole run's messages in one fetch and leave the other idle.
+    small_width = max(cfg["memory_small"] // 2, 2 * cfg["processes"] * cfg["threads"] * 2)
+    small = live.independent_workflow(org, small_width, "bench-memory-small")
 
     # 5 (first half): chains, then independent tasks until every worker process has run
     # 100 engine tasks; then each process's RSS.
     out: dict = {"load": {"start": load()}}
     live.engine_throughput(chain, max(1, cfg["memory_small"] // 2 // cfg["chain_length"]), timeout=timeout)
     per_process = live.run_until_each_process_ran(small, worker.pid, cfg["memory_small"], timeout=timeout,
-                                                  max_total=cfg["memory_small"] * 20)
+                                                  max_total=max(cfg["memory_small"], small_width) * 20)
     live.settle()
     memory_small = {"tasks": live.engine_tasks_done(), "tasks_per_process": per_process,
                     "processes": live.worker_memory(worker.pid)}
@@ -203,8 +209,9 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
 
     # 5 (second half): more independent runs until every worker process has run 10,000.
     log("memory")
-    per_process = live.run_until_each_process_ran(independent, worker.pid, cfg["memory_large"], timeout=timeout,
-                                                  max_total=cfg["memory_large"] * 4)
+    wide = independent if cfg["independent_tasks"] >= small_width else small
+    per_process = live.run_until_each_process_ran(wide, worker.pid, cfg["memory_large"], timeout=timeout,
+                                                  max_total=cfg["memory_large"] * cfg["processes"] * 4)
     live.settle()
     memory_large = {"tasks": live.engine_tasks_done(), "tasks_per_process": per_process,
                     "processes": live.worker_memory(worker.pid)}

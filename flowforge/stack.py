@@ -73,13 +73,14 @@ class Stack:
     log_dir: Path
     procs: list[Proc] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str]) -> Proc:
-        """Start ``argv`` with this stack's environment; output goes to log_dir/name.log."""
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        """Start ``argv`` with this stack's environment (plus ``env``, if given); output goes
+        to log_dir/name.log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             popen = subprocess.Popen(
-                argv, cwd=BASE_DIR, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv, cwd=BASE_DIR, env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
         proc = Proc(name=name, popen=popen, log_path=log_path)
         self.procs.append(proc)
