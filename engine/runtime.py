@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 import traceback
@@ -174,36 +173,6 @@ _starts: Combiner = Combiner(_start_batch)
 _successes: Combiner = Combiner(_complete_batch)
 
 
-class _MetricsSender:
-    """Sends metrics from a daemon thread, off the task's path (metrics are best effort:
-    when Redis is slow and the backlog passes ``limit``, observations are dropped)."""
-
-    def __init__(self, limit: int = 10_000):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._limit = limit
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, fn: Callable[..., None], *args) -> None:
-        if self._queue.qsize() >= self._limit:
-            return
-        self._queue.put((fn, args))
-        if self._thread is None or not self._thread.is_alive():
-            with self._lock:
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._loop, name="flowforge-metrics", daemon=True)
-                    self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, args = self._queue.get()
-            try:
-                fn(*args)
-            except Exception:  # a metric never fails anything
-                log.debug("metric not sent", exc_info=True)
-
-
-_metric = _MetricsSender()
 
 
 class OutputTooLarge(PermanentTaskError):
@@ -261,7 +230,7 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
     logs.bind(organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
               attempt=started.attempt)
     if started.dispatch_latency_seconds is not None:
-        _metric(metrics.observe, "flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
+        metrics.observe("flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
     context = TaskContext(
         task_run_id=started.task_run_id,
         workflow_run_id=started.workflow_run_id,
@@ -296,7 +265,7 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         )
     finally:
         hb.unregister(context)
-        _metric(metrics.observe, "flowforge_task_duration_seconds", time.monotonic() - began)
+        metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
     if not succeeded and context.cancelled:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
@@ -322,15 +291,15 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         )
         publish_dispatches(result.dispatches)
     if not result.accepted:
-        _metric(metrics.incr, "flowforge_task_attempts_total", "rejected")
+        metrics.incr("flowforge_task_attempts_total", "rejected")
         return "rejected"
     if result.run_state is not None:
-        _metric(metrics.incr, "flowforge_runs_finished_total", result.run_state)
+        metrics.incr("flowforge_runs_finished_total", result.run_state)
     if result.retry_in_seconds is not None:
         from engine.actors import schedule_tick
 
-        _metric(metrics.incr, "flowforge_task_attempts_total", "retrying")
+        metrics.incr("flowforge_task_attempts_total", "retrying")
         schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
         return "retrying"
-    _metric(metrics.incr, "flowforge_task_attempts_total", result.state or "unknown")
+    metrics.incr("flowforge_task_attempts_total", result.state or "unknown")
     return result.state or "unknown"

@@ -164,3 +164,21 @@ def test_a_stale_prepared_plan_is_retried_on_a_fresh_connection(monkeypatch):
 
     assert db.retry_transient(work, atomic=False) == "done"
     assert (len(calls), len(resets)) == (2, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(org, make_workflow):
+    """The transitions run as server-side prepared statements with a generic plan: a
+    second call on the connection neither parses nor plans again (without
+    ``prepare_threshold`` psycopg silently disabled preparing, and every call re-planned)."""
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
+    start_run(workflow=wf)
+    start_run(workflow=wf)
+    for _ in range(2):
+        claimed = transitions.claim_ready(limit=1, lease_seconds=60, owner="test")
+        assert len(claimed) == 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
+        rows = cur.fetchall()
+    assert rows == [(2, 0)]
