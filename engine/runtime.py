@@ -173,8 +173,6 @@ _starts: Combiner = Combiner(_start_batch)
 _successes: Combiner = Combiner(_complete_batch)
 
 
-
-
 class OutputTooLarge(PermanentTaskError):
     """A handler returned more than FLOWFORGE_MAX_OUTPUT_BYTES of output."""
 
