@@ -71,4 +71,4 @@ def execute_task_run(task_run_id: str, fencing_token: int) -> None:
     """Run one generation of one task run (see ``engine.runtime.execute``)."""
     from engine.runtime import execute
 
-    execute(task_run_id, fencing_token)
+    execute(task_run_id, fencing_token, continue_inline=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -156,17 +157,44 @@ def _start_batch(requests: list[transitions.StartRequest]) -> list[transitions.S
     )
 
 
-def _complete_batch(requests: list[transitions.SuccessRequest]) -> list[transitions.CompletionResult]:
+@dataclasses.dataclass(frozen=True)
+class _Success:
+    """A successful attempt to record; ``may_continue``: its thread can run one of the
+    dependents this completion claims itself, instead of sending it through the broker."""
+
+    request: transitions.SuccessRequest
+    workflow_run_id: uuid.UUID
+    may_continue: bool
+
+
+def _complete_batch(
+    items: list[_Success],
+) -> list[tuple[transitions.CompletionResult, transitions.Dispatch | None]]:
+    """Record a batch of successes in one transaction, then publish the dependents they
+    claimed, keeping back at most one per thread that may continue (same run first);
+    those are stamped as delivered and returned beside that thread's result."""
     results, dispatches = transitions.complete_successes(
-        requests,
+        [item.request for item in items],
         # The lease of dependents these completions claim: until a worker starts them.
         lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
         owner=process_owner("scheduler"),
         connection_attempts=8,
         reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
     )
-    publish_dispatches(dispatches, reserved=True)  # after the commit, one publish for the whole batch
-    return results
+    free = [d for d in dispatches if d.outbox_id is not None]
+    continuations: dict[int, transitions.Dispatch] = {}
+    for i, (item, result) in enumerate(zip(items, results, strict=True)):
+        if not (free and item.may_continue and result.accepted):
+            continue
+        pick = next((d for d in free if d.workflow_run_id == item.workflow_run_id), free[0])
+        free.remove(pick)
+        continuations[i] = pick
+    kept = {id(d) for d in continuations.values()}
+    # After the commit, one publish (and one stamp) for the whole batch.
+    if not publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True,
+                              delivered_inline=list(continuations.values())):
+        continuations = {}  # not stamped: the relay sends them
+    return [(result, continuations.get(i)) for i, result in enumerate(results)]
 
 
 _starts: Combiner = Combiner(_start_batch)
@@ -203,27 +231,45 @@ def cap_output(output: Any) -> Any:
     return json.loads(encoded)
 
 
-def execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
+def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline: bool = False) -> str:
     """Run generation ``fencing_token`` of a task run to completion in this thread (see
-    ``_execute``). The ids it binds to log lines are reset when it returns, so nothing
-    of this attempt is ambient in the thread's next message."""
+    ``_execute``) and return its outcome. The ids it binds to log lines are reset when
+    it returns, so nothing of this attempt is ambient in the thread's next message.
+
+    With ``continue_inline`` (the execute actor), when the success claims dependents,
+    this thread then runs one of them itself, and so on down a chain, up to
+    FLOWFORGE_INLINE_CONTINUATIONS hops per message: a hop then costs the completion's
+    commit and the next start, not a broker round trip and a consumer's poll. The
+    others are published as usual. A continued generation is started, fenced and
+    completed exactly as one that came through the broker.
+    """
+    hops_left = settings.FLOWFORGE_INLINE_CONTINUATIONS if continue_inline else 0
     with logs.bound(task_run_id=task_run_id, fencing_token=fencing_token):
-        return _execute(task_run_id, fencing_token)
+        outcome, following = _execute(task_run_id, fencing_token, may_continue=hops_left > 0)
+    while following is not None:
+        hops_left -= 1
+        with logs.bound(task_run_id=following.task_run_id, fencing_token=following.fencing_token,
+                        continued=True):
+            _, following = _execute(following.task_run_id, following.fencing_token, may_continue=hops_left > 0)
+    return outcome
 
 
-def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
+def _execute(
+    task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False
+) -> tuple[str, transitions.Dispatch | None]:
     """Run generation ``fencing_token`` of a task run to completion in this thread.
 
     Returns what happened: "ignored" (stale or duplicate message), "succeeded",
     "failed", "retrying" or "rejected" (the completion lost to a newer generation
-    or a cancellation).
+    or a cancellation); and, when ``may_continue`` and the success claimed dependents,
+    the one this thread is to run next (already stamped as delivered), else None.
     """
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
     # One statement and one commit, shared with the starts of the process's other threads.
     started = _starts.submit(transitions.StartRequest(task_run_id, fencing_token, owner))
     if started is None:
-        return "ignored"
+        return "ignored", None
     # Every log line of this attempt names its organization, run and attempt too.
     logs.bind(organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
               attempt=started.attempt)
@@ -269,12 +315,16 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
         # the right reason ("attempt timed out", "lease expired"); a completion here
         # would record the interruption instead.
-        return "abandoned"
+        return "abandoned", None
     if succeeded:
         # One round trip and one commit, shared with the process's other completions; the
-        # dependents it claims are published by whichever thread ran the batch.
-        result = _successes.submit(transitions.SuccessRequest(task_run_id, fencing_token, output))
+        # dependents it claims are published by whichever thread ran the batch, except
+        # the one this thread may continue with.
+        result, following = _successes.submit(_Success(
+            transitions.SuccessRequest(task_run_id, fencing_token, output), started.workflow_run_id, may_continue
+        ))
     else:
+        following = None
         result = atomic_retry(
             lambda: transitions.complete_attempt(
                 task_run_id=task_run_id,
@@ -290,7 +340,7 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
         publish_dispatches(result.dispatches)
     if not result.accepted:
         metrics.incr("flowforge_task_attempts_total", "rejected")
-        return "rejected"
+        return "rejected", None
     if result.run_state is not None:
         metrics.incr("flowforge_runs_finished_total", result.run_state)
     if result.retry_in_seconds is not None:
@@ -298,6 +348,6 @@ def _execute(task_run_id: str | uuid.UUID, fencing_token: int) -> str:
 
         metrics.incr("flowforge_task_attempts_total", "retrying")
         schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
-        return "retrying"
+        return "retrying", following
     metrics.incr("flowforge_task_attempts_total", result.state or "unknown")
-    return result.state or "unknown"
+    return result.state or "unknown", following

@@ -277,6 +277,9 @@ FLOWFORGE_DISPATCH_LEASE_SECONDS = env_float("FLOWFORGE_DISPATCH_LEASE_SECONDS",
 # Seconds between heartbeats of a running task (defaults to a third of the lease).
 FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
+# How many dependents in a row a worker thread runs itself after a success, instead of
+# sending them through the broker (engine.runtime.execute); 0 sends every one.
+FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATIONS", "100"))
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))
 FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))
 # Clock periods in seconds: the safety net behind the on-commit nudges.

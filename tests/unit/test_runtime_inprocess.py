@@ -261,3 +261,82 @@ def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_work
     assert x.lease_expires_at >= before + dt.timedelta(seconds=119)
     y = TaskRun.objects.unscoped().get(pk=rows["y"].pk)
     assert (y.state, y.fencing_token) == ("failed", 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_workflow, broker, settings):
+    """execute(continue_inline=True): after each success the thread runs the dependent it
+    claimed itself (up to FLOWFORGE_INLINE_CONTINUATIONS hops); the next one past the cap,
+    and every other dependent of a fan-out, goes through the broker."""
+    settings.FLOWFORGE_INLINE_CONTINUATIONS = 2
+    wf = make_workflow(
+        org,
+        [
+            {"key": "a", "type": "noop"},
+            {"key": "b", "type": "noop", "depends_on": ["a"]},
+            {"key": "c", "type": "noop", "depends_on": ["b"]},
+            {"key": "d", "type": "noop", "depends_on": ["c"]},
+            {"key": "e", "type": "noop", "depends_on": ["c"]},
+        ],
+        name="chain-then-fan-out",
+    )
+    run = start_run(workflow=wf)
+    schedule_once()
+    (a_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
+    broker.flush_all()
+
+    assert runtime.execute(a_msg.payload["task_run_id"], 1, continue_inline=True) == "succeeded"
+
+    rows = task_runs(run.pk)
+    assert {k: rows[k].state for k in "abcde"} == {
+        "a": "succeeded", "b": "succeeded", "c": "succeeded", "d": "running", "e": "running"}
+    # b and c ran in this thread: their outbox rows are stamped, no message was sent;
+    # c's success claimed d and e, past the cap of 2 hops, so both went to the broker.
+    outbox = {m.task_run_id: m for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)}
+    assert all(m.published_at is not None and m.publish_attempts == 1 for m in outbox.values())
+    assert published_task_messages(broker) == sorted((str(rows[k].pk), 1) for k in "de")
+    for key in "bc":
+        assert event_kinds(run.pk, key) == ["promoted", "claimed", "started", "succeeded"]
+    # A late broker delivery of a continued generation is a duplicate: ignored.
+    assert runtime.execute(rows["b"].pk, 1) == "ignored"
+
+    for key in "de":
+        assert runtime.execute(rows[key].pk, 1, continue_inline=True) == "succeeded"
+    run.refresh_from_db()
+    assert run.state == "succeeded"
+    assert_gap_free(run.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org, make_workflow, broker):
+    wf = make_workflow(
+        org,
+        [{"key": "root", "type": "noop"}] + [{"key": f"x{i}", "type": "noop", "depends_on": ["root"]} for i in range(4)],
+        name="fan-out",
+    )
+    run = start_run(workflow=wf)
+    schedule_once()
+    (root_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
+    broker.flush_all()
+
+    assert runtime.execute(root_msg.payload["task_run_id"], 1, continue_inline=True) == "succeeded"
+
+    rows = task_runs(run.pk)
+    done = sorted(k for k, r in rows.items() if r.state == "succeeded")
+    waiting = sorted(k for k, r in rows.items() if r.state == "running")
+    assert len(done) == 2 and "root" in done  # the root and the one dependent this thread kept
+    assert len(waiting) == 3
+    assert published_task_messages(broker) == sorted((str(rows[k].pk), 1) for k in waiting)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_continue_inline_every_dependent_goes_through_the_broker(org, make_workflow, broker):
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
+    run = start_run(workflow=wf)
+    schedule_once()
+    (a_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
+    broker.flush_all()
+    assert runtime.execute(a_msg.payload["task_run_id"], 1) == "succeeded"
+    rows = task_runs(run.pk)
+    assert rows["b"].state == "running" and rows["b"].started_at is None
+    assert published_task_messages(broker) == [(str(rows["b"].pk), 1)]
