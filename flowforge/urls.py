@@ -4,6 +4,8 @@ frontend."""
 
 from allauth.account.decorators import secure_admin_login
 from django.contrib import admin
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from api.schema_views import SchemaView, docs_view
@@ -13,7 +15,15 @@ from flowforge import health
 # through allauth's login instead (a signed-in non-staff user gets a 403).
 admin.site.login = secure_admin_login(admin.site.login)
 
+
+
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the static icon."""
+    return redirect(static("frontend/favicon.svg"), permanent=True)
+
+
 urlpatterns = [
+    path("favicon.ico", favicon),
     # Liveness, readiness (database, broker, migrations) and Prometheus metrics.
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

@@ -68,3 +68,13 @@ def test_metrics_can_require_a_token(settings):
     assert Client().get("/metrics").status_code == 401
     ok = Client().get("/metrics", headers={"Authorization": "Bearer s3cret-metrics-token"})
     assert ok.status_code == 200
+
+
+@pytest.mark.django_db
+def test_favicon_ico_redirects_to_the_static_icon():
+    from django.contrib.staticfiles import finders
+
+    response = Client().get("/favicon.ico")
+    assert response.status_code == 301
+    assert response["Location"].endswith("frontend/favicon.svg")
+    assert finders.find("frontend/favicon.svg") is not None
