@@ -9,8 +9,10 @@ that carries a key is judged by the key alone, whatever session cookie it also h
 from __future__ import annotations
 
 from rest_framework.authentication import BaseAuthentication, SessionAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed
+from rest_framework.exceptions import AuthenticationFailed, Throttled
 
+from api import throttling
+from flowforge.middleware import client_ip
 from tenancy import apikeys
 from tenancy.apikeys import AuthenticatedKey
 
@@ -48,7 +50,8 @@ class ApiKeyAuthentication(BaseAuthentication):
 
     No Authorization header or another scheme: not this class's business (None). A
     Bearer header that does not verify, for whatever reason: AuthenticationFailed with
-    INVALID_KEY_MESSAGE (401).
+    INVALID_KEY_MESSAGE (401). An address past FLOWFORGE_API_KEY_FAILURES_PER_MINUTE
+    failures this minute: Throttled (429 with Retry-After), without verifying.
     """
 
     keyword = b"bearer"
@@ -57,14 +60,20 @@ class ApiKeyAuthentication(BaseAuthentication):
         parts = get_authorization_header(request).split()
         if not parts or parts[0].lower() != self.keyword:
             return None
-        if len(parts) != 2:
-            raise AuthenticationFailed(INVALID_KEY_MESSAGE)
-        try:
-            raw_key = parts[1].decode("ascii")
-        except UnicodeDecodeError:
-            raise AuthenticationFailed(INVALID_KEY_MESSAGE) from None
-        key = apikeys.authenticate(raw_key)
+        ip = client_ip(request)
+        wait = throttling.failed_key_wait(ip)
+        if wait is not None:
+            # Before any verification: a guessing address costs no Argon2 work.
+            raise Throttled(wait=wait, detail=f"Too many failed API key attempts from this address; "
+                                              f"try again in {wait:.0f} seconds.")
+        key = None
+        if len(parts) == 2:
+            try:
+                key = apikeys.authenticate(parts[1].decode("ascii"))
+            except UnicodeDecodeError:
+                key = None
         if key is None:
+            throttling.record_failed_key(ip)
             raise AuthenticationFailed(INVALID_KEY_MESSAGE)
         return ApiKeyPrincipal(key), key
 

@@ -87,3 +87,34 @@ class ApiRateThrottle(BaseThrottle):
     def wait(self) -> float:
         """Whole seconds until the window ends (at least 1): the ``Retry-After`` value."""
         return max(1, math.ceil(self.retry_after))
+
+
+def failed_key_wait(ip: str | None) -> float | None:
+    """Seconds until address ``ip`` may try an API key again, when it has already failed
+    FLOWFORGE_API_KEY_FAILURES_PER_MINUTE times in this clock minute; else None.
+
+    Checked before a key is verified: each failure costs an Argon2 verification (tens of
+    milliseconds of CPU), so an address guessing keys is stopped before that work. A
+    valid key sent from a blocked address waits too, until the window ends. Fails open,
+    like the request limit, when Redis cannot be reached.
+    """
+    limit = settings.FLOWFORGE_API_KEY_FAILURES_PER_MINUTE
+    if limit <= 0 or ip is None:
+        return None
+    at = now()
+    window = int(at // WINDOW_SECONDS)
+    try:
+        count = cache.get(f"api-key-fail:ip:{ip}:{window}", 0)
+    except Exception as exc:  # noqa: BLE001 - any cache failure: fail open, loudly
+        log.warning("API key failure counter unavailable (%s); attempt allowed", type(exc).__name__)
+        return None
+    if count < limit:
+        return None
+    return max(1, math.ceil((window + 1) * WINDOW_SECONDS - at))
+
+
+def record_failed_key(ip: str | None) -> None:
+    """Count one failed API key authentication from address ``ip`` in this minute's window."""
+    if settings.FLOWFORGE_API_KEY_FAILURES_PER_MINUTE <= 0 or ip is None:
+        return
+    _count(f"api-key-fail:ip:{ip}:{int(now() // WINDOW_SECONDS)}")

@@ -242,6 +242,9 @@ FLOWFORGE_MAX_BODY_BYTES = int(os.environ.get("FLOWFORGE_MAX_BODY_BYTES", str(10
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLOWFORGE_MAX_BODY_BYTES
 # Requests per minute per API key (Redis-backed); past it, 429 with Retry-After.
 FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIMIT_PER_MINUTE", "600"))
+# Failed API key authentications per client address per minute; past it, 429 without
+# verifying (each failure costs an Argon2 check). 0 disables the limit.
+FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_KEY_FAILURES_PER_MINUTE", "30"))
 PASSWORD_HASHERS = [
     "django.contrib.auth.hashers.Argon2PasswordHasher",
     "django.contrib.auth.hashers.PBKDF2PasswordHasher",

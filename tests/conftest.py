@@ -27,6 +27,14 @@ def _transactional(request) -> bool:
 
 
 @pytest.fixture(autouse=True)
+def _no_failed_key_limit_across_tests(settings):
+    """Every test's client comes from 127.0.0.1, so failed API key attempts of earlier
+    tests would count against later ones within the same minute: the per-address limit
+    is off unless a test turns it on (tests/unit/test_api_errors.py does)."""
+    settings.FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = 0
+
+
+@pytest.fixture(autouse=True)
 def _audit_log_flushable(request):
     """Let pytest-django empty core_auditlog after a transactional test.
 

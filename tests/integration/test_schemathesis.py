@@ -155,6 +155,7 @@ def test_every_operation_survives_schemathesis_without_5xx_or_schema_violations(
     base = f"http://127.0.0.1:{port}"
     # A run would otherwise spend an owner key's per-minute budget in seconds.
     stack.env["FLOWFORGE_API_RATE_LIMIT_PER_MINUTE"] = "1000000"
+    stack.env["FLOWFORGE_API_KEY_FAILURES_PER_MINUTE"] = "0"  # fuzzed auth headers fail on purpose
     web = stack.start_web(bind=f"127.0.0.1:{port}")
 
     def schema_served():

@@ -252,6 +252,30 @@ def test_429_for_a_session_user(org_keys, settings, pinned_clock):
     assert int(response["Retry-After"]) == 43
 
 
+def test_an_address_that_keeps_failing_api_keys_gets_a_429_before_any_verification(
+    client, org_keys, settings, pinned_clock, monkeypatch
+):
+    """Past FLOWFORGE_API_KEY_FAILURES_PER_MINUTE failed keys from one address, the next
+    attempt (even with a valid key) is a 429 with Retry-After and costs no Argon2 check;
+    another address is not affected."""
+    settings.FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = 3
+    _org, keys, _ = org_keys
+    ip = f"198.51.100.{secrets.randbelow(250) + 1}"
+    bad = bearer("ffk_" + "a" * 12 + "_" + "b" * 40)
+    for _ in range(3):
+        assert_problem(client.get("/api/v1/members/", headers=bad, REMOTE_ADDR=ip), 401)
+    verified = []
+    monkeypatch.setattr(apikeys, "authenticate", lambda raw: verified.append(raw))
+    for headers in (bad, bearer(keys[Role.VIEWER])):
+        response = client.get("/api/v1/members/", headers=headers, REMOTE_ADDR=ip)
+        problem = assert_problem(response, 429)
+        assert problem["code"] == "throttled" and "failed API key attempts" in problem["detail"]
+        assert response["Retry-After"] == "43"
+    assert verified == []
+    monkeypatch.undo()
+    assert client.get("/api/v1/members/", headers=bearer(keys[Role.VIEWER]), REMOTE_ADDR="198.51.100.251").status_code == 200
+
+
 def test_the_next_window_has_a_fresh_budget(client, org_keys, settings, monkeypatch):
     settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = 1
     _org, keys, _ = org_keys
