@@ -83,6 +83,15 @@ def drive(run_id, *, max_rounds: int = 30):
     raise AssertionError(f"run {run_id} did not finish: {outcomes}")
 
 
+def dispatched_root(run, broker) -> str:
+    """Claim the run's only root task (its message is then dropped from Redis, so what a
+    test finds there later was published afterwards); returns its task-run id."""
+    schedule_once()
+    (message,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
+    broker.flush_all()
+    return message.payload["task_run_id"]
+
+
 def task_runs(run_id) -> dict[str, TaskRun]:
     return {t.task.key: t for t in TaskRun.objects.unscoped().filter(workflow_run_id=run_id).select_related("task")}
 
@@ -281,11 +290,8 @@ def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_wor
         name="chain-then-fan-out",
     )
     run = start_run(workflow=wf)
-    schedule_once()
-    (a_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
-    broker.flush_all()
 
-    assert runtime.execute(a_msg.payload["task_run_id"], 1, continue_inline=True) == "succeeded"
+    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     assert {k: rows[k].state for k in "abcde"} == {
@@ -315,11 +321,8 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
         name="fan-out",
     )
     run = start_run(workflow=wf)
-    schedule_once()
-    (root_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
-    broker.flush_all()
 
-    assert runtime.execute(root_msg.payload["task_run_id"], 1, continue_inline=True) == "succeeded"
+    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     done = sorted(k for k, r in rows.items() if r.state == "succeeded")
@@ -333,10 +336,7 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
 def test_without_continue_inline_every_dependent_goes_through_the_broker(org, make_workflow, broker):
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
-    schedule_once()
-    (a_msg,) = OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)
-    broker.flush_all()
-    assert runtime.execute(a_msg.payload["task_run_id"], 1) == "succeeded"
+    assert runtime.execute(dispatched_root(run, broker), 1) == "succeeded"
     rows = task_runs(run.pk)
     assert rows["b"].state == "running" and rows["b"].started_at is None
     assert published_task_messages(broker) == [(str(rows["b"].pk), 1)]
