@@ -290,6 +290,28 @@ def create_run_rows(
     return run_id
 
 
+# One outbox row per generation in CTE ``claimed`` (columns id, workflow_run_id,
+# organization_id, attempt, fencing_token), as CTE ``outbox`` returning (id, task_run_id);
+# continues a WITH list. Shared by the claim and the promote-and-claim statements.
+_OUTBOX_CTE = """
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           -- Reserved for the claimer's own publish right after its commit: the relay's
+           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
+    FROM claimed c
+    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+"""
+
 # --- Claim (ready -> running) + outbox, one statement ---------------------------------------
 
 _CLAIM_SQL = """
@@ -307,23 +329,7 @@ WITH picked AS (
     FROM picked
     WHERE t.id = picked.id AND t.state = 'ready'
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
-), outbox AS (
-    INSERT INTO core_outboxmessage
-        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
-         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
-    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
-           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
-                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
-           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
-           -- Reserved for the claimer's own publish right after its commit: the relay's
-           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
-           CASE WHEN %(reserve)s::float8 > 0
-                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
-    FROM claimed c
-    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
-    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
-    RETURNING id, task_run_id
-), tr AS (
+""" + _OUTBOX_CTE + """), tr AS (
     SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
            jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
     FROM claimed c
@@ -664,20 +670,7 @@ WITH me AS (""" + _SUCCEEDED_ME + """), claimed AS (
           JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
           WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
     RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
-), outbox AS (
-    INSERT INTO core_outboxmessage
-        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
-         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
-    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
-           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
-                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
-           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
-           CASE WHEN %(reserve)s::float8 > 0
-                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
-    FROM claimed c
-    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
-    RETURNING id, task_run_id
-), tr AS (
+""" + _OUTBOX_CTE + """), tr AS (
     SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token - 1 AS fencing_token,
            0 AS ev_ord, 'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
            '{}'::jsonb AS ev_detail
