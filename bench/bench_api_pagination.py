@@ -32,36 +32,18 @@ page is a bounded index range scan.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCH_DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/ff_bench_pagination")
-os.environ["DATABASE_URL"] = BENCH_DATABASE_URL  # settings read it at import: never the developer's database
-os.environ.setdefault("FLOWFORGE_API_RATE_LIMIT_PER_MINUTE", "1000000")
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flowforge.settings")
-os.environ.setdefault("DEBUG", "0")
+from bench.dbsetup import use_bench_database  # noqa: E402
 
-import psycopg  # noqa: E402
-
-
-def ensure_database(url: str) -> None:
-    """Create the bench database when it does not exist (connecting to ``postgres``)."""
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = parts._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')  # a name from our own configuration
-            print(f"created database {name}")
-
-
-ensure_database(BENCH_DATABASE_URL)
+BENCH_DATABASE_URL = use_bench_database(
+    "postgres://postgres@127.0.0.1:5432/ff_bench_pagination", FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="1000000"
+)
 
 import django  # noqa: E402
 

@@ -27,36 +27,19 @@ starts afresh). Measuring takes under a minute.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCH_DATABASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/ff_bench_pages")
-os.environ["DATABASE_URL"] = BENCH_DATABASE_URL  # settings read it at import: never the developer's database
-os.environ.setdefault("BROKER_NAMESPACE", "ff-bench-pages")  # start_run's nudge must not wake anyone's workers
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flowforge.settings")
-os.environ.setdefault("DEBUG", "0")
+from bench.dbsetup import use_bench_database  # noqa: E402
 
-import psycopg  # noqa: E402
-
-
-def ensure_database(url: str) -> None:
-    """Create the bench database when it does not exist (connecting to ``postgres``)."""
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = parts._replace(path="/postgres").geturl()
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')  # a name from our own configuration
-            print(f"created database {name}")
-
-
-ensure_database(BENCH_DATABASE_URL)
+# start_run's nudge must not wake anyone's workers: a broker namespace of its own.
+BENCH_DATABASE_URL = use_bench_database(
+    "postgres://postgres@127.0.0.1:5432/ff_bench_pages", BROKER_NAMESPACE="ff-bench-pages"
+)
 
 import django  # noqa: E402
 
