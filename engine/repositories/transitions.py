@@ -15,6 +15,14 @@ run *after* that bump, so under READ COMMITTED they see every transition of the
 run that committed before ours (two completions racing on a fan-in both see the
 other's result; one of them promotes).
 
+Statements that address task runs by id state their ``state`` precondition as
+``(t.state || '') = 'running'``: the same test, in a form no index and no partial
+index predicate matches, so the planner can only find the rows by primary key.
+Written plainly, a plan built while statistics said "5 running rows" (a queue's
+counts swing far faster than ANALYZE follows, and a prepared statement keeps its
+plan) scans every running row of the table (``idx_taskrun_lease_expiry``), or
+every succeeded row in history (``idx_taskrun_state_age``), once per batch.
+
 All functions must be called inside ``transaction.atomic`` unless their
 docstring says otherwise.
 """
@@ -96,6 +104,22 @@ def _fetch(sql: str, params: Any) -> list[tuple]:
         return cur.fetchall() if cur.description else []
 
 
+# The hot statements are planned with index probes only (see the module docstring):
+# psycopg keeps each one prepared on its connection and PostgreSQL keeps its plan, so a
+# plan made while a table was nearly empty (a sequential scan, or a hash or merge join
+# over one) would read the whole table on every later call. Set for the transaction
+# only (set_config(..., true) is SET LOCAL); inside a caller's transaction the settings'
+# configured values are restored afterwards.
+_INDEX_PROBES_ONLY = (
+    "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),"
+    " set_config('enable_mergejoin', 'off', true)"
+)
+_PLANNER_DEFAULTS = (
+    "SELECT set_config(name, reset_val, true) FROM pg_settings"
+    " WHERE name IN ('enable_seqscan', 'enable_hashjoin', 'enable_mergejoin')"
+)
+
+
 def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
     """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
     one round trip, as server-side prepared statements (Django's cursors bind
@@ -109,6 +133,7 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
     back); inside a caller's transaction they just run in it. Each statement takes its own
     snapshot (READ COMMITTED), after the previous one finished: the locks they take are
     released by the server at COMMIT, never held while the client is scheduled to send it.
+    They are planned with index probes only (``_INDEX_PROBES_ONLY``).
     """
     import psycopg
 
@@ -121,12 +146,12 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
             with pg.pipeline():
                 if own:
                     pg.execute("BEGIN")
+                pg.execute(_INDEX_PROBES_ONLY, prepare=True)
                 for sql in statements:
                     cur = psycopg.Cursor(pg)
                     cur.execute(sql, params, prepare=True)
                     cursors.append(cur)
-                if own:
-                    pg.execute("COMMIT")
+                pg.execute("COMMIT" if own else _PLANNER_DEFAULTS, prepare=not own)
             return [cur.fetchall() if cur.description else [] for cur in cursors]
         except BaseException:
             if own and not pg.closed:
@@ -312,6 +337,22 @@ _OUTBOX_CTE = """
     RETURNING id, task_run_id
 """
 
+# The final SELECT of a statement with CTEs ``claimed`` and ``outbox``: a row per claimed
+# generation, then a row per outbox row written (joined by ``_dispatches``: as a join here,
+# planned with nested loops only, it would compare every claimed row with every outbox row).
+_DISPATCH_ROWS = """
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
+UNION ALL
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o
+"""
+
+
+def _dispatches(rows: list[tuple]) -> list[Dispatch]:
+    """The Dispatches of ``_DISPATCH_ROWS``' rows, in claim order."""
+    outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
+    return [Dispatch(*row[:5], outbox_ids.get(row[0])) for row in rows if row[5] is None]
+
+
 # --- Claim (ready -> running) + outbox, one statement ---------------------------------------
 
 _CLAIM_SQL = """
@@ -327,7 +368,7 @@ WITH picked AS (
     SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
     FROM picked
-    WHERE t.id = picked.id AND t.state = 'ready'
+    WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (module docstring)
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
 """ + _OUTBOX_CTE + """), tr AS (
     SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
@@ -335,9 +376,7 @@ WITH picked AS (
     FROM claimed c
 )
 """ + _EVENTS_CTE + """
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, o.id
-FROM claimed c LEFT JOIN outbox o ON o.task_run_id = c.id
-"""
+""" + _DISPATCH_ROWS
 
 
 def claim_ready(
@@ -376,7 +415,7 @@ def claim_ready(
         id_filter = "AND id = ANY(%(ids)s)"
         params["ids"] = list(task_run_ids)
     rows = _run_prepared([_CLAIM_SQL.format(id_filter=id_filter)], params)[0]
-    return [Dispatch(*row) for row in rows]
+    return _dispatches(rows)
 
 
 # --- Start an attempt (at most once per generation) ------------------------------------------
@@ -396,7 +435,7 @@ WITH req AS (
         )
     FROM core_task k, req
     WHERE t.id = req.id AND k.id = t.task_id
-      AND t.state = 'running' AND t.fencing_token = req.token
+      AND (t.state || '') = 'running' AND t.fencing_token = req.token   -- by primary key (module docstring)
       AND t.started_fencing_token IS DISTINCT FROM req.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
               k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, req.owner
@@ -538,7 +577,7 @@ def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) 
             CASE WHEN k.timeout_seconds IS NULL THEN 'infinity'::timestamptz
                  ELSE t.started_at + make_interval(secs => k.timeout_seconds) END)
         FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
-        WHERE t.id = a.id AND t.fencing_token = a.token AND t.state = 'running' AND k.id = t.task_id
+        WHERE t.id = a.id AND t.fencing_token = a.token AND (t.state || '') = 'running' AND k.id = t.task_id
           AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
         RETURNING t.id
         """,
@@ -559,7 +598,7 @@ WITH req AS (
     SET state = 'succeeded', output = req.output::jsonb, error = '', finished_at = clock_timestamp(),
         lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
     FROM req
-    WHERE t.id = req.id AND t.state = 'running' AND t.fencing_token = req.token
+    WHERE t.id = req.id AND (t.state || '') = 'running' AND t.fencing_token = req.token   -- by primary key
       AND t.started_fencing_token = req.token
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state
 ), tr AS (
@@ -611,13 +650,18 @@ _FINISH_SQL = """
 WITH runs AS (
     {runs}
 ), done_runs AS (
-    SELECT r.id,
-           (SELECT count(*) FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state = 'failed') AS failed,
-           (SELECT count(*) FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state = 'cancelled')
-               AS cancelled
+    -- One probe per run (LATERAL ... LIMIT 1 keeps it a per-run index probe: as an
+    -- anti-join the planner may read every open task run of every run instead).
+    SELECT r.id, c.failed, c.cancelled
     FROM runs r
-    WHERE NOT EXISTS (SELECT 1 FROM core_taskrun t
-                      WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running'))
+    LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
+                       WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
+                       LIMIT 1) o ON true
+    -- Counted once per run, when it is done: one pass over its task runs.
+    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
+                               count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
+                        FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
+    WHERE o.one IS NULL
 ), prev AS (
     SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
 ), fin AS (
@@ -647,7 +691,7 @@ _SUCCEEDED_ME = """
 SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
 FROM core_taskrun t JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
      ON t.id = a.id AND t.fencing_token = a.token
-WHERE t.state = 'succeeded'
+WHERE (t.state || '') = 'succeeded'   -- by primary key (module docstring)
 """
 
 # The dependents of the tasks that just succeeded whose dependencies have all
@@ -662,9 +706,10 @@ WITH me AS (""" + _SUCCEEDED_ME + """), claimed AS (
     UPDATE core_taskrun d
     SET state = 'running', fencing_token = d.fencing_token + 1, lease_owner = %(owner)s,
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
-    FROM me
-    WHERE d.workflow_run_id = me.run AND d.state = 'pending'
-      AND d.task_id IN (SELECT task_id FROM core_taskdependency WHERE depends_on_id = me.task)
+    FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+    -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
+    -- run's pending rows; a dependent of two of these tasks is updated once.
+    WHERE d.workflow_run_id = me.run AND d.task_id = dep.task_id AND (d.state || '') = 'pending'
       AND NOT EXISTS (
           SELECT 1 FROM core_taskdependency e
           JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
@@ -681,9 +726,7 @@ WITH me AS (""" + _SUCCEEDED_ME + """), claimed AS (
     FROM claimed c
 )
 """ + _EVENTS_CTE_ORDERED.format(order="tr.ev_ord, tr.id") + """
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, o.id
-FROM claimed c LEFT JOIN outbox o ON o.task_run_id = c.id
-"""
+""" + _DISPATCH_ROWS
 
 # Successful completions in one round trip and one transaction (see _run_prepared): the
 # conditional UPDATE + events; then, each statement with a fresh snapshot taken after the
@@ -768,7 +811,7 @@ def complete_successes(
             results.append(CompletionResult(accepted=False))
             continue
         results.append(CompletionResult(accepted=True, state=row[3], run_state=run_states.pop(row[2], None)))
-    return results, tuple(Dispatch(*row) for row in claimed)
+    return results, tuple(_dispatches(claimed))
 
 
 def complete_attempt(
