@@ -182,3 +182,66 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
                     "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
         rows = cur.fetchall()
     assert rows == [(2, 0)]
+
+
+def _generic_plan(sql: str, params: dict, types: dict) -> str:
+    """EXPLAIN (ANALYZE) of ``sql`` as the hot path runs it: a prepared statement's generic
+    plan, made under ``transitions._INDEX_PROBES_ONLY``, inside a transaction rolled back."""
+    import re
+
+    names: list[str] = []
+
+    def placeholder(match):
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", placeholder, sql)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(transitions._INDEX_PROBES_ONLY)
+            cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cur.execute(f"PREPARE ff_plan_probe({', '.join(types[n] for n in names)}) AS {text}")
+            cur.execute(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE ff_plan_probe({', '.join(['%s'] * len(names))})",
+                        [params[n] for n in names])
+            plan = "\n".join(r[0] for r in cur.fetchall())
+            cur.execute("DEALLOCATE ff_plan_probe")
+        transaction.set_rollback(True)
+    return plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_an_empty_table(org, make_workflow):
+    """Statistics taken while the table was nearly empty say almost nothing is running or
+    succeeded; a plan trusting them scanned every running (or succeeded) task run of the
+    table per start and completion batch. The hot statements must reach their rows by
+    primary key and probe a run's open task runs per run, whatever the statistics say."""
+    small = make_workflow(org, [{"key": "a", "type": "noop"}], name="small")
+    start_run(workflow=small)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE core_taskrun")
+    wide = make_workflow(org, [{"key": f"t{i:04d}", "type": "noop"} for i in range(1500)], name="wide")
+    start_run(workflow=wide)
+    claimed = transitions.claim_ready(limit=2000, lease_seconds=60, owner="test")
+    assert len(claimed) == 1501
+    batch = claimed[:8]
+    ids, tokens = [d.task_run_id for d in batch], [d.fencing_token for d in batch]
+    transitions.start_attempts([transitions.StartRequest(i, t, "w") for i, t in zip(ids, tokens, strict=True)],
+                               lease_seconds=60)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_taskrun SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,"
+                    " finished_at = clock_timestamp() WHERE id = ANY(%s)", [ids])
+    params = {"ids": ids, "tokens": tokens, "owners": ["w"] * 8, "outputs": ["null"] * 8, "lease": 60.0,
+              "owner": "test", "queue": transitions.TASK_QUEUE, "reserve": 0.0}
+    types = {"ids": "uuid[]", "tokens": "bigint[]", "owners": "text[]", "outputs": "text[]", "lease": "float8",
+             "owner": "text", "queue": "text", "reserve": "float8"}
+    for name, sql in (("start", transitions._START_SQL), ("succeed", transitions._SUCCEED_SQL),
+                      ("promote and claim", transitions._PROMOTE_CLAIM_SQL),
+                      ("finish", transitions._SUCCEED_STATEMENTS[2])):
+        plan = _generic_plan(sql, params, types)
+        assert "Seq Scan on core_taskrun " not in plan, (name, plan)
+        assert "idx_taskrun_lease_expiry" not in plan, (name, plan)
+        assert "idx_taskrun_state_age" not in plan, (name, plan)
+        assert "core_taskrun_pkey" in plan, (name, plan)
+    plan = _generic_plan(transitions._SUCCEED_STATEMENTS[2], params, types)
+    assert "idx_taskrun_run_state" in plan

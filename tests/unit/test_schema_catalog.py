@@ -288,3 +288,13 @@ def test_state_checks_list_exactly_the_declared_states():
     quoted = lambda d: sorted(set(re.findall(r"'([a-z_]+)'::", d)))  # noqa: E731
     assert quoted(wfrun[3]) == ["cancelled", "failed", "pending", "running", "succeeded"]
     assert quoted(taskrun[3]) == ["cancelled", "failed", "pending", "ready", "running", "skipped", "succeeded"]
+
+
+@pytest.mark.parametrize("table", ["core_taskrun", "core_workflowrun", "core_outboxmessage"])
+def test_hot_tables_carry_the_seed_autovacuum_tuning_and_fillfactor(table):
+    """Seed 001: per-table autovacuum tuning and fillfactor = 70 on the queue tables."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT reloptions FROM pg_class WHERE relname = %s", [table])
+        options = dict(o.split("=", 1) for o in cur.fetchone()[0] or [])
+    assert options == {"autovacuum_vacuum_scale_factor": "0.01", "autovacuum_vacuum_cost_limit": "2000",
+                       "autovacuum_analyze_scale_factor": "0.02", "fillfactor": "70"}
