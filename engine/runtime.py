@@ -321,7 +321,8 @@ def _execute(
         # dependents it claims are published by whichever thread ran the batch, except
         # the one this thread may continue with.
         result, following = _successes.submit(_Success(
-            transitions.SuccessRequest(task_run_id, fencing_token, output), started.workflow_run_id, may_continue
+            transitions.SuccessRequest(task_run_id, fencing_token, output, started.has_dependents),
+            started.workflow_run_id, may_continue
         ))
     else:
         following = None

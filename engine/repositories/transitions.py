@@ -76,6 +76,8 @@ class StartedAttempt:
     upstream: dict[str, Any]
     # Seconds from this generation's claim to its start (None if the claim event is gone).
     dispatch_latency_seconds: float | None = None
+    # Whether any task depends on this one (a success then has dependents to promote).
+    has_dependents: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,7 +459,8 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
        EXTRACT(EPOCH FROM clock_timestamp() - (
            SELECT e.created_at FROM core_taskrunevent e
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
-           ORDER BY e.created_at DESC LIMIT 1))
+           ORDER BY e.created_at DESC LIMIT 1)),
+       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id
 """
 
@@ -523,6 +526,7 @@ def start_attempts(
             run_input=_json(r[10]) or {},
             upstream=_json(r[11]) or {},
             dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
+            has_dependents=r[13],
         )
         for r in rows
     }
@@ -749,6 +753,9 @@ class SuccessRequest:
     task_run_id: uuid.UUID
     fencing_token: int
     output: Any = None
+    # False when no task depends on this one (``StartedAttempt.has_dependents``): a batch
+    # of such successes skips the promote-and-claim statement.
+    has_dependents: bool = True
 
 
 def _json_text(value: Any) -> str:
@@ -795,9 +802,15 @@ def complete_successes(
         "queue": TASK_QUEUE,
         "reserve": float(reserve_seconds),
     }
-    done, claimed, finished = _in_own_transaction(
-        lambda: _run_prepared(_SUCCEED_STATEMENTS, params), connection_attempts
-    )
+    if any(r.has_dependents for r in requests):
+        done, claimed, finished = _in_own_transaction(
+            lambda: _run_prepared(_SUCCEED_STATEMENTS, params), connection_attempts
+        )
+    else:  # nothing to promote: the succeed and finish statements only
+        done, finished = _in_own_transaction(
+            lambda: _run_prepared(_SUCCEED_STATEMENTS[::2], params), connection_attempts
+        )
+        claimed = []
     succeeded = {(row[0], row[1]): row for row in done}
     run_states = dict(finished)
     results: list[CompletionResult] = []

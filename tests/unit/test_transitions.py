@@ -941,3 +941,41 @@ def test_concurrent_completion_of_fan_in_parents_promotes_child_exactly_once(org
         assert kinds(run_id, "join") == ["promoted", "claimed"]
         assert OutboxMessage.objects.unscoped().filter(task_run_id=join.pk).count() == 1
         assert_gap_free(run_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_of_a_task_nothing_depends_on_skips_the_promote_statement(org, make_workflow):
+    """``StartedAttempt.has_dependents`` says whether a success can promote anything; a
+    batch of successes none of which has dependents runs only the succeed and finish
+    statements, and the run still finishes. A task with dependents still promotes."""
+    from engine.services import start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
+    run = start_run(workflow=wf)
+    connection.close()  # a fresh connection: no statement prepared yet
+
+    def prepared_promotes() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%WITH me AS%%'")
+            return cur.fetchone()[0]
+
+    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
+    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+                                              lease_seconds=60)
+    assert started_a.task_key == "a" and started_a.has_dependents is True
+    results, (b,) = transitions.complete_successes(
+        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
+        lease_seconds=60, owner="test")
+    assert results[0].accepted and results[0].run_state is None
+    assert prepared_promotes() == 1
+    connection.close()
+    (started_b,) = transitions.start_attempts([transitions.StartRequest(b.task_run_id, b.fencing_token, "w")],
+                                              lease_seconds=60)
+    assert started_b.task_key == "b" and started_b.has_dependents is False
+    results, claimed = transitions.complete_successes(
+        [transitions.SuccessRequest(b.task_run_id, b.fencing_token, {"n": 1}, started_b.has_dependents)],
+        lease_seconds=60, owner="test")
+    assert claimed == ()
+    assert (results[0].accepted, results[0].state, results[0].run_state) == (True, "succeeded", "succeeded")
+    assert prepared_promotes() == 0
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
