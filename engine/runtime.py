@@ -151,10 +151,11 @@ class _Slot:
         return self.value
 
 
-def _start_batch(requests: list[transitions.StartRequest]) -> list[transitions.StartedAttempt | None]:
-    return transitions.start_attempts(
-        requests, lease_seconds=settings.FLOWFORGE_LEASE_SECONDS, connection_attempts=5
-    )
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """A delivered execute message to start."""
+
+    request: transitions.StartRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,20 +168,12 @@ class _Success:
     may_continue: bool
 
 
-def _complete_batch(
-    items: list[_Success],
+def _publish_claimed(
+    items: list[_Success], results: list[transitions.CompletionResult], dispatches: tuple[transitions.Dispatch, ...]
 ) -> list[tuple[transitions.CompletionResult, transitions.Dispatch | None]]:
-    """Record a batch of successes in one transaction, then publish the dependents they
-    claimed, keeping back at most one per thread that may continue (same run first);
-    those are stamped as delivered and returned beside that thread's result."""
-    results, dispatches = transitions.complete_successes(
-        [item.request for item in items],
-        # The lease of dependents these completions claim: until a worker starts them.
-        lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-        owner=process_owner("scheduler"),
-        connection_attempts=8,
-        reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
-    )
+    """After the commit of a batch of successes: publish the dependents they claimed,
+    keeping back at most one per thread that may continue (same run first); those are
+    stamped as delivered and returned beside that thread's result."""
     free = [d for d in dispatches if d.outbox_id is not None]
     continuations: dict[int, transitions.Dispatch] = {}
     for i, (item, result) in enumerate(zip(items, results, strict=True)):
@@ -191,14 +184,37 @@ def _complete_batch(
         continuations[i] = pick
     kept = {id(d) for d in continuations.values()}
     # After the commit, one publish (and one stamp) for the whole batch.
-    if not publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True,
-                              delivered_inline=list(continuations.values())):
+    if dispatches and not publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True,
+                                             delivered_inline=list(continuations.values())):
         continuations = {}  # not stamped: the relay sends them
     return [(result, continuations.get(i)) for i, result in enumerate(results)]
 
 
-_starts: Combiner = Combiner(_start_batch)
-_successes: Combiner = Combiner(_complete_batch)
+def _transition_batch(items: list[_Start | _Success]) -> list:
+    """Record a batch of starts and successes in one transaction and one round trip
+    (``transitions.start_and_complete``), then publish the dependents the successes
+    claimed (``_publish_claimed``). Returns, per item, a start's StartedAttempt or None,
+    or a success's (CompletionResult, Dispatch or None)."""
+    successes = [item for item in items if isinstance(item, _Success)]
+    started, results, dispatches = transitions.start_and_complete(
+        starts=[item.request for item in items if isinstance(item, _Start)],
+        successes=[item.request for item in successes],
+        worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
+        # The lease of dependents these completions claim: until a worker starts them.
+        dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+        owner=process_owner("scheduler"),
+        connection_attempts=8,
+        reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+    )
+    completed = iter(_publish_claimed(successes, results, dispatches))
+    started_iter = iter(started)
+    return [next(started_iter) if isinstance(item, _Start) else next(completed) for item in items]
+
+
+# One batch in flight per worker process, its threads' starts and successes together:
+# measured against one combiner for each (2 x 8 threads, 2,000 independent tasks, 6 runs
+# each), 0.19 against 0.16 of raw Dramatiq's throughput on average.
+_transitions: Combiner = Combiner(_transition_batch)
 
 
 class OutputTooLarge(PermanentTaskError):
@@ -266,8 +282,8 @@ def _execute(
     """
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
-    # One statement and one commit, shared with the starts of the process's other threads.
-    started = _starts.submit(transitions.StartRequest(task_run_id, fencing_token, owner))
+    # One round trip and one commit, shared with the process's other threads' starts and successes.
+    started = _transitions.submit(_Start(transitions.StartRequest(task_run_id, fencing_token, owner)))
     if started is None:
         return "ignored", None
     # Every log line of this attempt names its organization, run and attempt too.
@@ -317,10 +333,10 @@ def _execute(
         # would record the interruption instead.
         return "abandoned", None
     if succeeded:
-        # One round trip and one commit, shared with the process's other completions; the
+        # One round trip and one commit, shared with the process's other starts and successes; the
         # dependents it claims are published by whichever thread ran the batch, except
         # the one this thread may continue with.
-        result, following = _successes.submit(_Success(
+        result, following = _transitions.submit(_Success(
             transitions.SuccessRequest(task_run_id, fencing_token, output, started.has_dependents),
             started.workflow_run_id, may_continue
         ))

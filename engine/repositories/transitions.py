@@ -122,8 +122,11 @@ _PLANNER_DEFAULTS = (
 )
 
 
-def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
-    """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
+def _run_prepared(
+    statements: Sequence[str], params: dict[str, Any] | Sequence[dict[str, Any]]
+) -> list[list[tuple]]:
+    """Run ``statements`` (each given the named ``params`` it uses, or its own dict when
+    ``params`` is a sequence, one per statement) as one transaction in
     one round trip, as server-side prepared statements (Django's cursors bind
     parameters client-side, so PostgreSQL would parse and plan every statement of every
     call).
@@ -149,9 +152,10 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
                 if own:
                     pg.execute("BEGIN")
                 pg.execute(_INDEX_PROBES_ONLY, prepare=True)
-                for sql in statements:
+                per_statement = [params] * len(statements) if isinstance(params, dict) else params
+                for sql, values in zip(statements, per_statement, strict=True):
                     cur = psycopg.Cursor(pg)
-                    cur.execute(sql, params, prepare=True)
+                    cur.execute(sql, values, prepare=True)
                     cursors.append(cur)
                 pg.execute("COMMIT" if own else _PLANNER_DEFAULTS, prepare=not own)
             return [cur.fetchall() if cur.description else [] for cur in cursors]
@@ -500,45 +504,11 @@ def start_attempts(
     deadlock (and on a lost connection, ``connection_attempts`` times); inside a
     transaction it runs in it.
     """
-    first: dict[uuid.UUID, int] = {}
-    for i, req in enumerate(requests):
-        first.setdefault(req.task_run_id, i)
-    batch = [requests[i] for i in first.values()]
-    params = {
-        "ids": [r.task_run_id for r in batch],
-        "tokens": [r.fencing_token for r in batch],
-        "owners": [r.owner for r in batch],
-        "lease": float(lease_seconds),
-    }
-    rows = _in_own_transaction(lambda: _run_prepared([_START_SQL], params)[0], connection_attempts)
-    started = {
-        (r[0], r[8]): StartedAttempt(
-            task_run_id=r[0],
-            workflow_run_id=r[1],
-            organization_id=r[2],
-            task_key=r[3],
-            task_type=r[4],
-            config=_json(r[5]) or {},
-            attempt=r[6],
-            max_attempts=r[7],
-            fencing_token=r[8],
-            timeout_seconds=r[9],
-            run_input=_json(r[10]) or {},
-            upstream=_json(r[11]) or {},
-            dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
-            has_dependents=r[13],
-        )
-        for r in rows
-    }
-    out: list[StartedAttempt | None] = []
-    for i, req in enumerate(requests):
-        attempt = started.get((req.task_run_id, req.fencing_token)) if first[req.task_run_id] == i else None
-        if attempt is None:
-            _in_own_transaction(
-                lambda r=req: _record_ignored_start(r.task_run_id, r.fencing_token), connection_attempts
-            )
-        out.append(attempt)
-    return out
+    started, _results, _claimed = start_and_complete(
+        starts=requests, successes=(), worker_lease_seconds=lease_seconds, dispatch_lease_seconds=0.0,
+        owner="", connection_attempts=connection_attempts,
+    )
+    return started
 
 
 def _record_ignored_start(task_run_id: uuid.UUID, fencing_token: int) -> None:
@@ -793,28 +763,103 @@ def complete_successes(
     (and on a lost connection, ``connection_attempts`` times); inside a transaction it
     runs in it.
     """
-    params = {
-        "ids": [r.task_run_id for r in requests],
-        "tokens": [r.fencing_token for r in requests],
-        "outputs": [_json_text(r.output) for r in requests],
-        "owner": owner,
-        "lease": float(lease_seconds),
-        "queue": TASK_QUEUE,
-        "reserve": float(reserve_seconds),
+    _started, results, claimed = start_and_complete(
+        starts=(), successes=requests, worker_lease_seconds=0.0, dispatch_lease_seconds=lease_seconds,
+        owner=owner, connection_attempts=connection_attempts, reserve_seconds=reserve_seconds,
+    )
+    return results, claimed
+
+
+def start_and_complete(
+    *,
+    starts: Sequence[StartRequest],
+    successes: Sequence[SuccessRequest],
+    worker_lease_seconds: float,
+    dispatch_lease_seconds: float,
+    owner: str,
+    connection_attempts: int = 0,
+    reserve_seconds: float = 0.0,
+) -> tuple[list[StartedAttempt | None], list[CompletionResult], tuple[Dispatch, ...]]:
+    """``complete_successes(successes)``, then ``start_attempts(starts)``, in one
+    transaction and one round trip: what a worker process's threads have to record at
+    the same moment, some having received a message and some having seen their handler
+    return, costs one commit and one bump of each run's event counter per statement.
+
+    ``worker_lease_seconds`` is the lease the starts take; ``dispatch_lease_seconds``,
+    ``owner`` and ``reserve_seconds`` apply to the dependents the successes claim (as in
+    ``claim_ready``). Returns each start's StartedAttempt or None, each success's
+    CompletionResult (both in request order) and the generations claimed (publish them
+    after the commit). Stale and duplicate requests are recorded afterwards, each in its
+    own transaction. In autocommit mode the whole is its own transaction, retried on a
+    deadlock (and on a lost connection, ``connection_attempts`` times); inside a
+    transaction it runs in it.
+    """
+    first: dict[uuid.UUID, int] = {}
+    for i, req in enumerate(starts):
+        first.setdefault(req.task_run_id, i)
+    to_start = [starts[i] for i in first.values()]
+    statements: list[str] = []
+    params: list[dict[str, Any]] = []
+    if successes:
+        # Without dependents to promote, only the succeed and finish statements.
+        script = _SUCCEED_STATEMENTS if any(r.has_dependents for r in successes) else _SUCCEED_STATEMENTS[::2]
+        statements += script
+        params += [{
+            "ids": [r.task_run_id for r in successes],
+            "tokens": [r.fencing_token for r in successes],
+            "outputs": [_json_text(r.output) for r in successes],
+            "owner": owner,
+            "lease": float(dispatch_lease_seconds),
+            "queue": TASK_QUEUE,
+            "reserve": float(reserve_seconds),
+        }] * len(script)
+    if to_start:
+        statements.append(_START_SQL)
+        params.append({
+            "ids": [r.task_run_id for r in to_start],
+            "tokens": [r.fencing_token for r in to_start],
+            "owners": [r.owner for r in to_start],
+            "lease": float(worker_lease_seconds),
+        })
+    if not statements:
+        return [], [], ()
+    out = _in_own_transaction(lambda: _run_prepared(statements, params), connection_attempts)
+    start_rows = out.pop() if to_start else []
+    done, finished = (out[0], out[-1]) if successes else ([], [])
+    claimed = out[1] if len(out) == 3 else []
+
+    started = {
+        (r[0], r[8]): StartedAttempt(
+            task_run_id=r[0],
+            workflow_run_id=r[1],
+            organization_id=r[2],
+            task_key=r[3],
+            task_type=r[4],
+            config=_json(r[5]) or {},
+            attempt=r[6],
+            max_attempts=r[7],
+            fencing_token=r[8],
+            timeout_seconds=r[9],
+            run_input=_json(r[10]) or {},
+            upstream=_json(r[11]) or {},
+            dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
+            has_dependents=r[13],
+        )
+        for r in start_rows
     }
-    if any(r.has_dependents for r in requests):
-        done, claimed, finished = _in_own_transaction(
-            lambda: _run_prepared(_SUCCEED_STATEMENTS, params), connection_attempts
-        )
-    else:  # nothing to promote: the succeed and finish statements only
-        done, finished = _in_own_transaction(
-            lambda: _run_prepared(_SUCCEED_STATEMENTS[::2], params), connection_attempts
-        )
-        claimed = []
+    start_results: list[StartedAttempt | None] = []
+    for i, req in enumerate(starts):
+        attempt = started.get((req.task_run_id, req.fencing_token)) if first[req.task_run_id] == i else None
+        if attempt is None:
+            _in_own_transaction(
+                lambda r=req: _record_ignored_start(r.task_run_id, r.fencing_token), connection_attempts
+            )
+        start_results.append(attempt)
+
     succeeded = {(row[0], row[1]): row for row in done}
     run_states = dict(finished)
     results: list[CompletionResult] = []
-    for req in requests:
+    for req in successes:
         row = succeeded.pop((req.task_run_id, req.fencing_token), None)
         if row is None:
             _in_own_transaction(
@@ -826,7 +871,7 @@ def complete_successes(
             results.append(CompletionResult(accepted=False))
             continue
         results.append(CompletionResult(accepted=True, state=row[3], run_state=run_states.pop(row[2], None)))
-    return results, tuple(_dispatches(claimed))
+    return start_results, results, tuple(_dispatches(claimed))
 
 
 def complete_attempt(

@@ -340,3 +340,41 @@ def test_without_continue_inline_every_dependent_goes_through_the_broker(org, ma
     rows = task_runs(run.pk)
     assert rows["b"].state == "running" and rows["b"].started_at is None
     assert published_task_messages(broker) == [(str(rows["b"].pk), 1)]
+
+
+def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, make_workflow, broker):
+    """``start_and_complete``: a worker process's pending starts and successes go in one
+    transaction. The success claims its dependent, the start starts its own task run, a
+    stale start and a stale completion in the same batch change nothing and are recorded;
+    the run's history stays gap-free and in order."""
+    from engine.repositories import transitions
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
+                             {"key": "c", "type": "noop", "depends_on": ["a"]}])
+    run = start_run(workflow=wf)
+    schedule_once()
+    trs = task_runs(run.pk)
+    a, b = trs["a"], trs["b"]
+    started, _, _ = transitions.start_and_complete(
+        starts=[transitions.StartRequest(a.pk, a.fencing_token, "w1")], successes=[],
+        worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
+    assert started[0] is not None and started[0].task_key == "a" and started[0].has_dependents
+    started, results, dispatched = transitions.start_and_complete(
+        starts=[transitions.StartRequest(b.pk, b.fencing_token, "w2"),
+                transitions.StartRequest(b.pk, b.fencing_token + 5, "w3")],          # stale generation
+        successes=[transitions.SuccessRequest(a.pk, a.fencing_token, {"rows": 3}),
+                   transitions.SuccessRequest(b.pk, b.fencing_token + 5, None)],      # stale completion
+        worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
+    assert [s is not None for s in started] == [True, False]
+    assert started[0].task_key == "b" and started[0].attempt == 1 and not started[0].has_dependents
+    assert [(r.accepted, r.state) for r in results] == [(True, "succeeded"), (False, None)]
+    trs = task_runs(run.pk)
+    assert [d.task_run_id for d in dispatched] == [trs["c"].pk]
+    assert (trs["a"].state, trs["b"].state, trs["c"].state) == ("succeeded", "running", "running")
+    assert trs["a"].output == {"rows": 3}
+    assert trs["b"].started_fencing_token == trs["b"].fencing_token and trs["b"].lease_owner == "w2"
+    events = list(TaskRunEvent.objects.unscoped().filter(workflow_run_id=run.pk).order_by("seq")
+                  .values_list("seq", "kind"))
+    assert [seq for seq, _ in events] == list(range(1, len(events) + 1))
+    assert [kind for _, kind in events][-6:] == ["succeeded", "promoted", "claimed", "started",
+                                                  "stale_dispatch_ignored", "stale_completion_rejected"]
