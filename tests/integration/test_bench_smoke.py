@@ -49,6 +49,7 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
         assert positive(t["engine"]["tasks_per_s"]) and positive(t["baseline"]["messages_per_s"])
         assert t["baseline"]["messages"] == t["engine"]["tasks"]
         assert positive(t["ratio"])
+        assert len(t["rounds"]) == cfg["throughput_rounds"] and t["ratio"] in t["rounds"]
 
     hop = results["hop_latency"]
     for side in ("engine", "baseline"):
