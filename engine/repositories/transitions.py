@@ -426,32 +426,36 @@ def claim_ready(
 
 # --- Start an attempt (at most once per generation) ------------------------------------------
 
-# Starts one or more generations at once: ``req`` holds (task_run_id, fencing_token,
-# worker) triples with distinct task-run ids. One statement, one commit for all of them.
-_START_SQL = """
-WITH req AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(owners)s::text[]) AS a(id, token, owner)
+# Starts one or more generations at once: ``sreq`` holds (task_run_id, fencing_token,
+# worker) triples with distinct task-run ids. The CTEs (continuing a WITH list), the
+# events' rows, and the final SELECT are kept apart so that _START_SUCCEED_SQL can run
+# them beside the successes' in one statement.
+_STARTED_CTES = """
+sreq AS (
+    SELECT * FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[])
+        AS a(id, token, owner)
 ), started AS (
     UPDATE core_taskrun t
     SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
-        lease_owner = req.owner,
+        lease_owner = sreq.owner,
         lease_expires_at = LEAST(
-            clock_timestamp() + make_interval(secs => %(lease)s),
-            clock_timestamp() + make_interval(secs => COALESCE(k.timeout_seconds, %(lease)s))
+            clock_timestamp() + make_interval(secs => %(worker_lease)s),
+            clock_timestamp() + make_interval(secs => COALESCE(k.timeout_seconds, %(worker_lease)s))
         )
-    FROM core_task k, req
-    WHERE t.id = req.id AND k.id = t.task_id
-      AND (t.state || '') = 'running' AND t.fencing_token = req.token   -- by primary key (module docstring)
-      AND t.started_fencing_token IS DISTINCT FROM req.token   -- at most one start per generation
+    FROM core_task k, sreq
+    WHERE t.id = sreq.id AND k.id = t.task_id
+      AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (module docstring)
+      AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, req.owner
-), tr AS (
-    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner
+)"""
+_STARTED_EVENTS = """
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token, 1 AS ev_ord,
            'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
            jsonb_build_object('worker', s.owner) AS ev_detail
-    FROM started s
-)
-""" + _EVENTS_CTE + """
+    FROM started s"""
+# What a worker needs to run each started attempt (StartedAttempt's fields, in order).
+_STARTED_SELECT = """
 SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
        s.fencing_token, s.timeout_seconds, r.input,
        COALESCE((SELECT jsonb_object_agg(uk.key, u.output)
@@ -465,8 +469,11 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
            ORDER BY e.created_at DESC LIMIT 1)),
        EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
-FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id
-"""
+FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id"""
+
+_START_SQL = (
+    "WITH " + _STARTED_CTES + ", tr AS (" + _STARTED_EVENTS + "\n)\n" + _EVENTS_CTE + _STARTED_SELECT + "\n"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -564,26 +571,44 @@ def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) 
 
 # Successful completions of one or more generations: ``req`` holds (task_run_id,
 # fencing_token, output as JSON text) triples. Matches only a generation that started.
-_SUCCEED_SQL = """
-WITH req AS (
+_DONE_CTES = """
+creq AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[]) AS a(id, token, output)
 ), done AS (
     UPDATE core_taskrun t
-    SET state = 'succeeded', output = req.output::jsonb, error = '', finished_at = clock_timestamp(),
+    SET state = 'succeeded', output = creq.output::jsonb, error = '', finished_at = clock_timestamp(),
         lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
-    FROM req
-    WHERE t.id = req.id AND (t.state || '') = 'running' AND t.fencing_token = req.token   -- by primary key
-      AND t.started_fencing_token = req.token
+    FROM creq
+    WHERE t.id = creq.id AND (t.state || '') = 'running' AND t.fencing_token = creq.token   -- by primary key
+      AND t.started_fencing_token = creq.token
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state
-), tr AS (
-    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token,
+)"""
+_DONE_EVENTS = """
+    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, 0 AS ev_ord,
            'succeeded'::text AS ev_kind, 'running'::text AS ev_from, 'succeeded'::text AS ev_to,
            '{}'::jsonb AS ev_detail
-    FROM done d
+    FROM done d"""
+
+_SUCCEED_SQL = (
+    "WITH " + _DONE_CTES + ", tr AS (" + _DONE_EVENTS + "\n)\n" + _EVENTS_CTE
+    + "\nSELECT id, fencing_token, workflow_run_id, state FROM done\n"
 )
-""" + _EVENTS_CTE + """
-SELECT id, fencing_token, workflow_run_id, state FROM done
-"""
+
+# Successes and starts in one statement: both conditional UPDATEs (never the same row: a
+# success needs the generation started, a start needs it not started), then one bump of
+# each run's event counter for both, successes' events first. The run row is locked at
+# the end of the statement, after both UPDATEs, instead of from the first statement's
+# end through the whole second one. Rows: ('d', id, workflow_run_id, state at [4],
+# fencing_token at [9]) per success, padded with NULLs to _STARTED_SELECT's width, then
+# ('s', *_STARTED_SELECT's row) per start.
+_START_SUCCEED_SQL = (
+    "WITH " + _STARTED_CTES + ", " + _DONE_CTES + ", tr AS (" + _DONE_EVENTS + "\n    UNION ALL" + _STARTED_EVENTS
+    + "\n)\n" + _EVENTS_CTE_ORDERED.format(order="tr.ev_ord, tr.id")
+    + "\nSELECT 'd', d.id, d.workflow_run_id, NULL, d.state, NULL, NULL, NULL, NULL, d.fencing_token,"
+    " NULL, NULL, NULL, NULL, NULL FROM done d\nUNION ALL\n"
+    + _STARTED_SELECT.replace("\nSELECT s.id,", "\nSELECT 's', s.id,", 1) + "\n"
+)
+
 
 # A failed attempt: retried (back to ready, attempt + 1, exponential backoff) while
 # attempts remain and ``retryable``; otherwise terminal ``failed``. SET expressions
@@ -789,7 +814,8 @@ def start_and_complete(
     ``owner`` and ``reserve_seconds`` apply to the dependents the successes claim (as in
     ``claim_ready``). Returns each start's StartedAttempt or None, each success's
     CompletionResult (both in request order) and the generations claimed (publish them
-    after the commit). Stale and duplicate requests are recorded afterwards, each in its
+    after the commit). With both kinds, the two UPDATEs are one statement
+    (``_START_SUCCEED_SQL``), so the runs' rows are locked only after both have run. Stale and duplicate requests are recorded afterwards, each in its
     own transaction. In autocommit mode the whole is its own transaction, retried on a
     deadlock (and on a lost connection, ``connection_attempts`` times); inside a
     transaction it runs in it.
@@ -798,35 +824,44 @@ def start_and_complete(
     for i, req in enumerate(starts):
         first.setdefault(req.task_run_id, i)
     to_start = [starts[i] for i in first.values()]
+    # One parameter dict for every statement (their names do not clash).
+    params: dict[str, Any] = {}
     statements: list[str] = []
-    params: list[dict[str, Any]] = []
     if successes:
+        params.update(
+            ids=[r.task_run_id for r in successes],
+            tokens=[r.fencing_token for r in successes],
+            outputs=[_json_text(r.output) for r in successes],
+            owner=owner,
+            lease=float(dispatch_lease_seconds),
+            queue=TASK_QUEUE,
+            reserve=float(reserve_seconds),
+        )
         # Without dependents to promote, only the succeed and finish statements.
-        script = _SUCCEED_STATEMENTS if any(r.has_dependents for r in successes) else _SUCCEED_STATEMENTS[::2]
-        statements += script
-        params += [{
-            "ids": [r.task_run_id for r in successes],
-            "tokens": [r.fencing_token for r in successes],
-            "outputs": [_json_text(r.output) for r in successes],
-            "owner": owner,
-            "lease": float(dispatch_lease_seconds),
-            "queue": TASK_QUEUE,
-            "reserve": float(reserve_seconds),
-        }] * len(script)
+        statements += _SUCCEED_STATEMENTS if any(r.has_dependents for r in successes) else _SUCCEED_STATEMENTS[::2]
     if to_start:
-        statements.append(_START_SQL)
-        params.append({
-            "ids": [r.task_run_id for r in to_start],
-            "tokens": [r.fencing_token for r in to_start],
-            "owners": [r.owner for r in to_start],
-            "lease": float(worker_lease_seconds),
-        })
+        params.update(
+            start_ids=[r.task_run_id for r in to_start],
+            start_tokens=[r.fencing_token for r in to_start],
+            owners=[r.owner for r in to_start],
+            worker_lease=float(worker_lease_seconds),
+        )
+        if successes:  # both UPDATEs in the first statement (_START_SUCCEED_SQL)
+            statements[0] = _START_SUCCEED_SQL
+        else:
+            statements.append(_START_SQL)
     if not statements:
         return [], [], ()
     out = _in_own_transaction(lambda: _run_prepared(statements, params), connection_attempts)
-    start_rows = out.pop() if to_start else []
-    done, finished = (out[0], out[-1]) if successes else ([], [])
-    claimed = out[1] if len(out) == 3 else []
+    if successes and to_start:
+        first_rows = out[0]
+        done = [(r[1], r[9], r[2], r[4]) for r in first_rows if r[0] == "d"]
+        start_rows = [r[1:] for r in first_rows if r[0] == "s"]
+    else:
+        done = out[0] if successes else []
+        start_rows = out[0] if not successes else []
+    finished = out[-1] if successes else []
+    claimed = out[1] if successes and len(out) == 3 else []
 
     started = {
         (r[0], r[8]): StartedAttempt(
