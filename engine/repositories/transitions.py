@@ -122,22 +122,20 @@ _PLANNER_DEFAULTS = (
 )
 
 
-def _run_prepared(
-    statements: Sequence[str], params: dict[str, Any] | Sequence[dict[str, Any]]
-) -> list[list[tuple]]:
-    """Run ``statements`` (each given the named ``params`` it uses, or its own dict when
-    ``params`` is a sequence, one per statement) as one transaction in
+def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
+    """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
     one round trip, as server-side prepared statements (Django's cursors bind
     parameters client-side, so PostgreSQL would parse and plan every statement of every
     call).
 
-    psycopg's pipeline mode sends them all, each with the parameters bound by the server
-    (so psycopg prepares a statement after a few executions on a connection and later
-    executions skip parsing and planning), and waits once. In autocommit mode they are
+    psycopg's pipeline mode sends them, each with the parameters bound by the server and
+    prepared on the connection at its first use (later executions skip parsing and
+    planning), and the results are read once at the end. In autocommit mode they are
     wrapped in BEGIN ... COMMIT inside the same pipeline (a failure rolls everything
     back); inside a caller's transaction they just run in it. Each statement takes its own
-    snapshot (READ COMMITTED), after the previous one finished: the locks they take are
-    released by the server at COMMIT, never held while the client is scheduled to send it.
+    snapshot (READ COMMITTED), after the previous one finished. psycopg sends each
+    statement as it is executed, so a lock taken by one is held while this thread builds
+    the next: keep the statements after the first lock few (see _START_SUCCEED_SQL).
     They are planned with index probes only (``_INDEX_PROBES_ONLY``).
     """
     import psycopg
@@ -152,10 +150,9 @@ def _run_prepared(
                 if own:
                     pg.execute("BEGIN")
                 pg.execute(_INDEX_PROBES_ONLY, prepare=True)
-                per_statement = [params] * len(statements) if isinstance(params, dict) else params
-                for sql, values in zip(statements, per_statement, strict=True):
+                for sql in statements:
                     cur = psycopg.Cursor(pg)
-                    cur.execute(sql, values, prepare=True)
+                    cur.execute(sql, params, prepare=True)
                     cursors.append(cur)
                 pg.execute("COMMIT" if own else _PLANNER_DEFAULTS, prepare=not own)
             return [cur.fetchall() if cur.description else [] for cur in cursors]
