@@ -294,6 +294,9 @@ def table(results: dict) -> str:
         f"FlowForge bench ({meta['mode']}): {meta['processes']} worker processes x {meta['threads']} threads, "
         f"{meta['cpus']} CPUs; load average at start {meta['load_start']}, at end {meta.get('load_end')}"
     )
+    if meta.get("autovacuum") == "off":
+        lines.append("the server's autovacuum is off: the bench vacuums the engine's hot tables between rounds "
+                     "(bench.live.vacuum_hot_tables)")
     if results.get("load"):
         lines.append("load average (1/5/15 min) during the live scenarios: "
                      + "; ".join(f"{k} {v}" for k, v in results["load"].items()))
@@ -399,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         "database": database_url, "redis": redis_url, "namespace": NAMESPACE,
         "sizes": {k: v for k, v in cfg.items() if k not in ("timeout",)},
     }}
+    from bench.live import autovacuum_on
+
+    results["meta"]["autovacuum"] = "on" if autovacuum_on() else "off"
     if not args.skip_live:
         stack = Stack(env=env, log_dir=BASE_DIR / "var" / "bench" / "logs")
         try:

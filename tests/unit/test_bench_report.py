@@ -1,5 +1,9 @@
-"""The bench's report helpers (pure functions; the live scenarios run in the smoke test)."""
+"""The bench's report helpers (pure functions; the live scenarios run in the smoke test),
+and its vacuuming between rounds."""
 
+import pytest
+
+from bench.live import HOT_TABLES, autovacuum_on, settle, vacuum_hot_tables
 from bench.run import median_round
 
 
@@ -18,3 +22,39 @@ def test_median_round_of_an_even_number_takes_the_lower_middle_round():
 
 def test_median_round_of_one_round_is_that_round():
     assert median_round([_round(0.25)]) == {**_round(0.25), "rounds": [0.25]}
+
+
+# --- vacuuming between rounds (needs the database: VACUUM cannot run in a transaction) ---------
+
+def _last_vacuums() -> dict:
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT relname, last_vacuum FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+                    [list(HOT_TABLES)])
+        return dict(cur.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_vacuum_hot_tables_vacuums_each_of_the_engine_hot_tables():
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        before = cur.fetchone()[0]
+    assert vacuum_hot_tables() >= 0
+    after = _last_vacuums()
+    assert sorted(after) == sorted(HOT_TABLES)
+    assert all(ts is not None and ts >= before for ts in after.values()), after
+
+
+@pytest.mark.django_db(transaction=True)
+def test_settle_vacuums_exactly_when_the_server_autovacuum_is_off():
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        before = cur.fetchone()[0]
+    settle(0)
+    vacuumed = [ts is not None and ts >= before for ts in _last_vacuums().values()]
+    assert vacuumed == [not autovacuum_on()] * len(HOT_TABLES)
