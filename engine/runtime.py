@@ -225,17 +225,18 @@ class OutputNotJson(PermanentTaskError):
     """A handler returned a value JSON cannot encode."""
 
 
-def cap_output(output: Any) -> Any:
-    """Return ``output`` (NULs stripped, round-tripped through JSON) when its JSON
-    encoding fits FLOWFORGE_MAX_OUTPUT_BYTES.
+def encode_output(output: Any) -> str:
+    """``output`` (NULs stripped) as the JSON text to store, when it fits
+    FLOWFORGE_MAX_OUTPUT_BYTES (a size in bytes of UTF-8 JSON).
 
     Raises OutputTooLarge (naming both sizes) rather than storing a truncated value
-    that dependents would misread, and OutputNotJson for a value JSON cannot encode;
-    both fail the task without retries, since another attempt returns the same.
+    that dependents would misread, and OutputNotJson for a value JSON cannot encode
+    (NaN and Infinity included); both fail the task without retries, since another
+    attempt returns the same. The text goes to the completion as it is, so an output is
+    encoded once (``transitions.SuccessRequest.output_json``).
     """
-    output = strip_nul(output)
     try:
-        encoded = json.dumps(output, allow_nan=False)
+        encoded = json.dumps(strip_nul(output), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OutputNotJson(f"task output is not JSON-encodable: {exc}") from exc
     size = len(encoded.encode())
@@ -244,7 +245,13 @@ def cap_output(output: Any) -> Any:
             f"task output is {size} bytes of JSON, over FLOWFORGE_MAX_OUTPUT_BYTES "
             f"({settings.FLOWFORGE_MAX_OUTPUT_BYTES}); return a summary or a reference instead"
         )
-    return json.loads(encoded)
+    return encoded
+
+
+def cap_output(output: Any) -> Any:
+    """``output`` as it will be stored: ``encode_output(output)`` decoded again (NULs
+    stripped, keys made strings). Raises what ``encode_output`` raises."""
+    return json.loads(encode_output(output))
 
 
 def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline: bool = False) -> str:
@@ -308,12 +315,12 @@ def _execute(
     hb.register(context)
     succeeded = False
     retryable = True
-    output: Any = None
+    output_json = ""
     error = ""
     began = time.monotonic()
     try:
         handler = get_handler(started.task_type)
-        output = cap_output(handler.run(context))
+        output_json = encode_output(handler.run(context))
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)
@@ -337,7 +344,8 @@ def _execute(
         # dependents it claims are published by whichever thread ran the batch, except
         # the one this thread may continue with.
         result, following = _transitions.submit(_Success(
-            transitions.SuccessRequest(task_run_id, fencing_token, output, started.has_dependents),
+            transitions.SuccessRequest(task_run_id, fencing_token, None, started.has_dependents,
+                                       output_json=output_json),
             started.workflow_run_id, may_continue
         ))
     else:

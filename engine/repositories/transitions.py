@@ -30,7 +30,9 @@ docstring says otherwise.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -122,6 +124,18 @@ _PLANNER_DEFAULTS = (
 )
 
 
+@functools.cache
+def _compact(sql: str) -> str:
+    """``sql`` without its ``--`` comments and with each run of whitespace made one space.
+
+    psycopg converts a query's ``%(name)s`` placeholders with a regular expression and
+    caches the result only for queries of at most 4,096 characters
+    (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); the commented hot statements are
+    longer (``_START_SUCCEED_SQL``: 4,161), so each call re-parsed them. None of them
+    has ``--`` inside a string literal."""
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
 def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
     """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
     one round trip, as server-side prepared statements (Django's cursors bind
@@ -152,7 +166,7 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
                 pg.execute(_INDEX_PROBES_ONLY, prepare=True)
                 for sql in statements:
                     cur = psycopg.Cursor(pg)
-                    cur.execute(sql, params, prepare=True)
+                    cur.execute(_compact(sql), params, prepare=True)
                     cursors.append(cur)
                 pg.execute("COMMIT" if own else _PLANNER_DEFAULTS, prepare=not own)
             return [cur.fetchall() if cur.description else [] for cur in cursors]
@@ -748,6 +762,9 @@ class SuccessRequest:
     # False when no task depends on this one (``StartedAttempt.has_dependents``): a batch
     # of such successes skips the promote-and-claim statement.
     has_dependents: bool = True
+    # ``output`` already encoded as JSON text (``engine.runtime.encode_output``): stored
+    # as it is instead of encoding ``output`` again.
+    output_json: str | None = None
 
 
 def _json_text(value: Any) -> str:
@@ -828,7 +845,7 @@ def start_and_complete(
         params.update(
             ids=[r.task_run_id for r in successes],
             tokens=[r.fencing_token for r in successes],
-            outputs=[_json_text(r.output) for r in successes],
+            outputs=[r.output_json if r.output_json is not None else _json_text(r.output) for r in successes],
             owner=owner,
             lease=float(dispatch_lease_seconds),
             queue=TASK_QUEUE,

@@ -184,6 +184,21 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
     assert rows == [(2, 0)]
 
 
+def test_hot_statements_are_short_enough_for_psycopg_to_cache_their_conversion():
+    """psycopg re-parses the placeholders of a query longer than 4,096 characters on every
+    execution; the hot statements go to it compacted (comments and runs of whitespace out)."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    for name in ("_CLAIM_SQL", "_START_SQL", "_SUCCEED_SQL", "_START_SUCCEED_SQL", "_PROMOTE_CLAIM_SQL",
+                 "_FINISH_SQL"):
+        sql = getattr(transitions, name)
+        compact = transitions._compact(sql)
+        assert len(compact) <= MAX_CACHED_STATEMENT_LENGTH, (name, len(compact))
+        assert "--" not in compact and "\n" not in compact
+        assert compact.split() == " ".join(line.split("--")[0] for line in sql.splitlines()).split(), name
+    assert transitions._compact("SELECT 1 -- one\n  , 2\n\t FROM t") == "SELECT 1 , 2 FROM t"
+
+
 def _generic_plan(sql: str, params: dict, types: dict) -> str:
     """EXPLAIN (ANALYZE) of ``sql`` as the hot path runs it: a prepared statement's generic
     plan, made under ``transitions._INDEX_PROBES_ONLY``, inside a transaction rolled back."""
