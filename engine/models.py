@@ -247,7 +247,9 @@ class TaskRun(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
-    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_runs")
+    # No index of its own: idx_taskrun_run_state and uniq_taskrun_per_run_task lead with it
+    # (seed 000, "Implicit indexes and a known redundancy"; migration 0011).
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_runs", db_index=False)
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs")
     state = models.CharField(max_length=20, choices=TaskRunState.choices, default=TaskRunState.PENDING)
     attempt = models.IntegerField(default=1)
@@ -311,8 +313,11 @@ class TaskRunEvent(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
-    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
-    task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.CASCADE, related_name="events")
+    # Neither has an index of its own: uniq_event_run_seq leads with workflow_run and
+    # idx_event_taskrun_created with task_run (migration 0011).
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
+    task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.CASCADE, related_name="events",
+                                 db_index=False)
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=40)
     from_state = models.CharField(max_length=20, blank=True, default="")
@@ -346,7 +351,8 @@ class OutboxMessage(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
-    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="outbox_messages")
+    # No index of its own: uniq_outbox_per_taskrun_generation leads with it (migration 0011).
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="outbox_messages", db_index=False)
     workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="outbox_messages")
     exchange = models.CharField(max_length=100, default="")
     routing_key = models.CharField(max_length=200)

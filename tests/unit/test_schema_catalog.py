@@ -104,6 +104,39 @@ def test_partial_indexes_print_their_where_clause():
     )
 
 
+def test_foreign_keys_led_by_a_composite_index_have_no_index_of_their_own_but_keep_their_constraint():
+    """Migration 0011: each of these columns leads a seed index, so its own index only
+    cost writes; the foreign-key constraint itself stays."""
+    covered = {
+        ("core_taskrun", "workflow_run_id"): "idx_taskrun_run_state",
+        ("core_taskrunevent", "workflow_run_id"): "uniq_event_run_seq",
+        ("core_taskrunevent", "task_run_id"): "idx_event_taskrun_created",
+        ("core_outboxmessage", "task_run_id"): "uniq_outbox_per_taskrun_generation",
+    }
+    with connection.cursor() as cur:
+        for (table, column), composite in covered.items():
+            cur.execute(
+                """
+                SELECT i.relname, array_length(ix.indkey::int2[], 1)
+                FROM pg_index ix JOIN pg_class i ON i.oid = ix.indexrelid
+                JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ix.indkey[0]
+                WHERE ix.indrelid = %s::regclass AND a.attname = %s
+                """,
+                [table, column],
+            )
+            leading = dict(cur.fetchall())
+            assert composite in leading and all(n >= 2 for n in leading.values()), (table, column, leading)
+            cur.execute(
+                """
+                SELECT count(*) FROM pg_constraint c
+                JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+                WHERE c.conrelid = %s::regclass AND c.contype = 'f' AND a.attname = %s
+                """,
+                [table, column],
+            )
+            assert cur.fetchone()[0] == 1, (table, column)
+
+
 def test_an_unknown_index_name_is_reported_missing():
     """The catalog helper itself does not invent indexes."""
     assert index_info("idx_does_not_exist") is None
