@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -93,7 +94,16 @@ class Combiner[Req, Res]:
     most one such transaction in flight, and under load one commit covers several
     tasks instead of each thread queueing on the same run row for a commit of its own.
     ``run_batch(requests)`` returns one result per request, in order; when it raises,
-    every request of that batch raises the same exception.
+    every request of that batch gets the same exception.
+
+    ``submit(request)`` waits for the request's result (or raises its exception).
+    ``submit(request, wait=False, on_result=f)`` does not wait when a batch is already
+    running: the request goes into the next batch, ``f(result, error)`` is called (by
+    the thread that runs that batch) once it has run, and the call returns None. With
+    no batch running it runs the request at once, like ``submit(request)`` (``f`` is
+    not called).
+    Nothing queued is left behind: the thread that runs a batch hands the next one to a
+    waiting submitter or, when only requests nobody waits for are queued, runs it itself.
     """
 
     def __init__(self, run_batch: Callable[[list[Req]], list[Res]], *, max_batch: int = 64):
@@ -103,18 +113,48 @@ class Combiner[Req, Res]:
         self._queue: list[_Slot] = []
         self._busy = False
 
-    def submit(self, request: Req) -> Res:
-        slot = _Slot(request)
+    def submit(self, request: Req, *, wait: bool = True,
+               on_result: Callable[[Res | None, BaseException | None], None] | None = None) -> Res | None:
+        slot = _Slot(request, wait, on_result)
         with self._lock:
             self._queue.append(slot)
-            lead = not self._busy
-            self._busy = True
-        if not lead:
-            slot.ready.wait()
+            if self._busy:
+                if not wait:
+                    return None  # the thread running the current batch, or its successor, runs it
+            else:
+                self._busy = True
+                slot.lead = True
+        while True:
             if not slot.lead:
+                slot.ready.wait()
+                if not slot.lead:  # woken with its result
+                    return slot.result()
+            with self._lock:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+            self._run(batch)
+            with self._lock:
+                successor = None
+                if not self._queue:  # (its own request ran: it was queued first)
+                    self._busy = False
+                    finished = True
+                elif slot.done:
+                    # Hand the lead to a waiting submitter; with only requests nobody waits
+                    # for queued, keep it (they must not be left behind).
+                    successor = next((s for s in self._queue if s.wait), None)
+                    if successor is not None:
+                        successor.lead = True
+                    finished = successor is not None
+                else:
+                    finished = False
+            for s in batch:
+                if s is not slot and s.wait:
+                    s.ready.set()
+            if successor is not None:
+                successor.ready.set()
+            if finished:
                 return slot.result()
-        with self._lock:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+
+    def _run(self, batch: list[_Slot]) -> None:
         try:
             results = self._run_batch([s.request for s in batch])
             for s, res in zip(batch, results, strict=True):
@@ -122,26 +162,25 @@ class Combiner[Req, Res]:
         except BaseException as exc:
             for s in batch:
                 s.error = exc
-        with self._lock:
-            successor = self._queue[0] if self._queue else None
-            if successor is None:
-                self._busy = False
-            else:
-                successor.lead = True
         for s in batch:
-            s.ready.set()
-        if successor is not None:
-            successor.ready.set()
-        return slot.result()
+            s.done = True
+            if s.on_result is not None and not s.lead:  # (a lead's own request: returned to it)
+                try:
+                    s.on_result(s.value, s.error)
+                except Exception:
+                    log.exception("a batched request's result callback failed")
 
 
 class _Slot:
-    __slots__ = ("request", "ready", "lead", "value", "error")
+    __slots__ = ("request", "wait", "on_result", "ready", "lead", "done", "value", "error")
 
-    def __init__(self, request):
+    def __init__(self, request, wait: bool = True, on_result=None):
         self.request = request
+        self.wait = wait
+        self.on_result = on_result
         self.ready = threading.Event()
         self.lead = False
+        self.done = False
         self.value = None
         self.error: BaseException | None = None
 
@@ -339,7 +378,23 @@ def _execute(
         # the right reason ("attempt timed out", "lease expired"); a completion here
         # would record the interruption instead.
         return "abandoned", None
-    if succeeded:
+    if succeeded and not started.has_dependents:
+        # Nothing to continue with and nothing to publish: when a batch is in flight, the
+        # success goes into the next one and this thread takes its next message meanwhile,
+        # so under load one transaction records its success and its next start (write-behind).
+        # A success recorded later that is rejected or fails is logged and counted there
+        # (_record_queued_success); a process that dies first leaves the attempt to the reaper,
+        # as a death during the handler would.
+        outcome = _transitions.submit(
+            _Success(transitions.SuccessRequest(task_run_id, fencing_token, None, False, output_json=output_json),
+                     started.workflow_run_id, False),
+            wait=False,
+            on_result=functools.partial(_record_queued_success, task_run_id, fencing_token),
+        )
+        if outcome is None:
+            return "succeeded", None
+        result, following = outcome
+    elif succeeded:
         # One round trip and one commit, shared with the process's other starts and successes; the
         # dependents it claims are published by whichever thread ran the batch, except
         # the one this thread may continue with.
@@ -363,16 +418,39 @@ def _execute(
             connection_attempts=8,
         )
         publish_dispatches(result.dispatches)
-    if not result.accepted:
-        metrics.incr("flowforge_task_attempts_total", "rejected")
+    if _count_completion(result) == "rejected":
         return "rejected", None
-    if result.run_state is not None:
-        metrics.incr("flowforge_runs_finished_total", result.run_state)
     if result.retry_in_seconds is not None:
         from engine.actors import schedule_tick
 
-        metrics.incr("flowforge_task_attempts_total", "retrying")
         schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
-    metrics.incr("flowforge_task_attempts_total", result.state or "unknown")
     return result.state or "unknown", following
+
+
+def _count_completion(result: transitions.CompletionResult) -> str:
+    """Count a recorded completion in the metrics; returns its outcome ("rejected",
+    "retrying" or the task run's new state)."""
+    if not result.accepted:
+        metrics.incr("flowforge_task_attempts_total", "rejected")
+        return "rejected"
+    if result.run_state is not None:
+        metrics.incr("flowforge_runs_finished_total", result.run_state)
+    outcome = "retrying" if result.retry_in_seconds is not None else result.state or "unknown"
+    metrics.incr("flowforge_task_attempts_total", outcome)
+    return outcome
+
+
+def _record_queued_success(task_run_id: uuid.UUID, fencing_token: int, outcome, error: BaseException | None) -> None:
+    """The result of a success that went into a later batch (``_execute``'s write-behind):
+    counted like any completion; a rejection (the generation was reaped, cancelled or
+    superseded meanwhile) or a failure to record it is logged with the attempt's ids."""
+    if error is not None:
+        log.error("recording the success of task run %s generation %s failed (%s: %s); its lease will "
+                  "expire and the reaper dispatches it again", task_run_id, fencing_token,
+                  type(error).__name__, error)
+        return
+    result, _following = outcome
+    if _count_completion(result) == "rejected":
+        log.warning("the success of task run %s generation %s was rejected: the generation was reaped, "
+                    "cancelled or superseded before it was recorded", task_run_id, fencing_token)

@@ -380,3 +380,64 @@ def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, 
     # promotes and claims; the stale requests are recorded after the commit.
     assert [kind for _, kind in events][-6:] == ["succeeded", "started", "promoted", "claimed",
                                                   "stale_dispatch_ignored", "stale_completion_rejected"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time_the_threads_return(
+        org, make_workflow, broker, monkeypatch):
+    """A task without dependents whose success is submitted while the process's batch is in
+    flight does not wait for it (write-behind): its thread returns "succeeded" and the
+    success goes into the next batch. Each start batch is slowed to 50 ms here, so the
+    first thread's success is certainly submitted while the second batch runs; once every
+    thread has returned, every success is committed, once, and the run is finished."""
+    import threading
+    import time
+
+    wf = make_workflow(org, [{"key": f"t{i}", "type": "noop"} for i in range(6)])
+    run = start_run(workflow=wf)
+    schedule_once()
+    generations = [(m.payload["task_run_id"], m.payload["fencing_token"])
+                   for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk)]
+    assert len(generations) == 6
+
+    def slow_starts(items):
+        if any(isinstance(i, runtime._Start) for i in items):
+            time.sleep(0.05)
+        return runtime._transition_batch(items)
+
+    combiner = runtime.Combiner(slow_starts)
+    monkeypatch.setattr(runtime, "_transitions", combiner)
+    queued = []
+    submit = combiner.submit
+
+    def spy(request, *, wait=True, on_result=None):
+        result = submit(request, wait=wait, on_result=on_result)
+        if not wait and result is None:
+            queued.append(request.request.task_run_id)
+        return result
+
+    monkeypatch.setattr(combiner, "submit", spy)
+    outcomes: list[str] = []
+
+    def work(tr_id, token, delay):
+        time.sleep(delay)
+        try:
+            outcomes.append(runtime.execute(tr_id, token))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=work, args=(tr, tok, 0 if i == 0 else 0.01))
+               for i, (tr, tok) in enumerate(generations)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert outcomes == ["succeeded"] * 6
+    assert queued, "no success was submitted while a batch was in flight"
+    run.refresh_from_db()
+    assert run.state == "succeeded"
+    assert {t.state for t in task_runs(run.pk).values()} == {"succeeded"}
+    with connection.cursor() as cur:
+        cur.execute("SELECT kind, count(*), count(DISTINCT task_run_id) FROM core_taskrunevent "
+                    "WHERE workflow_run_id = %s AND kind IN ('started', 'succeeded') GROUP BY kind", [run.pk])
+        assert sorted(cur.fetchall()) == [("started", 6, 6), ("succeeded", 6, 6)]

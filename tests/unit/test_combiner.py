@@ -1,0 +1,167 @@
+"""engine.runtime.Combiner: batching of a worker process's starts and successes, and its
+write-behind submissions (``wait=False``). Pure threading, no database."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.runtime import Combiner
+
+
+class Recorder:
+    """A run_batch that records each batch and can be held while it runs."""
+
+    def __init__(self, *, fail_on: str | None = None):
+        self.batches: list[list[str]] = []
+        self.hold = threading.Event()
+        self.hold.set()
+        self.entered = threading.Event()
+        self.fail_on = fail_on
+
+    def __call__(self, requests: list[str]) -> list[str]:
+        self.entered.set()
+        assert self.hold.wait(5)
+        self.batches.append(list(requests))
+        if self.fail_on in requests:
+            raise RuntimeError(f"batch with {self.fail_on} failed")
+        return [r.upper() for r in requests]
+
+
+def _in_thread(fn) -> tuple[threading.Thread, list]:
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    return t, out
+
+
+def test_a_request_with_no_batch_running_runs_at_once_alone():
+    rec = Recorder()
+    calls = []
+    c = Combiner(rec)
+    assert c.submit("a") == "A"
+    assert c.submit("b", wait=False, on_result=lambda *a: calls.append(a)) == "B"
+    assert rec.batches == [["a"], ["b"]]
+    assert calls == []  # a request run by its own thread returns its result instead
+
+
+def test_write_behind_requests_join_the_next_batch_and_get_their_result_by_callback():
+    rec = Recorder()
+    c = Combiner(rec)
+    rec.hold.clear()
+    lead, lead_out = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    calls = []
+    # A batch is in flight: these return at once, without a result.
+    assert c.submit("x", wait=False, on_result=lambda res, err: calls.append(("x", res, err))) is None
+    assert c.submit("y", wait=False, on_result=lambda res, err: calls.append(("y", res, err))) is None
+    waiter, waiter_out = _in_thread(lambda: c.submit("z"))
+    while len(c._queue) < 3:
+        threading.Event().wait(0.001)
+    rec.hold.set()
+    lead.join(5)
+    waiter.join(5)
+    assert lead_out == ["FIRST"] and waiter_out == ["Z"]
+    # The queued requests went together into one batch, after the one in flight.
+    assert rec.batches == [["first"], ["x", "y", "z"]]
+    assert sorted(calls) == [("x", "X", None), ("y", "Y", None)]
+
+
+def test_queued_write_behind_requests_are_run_by_the_lead_before_it_returns_when_nobody_waits():
+    rec = Recorder()
+    c = Combiner(rec)
+    rec.hold.clear()
+    lead, lead_out = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    calls = []
+    for name in ("p", "q"):
+        assert c.submit(name, wait=False, on_result=lambda res, err: calls.append(res)) is None
+    rec.hold.set()
+    lead.join(5)
+    assert lead_out == ["FIRST"]
+    assert rec.batches == [["first"], ["p", "q"]]
+    assert sorted(calls) == ["P", "Q"]
+    assert c._queue == [] and c._busy is False
+    assert c.submit("after") == "AFTER"  # and the next request runs at once
+
+
+def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_write_behind_ones():
+    rec = Recorder(fail_on="bad")
+    c = Combiner(rec)
+    rec.hold.clear()
+    lead, lead_out = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    calls = []
+    assert c.submit("bad", wait=False, on_result=lambda res, err: calls.append((res, err))) is None
+    errors = []
+
+    def wait_for_it():
+        try:
+            c.submit("other")
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    while len(c._queue) < 2:
+        threading.Event().wait(0.001)
+    rec.hold.set()
+    lead.join(5)
+    waiter.join(5)
+    assert lead_out == ["FIRST"]
+    assert errors == ["batch with bad failed"]
+    assert len(calls) == 1 and calls[0][0] is None and str(calls[0][1]) == "batch with bad failed"
+
+
+def test_a_callback_that_raises_does_not_stop_the_batch(caplog):
+    rec = Recorder()
+    c = Combiner(rec)
+    rec.hold.clear()
+    lead, _ = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    seen = []
+
+    def broken(res, err):
+        raise ValueError("callback bug")
+
+    c.submit("a", wait=False, on_result=broken)
+    c.submit("b", wait=False, on_result=lambda res, err: seen.append(res))
+    rec.hold.set()
+    lead.join(5)
+    assert seen == ["B"]
+    assert "callback failed" in caplog.text
+
+
+@pytest.mark.parametrize("threads", [8, 32])
+def test_many_threads_each_get_their_own_result_and_every_request_runs_once(threads):
+    rec = Recorder()
+    c = Combiner(rec, max_batch=5)
+    results: dict[int, list] = {}
+    callbacks: list[str] = []
+    lock = threading.Lock()
+
+    def work(i: int):
+        got = []
+        for k in range(50):
+            name = f"t{i}-{k}"
+            if k % 2:
+                r = c.submit(name, wait=False, on_result=lambda res, err: (lock.acquire(), callbacks.append(res),
+                                                                           lock.release()))
+                if r is not None:
+                    got.append(r)
+            else:
+                got.append(c.submit(name))
+        results[i] = got
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    ran = [r for batch in rec.batches for r in batch]
+    assert sorted(ran) == sorted(f"t{i}-{k}" for i in range(threads) for k in range(50))
+    assert all(len(b) <= 5 for b in rec.batches)
+    returned = [r for got in results.values() for r in got]
+    assert sorted(returned + callbacks) == sorted(r.upper() for r in ran)
+    assert c._queue == [] and c._busy is False
