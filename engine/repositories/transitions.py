@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import re
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -126,31 +128,48 @@ _PLANNER_DEFAULTS = (
 
 @functools.cache
 def _compact(sql: str) -> str:
-    """``sql`` without its ``--`` comments and with each run of whitespace made one space.
-
-    psycopg converts a query's ``%(name)s`` placeholders with a regular expression and
-    caches the result only for queries of at most 4,096 characters
-    (``psycopg._queries.MAX_CACHED_STATEMENT_LENGTH``); the commented hot statements are
-    longer (``_START_SUCCEED_SQL``: 4,161), so each call re-parsed them. None of them
-    has ``--`` inside a string literal."""
+    """``sql`` without its ``--`` comments and with each run of whitespace made one space:
+    the text each hot statement is prepared with (``_prepared_form``) and named after.
+    None of them has ``--`` inside a string literal."""
     return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
+# The names of the statements this module has prepared (SQL PREPARE) on each connection.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
+    """(name, text, parameter names) of hot statement ``sql`` prepared in SQL: its
+    compacted text with each ``%(name)s`` made ``$n`` (n in order of first use), the
+    names in that order, and a statement name derived from the text."""
+    compact = _compact(sql)
+    names: list[str] = []
+
+    def placeholder(match: re.Match) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", placeholder, compact).replace("%%", "%")
+    return "ff_" + hashlib.sha1(compact.encode()).hexdigest()[:20], text, tuple(names)
 
 
 def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
     """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
-    one round trip, as server-side prepared statements (Django's cursors bind
-    parameters client-side, so PostgreSQL would parse and plan every statement of every
-    call).
+    one message to the server, as prepared statements; returns each one's rows.
 
-    psycopg's pipeline mode sends them, each with the parameters bound by the server and
-    prepared on the connection at its first use (later executions skip parsing and
-    planning), and the results are read once at the end. In autocommit mode they are
-    wrapped in BEGIN ... COMMIT inside the same pipeline (a failure rolls everything
-    back); inside a caller's transaction they just run in it. Each statement takes its own
-    snapshot (READ COMMITTED), after the previous one finished. psycopg sends each
-    statement as it is executed, so a lock taken by one is held while this thread builds
-    the next: keep the statements after the first lock few (see _START_SUCCEED_SQL).
-    They are planned with index probes only (``_INDEX_PROBES_ONLY``).
+    The whole transaction goes as one simple-protocol query string: ``BEGIN`` (in
+    autocommit mode), the planner settings (``_INDEX_PROBES_ONLY``), ``EXECUTE name(...)``
+    per statement with its parameters as literals (psycopg's client-side binding), and
+    ``COMMIT``. So the server runs the transaction start to end without waiting for this
+    client: no lock it takes is held while this process's threads compete for the GIL to
+    send the next statement. The first time a statement runs on a connection it is
+    prepared first (``PREPARE``, its own round trip; PostgreSQL then neither parses nor
+    plans it again on that connection). Each statement takes its own snapshot (READ
+    COMMITTED), after the previous one finished. Inside a caller's transaction the
+    statements just run in it (no BEGIN or COMMIT; the planner settings are restored at
+    the end). A failure rolls back what this call did in its own transaction and raises.
     """
     import psycopg
 
@@ -158,28 +177,42 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
     with connection.wrap_database_errors:
         connection.ensure_connection()
         pg = connection.connection
-        cursors = []
+        known = _PREPARED.setdefault(pg, set())
+        literal = psycopg.ClientCursor(pg)
+        parts = ["BEGIN"] if own else []
+        parts.append(_INDEX_PROBES_ONLY)
+        wanted: list[int] = []
+        for sql in statements:
+            name, text, order = _prepared_form(sql)
+            if name not in known:
+                # Alone, so that a failure of the transaction below cannot leave the
+                # server with a statement this connection's set does not list (a
+                # PREPARE outlives the rollback of its transaction).
+                pg.execute(f"PREPARE {name} AS {text}", prepare=False)
+                known.add(name)
+            wanted.append(len(parts))
+            args = ", ".join(f"%({p})s" for p in order)
+            parts.append(literal.mogrify(f"EXECUTE {name}({args})", params) if order else f"EXECUTE {name}")
+        parts.append("COMMIT" if own else _PLANNER_DEFAULTS)
+        cur = psycopg.ClientCursor(pg)
         try:
-            with pg.pipeline():
-                if own:
-                    pg.execute("BEGIN")
-                pg.execute(_INDEX_PROBES_ONLY, prepare=True)
-                for sql in statements:
-                    cur = psycopg.Cursor(pg)
-                    cur.execute(_compact(sql), params, prepare=True)
-                    cursors.append(cur)
-                pg.execute("COMMIT" if own else _PLANNER_DEFAULTS, prepare=not own)
-            return [cur.fetchall() if cur.description else [] for cur in cursors]
+            cur.execute(";\n".join(parts), prepare=False)
+            results: list[list[tuple]] = []
+            while True:
+                results.append(cur.fetchall() if cur.description is not None else [])
+                if not cur.nextset():
+                    break
+            return [results[i] for i in wanted]
         except BaseException:
-            if own and not pg.closed:
+            if own and not pg.closed and pg.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 try:
                     pg.execute("ROLLBACK")
                 except Exception:  # the connection is gone: the server rolled back already
                     pass
             raise
         finally:
-            for cur in cursors:
-                cur.close()
+            cur.close()
+            literal.close()
 
 
 def autocommit_retry[T](fn: Callable[[], T], *, attempts: int = 5, connection_attempts: int = 0,

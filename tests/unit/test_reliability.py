@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 
 import pytest
@@ -178,25 +179,51 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
         claimed = transitions.claim_ready(limit=1, lease_seconds=60, owner="test")
         assert len(claimed) == 1
     with connection.cursor() as cur:
-        cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                    "WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'")
+        cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
+                    [transitions._prepared_form(transitions._CLAIM_SQL.format(id_filter=""))[0]])
         rows = cur.fetchall()
     assert rows == [(2, 0)]
 
 
-def test_hot_statements_are_short_enough_for_psycopg_to_cache_their_conversion():
-    """psycopg re-parses the placeholders of a query longer than 4,096 characters on every
-    execution; the hot statements go to it compacted (comments and runs of whitespace out)."""
-    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+HOT_STATEMENTS = ("_CLAIM_SQL", "_START_SQL", "_SUCCEED_SQL", "_START_SUCCEED_SQL", "_PROMOTE_CLAIM_SQL", "_FINISH_SQL")
 
-    for name in ("_CLAIM_SQL", "_START_SQL", "_SUCCEED_SQL", "_START_SUCCEED_SQL", "_PROMOTE_CLAIM_SQL",
-                 "_FINISH_SQL"):
-        sql = getattr(transitions, name)
-        compact = transitions._compact(sql)
-        assert len(compact) <= MAX_CACHED_STATEMENT_LENGTH, (name, len(compact))
-        assert "--" not in compact and "\n" not in compact
-        assert compact.split() == " ".join(line.split("--")[0] for line in sql.splitlines()).split(), name
+
+def test_hot_statements_are_prepared_from_their_compacted_text_with_numbered_parameters():
+    """``_prepared_form``: the text PREPARE gets (comments and runs of whitespace out, each
+    ``%(name)s`` made ``$n`` in order of first use) and a distinct name per statement."""
+    forms = {}
+    for attr in HOT_STATEMENTS:
+        sql = getattr(transitions, attr)
+        name, text, order = transitions._prepared_form(sql)
+        assert "--" not in text and "\n" not in text and "%(" not in text, attr
+        assert text.split() == re.sub(r"%\((\w+)\)s", lambda m, order=order: f"${order.index(m.group(1)) + 1}",
+                                      " ".join(line.split("--")[0] for line in sql.splitlines())).split(), attr
+        assert sorted(set(re.findall(r"\$(\d+)", text)), key=int) == [str(i + 1) for i in range(len(order))]
+        forms[name] = attr
+    assert len(forms) == len(HOT_STATEMENTS)
     assert transitions._compact("SELECT 1 -- one\n  , 2\n\t FROM t") == "SELECT 1 , 2 FROM t"
+    assert transitions._prepared_form("SELECT %(b)s, %(a)s, %(b)s")[1:] == ("SELECT $1, $2, $1", ("b", "a"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_hot_transaction_is_rolled_back_and_the_connection_stays_usable(org, make_workflow):
+    """A statement failing mid-transaction (here a parameter the server rejects) rolls
+    back the whole transaction, raises, and leaves the connection idle: the next call
+    prepares nothing twice and works."""
+    from django.db import DataError
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf)
+    connection.close()
+    with pytest.raises(DataError):
+        transitions.claim_ready(limit=-1, lease_seconds=60, owner="test")  # LIMIT must not be negative
+    assert connection.connection.info.transaction_status == 0  # idle, not in a failed transaction
+    (claimed,) = transitions.claim_ready(limit=5, lease_seconds=60, owner="test")
+    assert claimed.workflow_run_id == run.pk
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM core_taskrunevent WHERE workflow_run_id = %s AND kind = 'claimed'",
+                    [run.pk])
+        assert cur.fetchone()[0] == 1
 
 
 def _generic_plan(sql: str, params: dict, types: dict) -> str:

@@ -956,7 +956,8 @@ def test_a_success_of_a_task_nothing_depends_on_skips_the_promote_statement(org,
 
     def prepared_promotes() -> int:
         with connection.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%WITH me AS%%'")
+            cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
+                        [transitions._prepared_form(transitions._PROMOTE_CLAIM_SQL)[0]])
             return cur.fetchone()[0]
 
     (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
