@@ -108,16 +108,10 @@ def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[st
     return ";\n".join(statements), params
 
 
-def publish_claimed(dispatches: Sequence, *, delivered_inline: Sequence = ()) -> tuple[int, int]:
+def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     """Publish the generations a claim just committed (``transitions.Dispatch``, claimed
     with ``reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS``), then stamp their rows.
-    Returns (published, failed), not counting ``delivered_inline``.
-
-    ``delivered_inline``: claimed generations the caller runs itself (a worker continuing
-    a chain in the same thread, see ``engine.runtime.execute``). Their rows are stamped
-    with the others, in the same statement, and no message is sent for them. If the
-    caller dies before it starts one, its dispatch lease expires and the reaper
-    dispatches it again.
+    Returns (published, failed).
 
     The claim reserved its outbox rows for this publish, so the relay's drain does not
     take them meanwhile, and the messages are built from what the claim returned: no
@@ -135,11 +129,10 @@ def publish_claimed(dispatches: Sequence, *, delivered_inline: Sequence = ()) ->
         for d in dispatches
         if d.outbox_id is not None
     ]
-    inline = [d.outbox_id for d in delivered_inline if d.outbox_id is not None]
-    if not rows and not inline:
+    if not rows:
         return (0, 0)
-    ok, failed = _publish_rows(rows) if rows else ([], [])
-    sql, params = _stamp(ok + inline, failed)
+    ok, failed = _publish_rows(rows)
+    sql, params = _stamp(ok, failed)
     with connection.cursor() as cur:
         if connection.in_atomic_block or not connection.get_autocommit():
             cur.execute(sql, params)

@@ -211,8 +211,11 @@ def _publish_claimed(
     items: list[_Success], results: list[transitions.CompletionResult], dispatches: tuple[transitions.Dispatch, ...]
 ) -> list[tuple[transitions.CompletionResult, transitions.Dispatch | None]]:
     """After the commit of a batch of successes: publish the dependents they claimed,
-    keeping back at most one per thread that may continue (same run first); those are
-    stamped as delivered and returned beside that thread's result."""
+    keeping back at most one per thread that may continue (same run first), returned
+    beside that thread's result. No message is sent for those: the thread's start of it
+    stamps its outbox row (``StartRequest.outbox_id``), so a continuation costs no
+    transaction of its own; if the thread dies first, the relay publishes the row once
+    the claim's reservation has passed (``INLINE_PUBLISH_RESERVATION_SECONDS``)."""
     free = [d for d in dispatches if d.outbox_id is not None]
     continuations: dict[int, transitions.Dispatch] = {}
     for i, (item, result) in enumerate(zip(items, results, strict=True)):
@@ -222,10 +225,8 @@ def _publish_claimed(
         free.remove(pick)
         continuations[i] = pick
     kept = {id(d) for d in continuations.values()}
-    # After the commit, one publish (and one stamp) for the whole batch.
-    if dispatches and not publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True,
-                                             delivered_inline=list(continuations.values())):
-        continuations = {}  # not stamped: the relay sends them
+    # After the commit, one publish (and one stamp) for the rest of the batch's dependents.
+    publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True)
     return [(result, continuations.get(i)) for i, result in enumerate(results)]
 
 
@@ -312,14 +313,17 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline
         hops_left -= 1
         with logs.bound(task_run_id=following.task_run_id, fencing_token=following.fencing_token,
                         continued=True):
-            _, following = _execute(following.task_run_id, following.fencing_token, may_continue=hops_left > 0)
+            _, following = _execute(following.task_run_id, following.fencing_token, may_continue=hops_left > 0,
+                                    outbox_id=following.outbox_id)
     return outcome
 
 
 def _execute(
-    task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False
+    task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False,
+    outbox_id: uuid.UUID | None = None,
 ) -> tuple[str, transitions.Dispatch | None]:
-    """Run generation ``fencing_token`` of a task run to completion in this thread.
+    """Run generation ``fencing_token`` of a task run to completion in this thread
+    (``outbox_id``: its outbox row, when it is a continuation no message was sent for).
 
     Returns what happened: "ignored" (stale or duplicate message), "succeeded",
     "failed", "retrying" or "rejected" (the completion lost to a newer generation
@@ -329,7 +333,7 @@ def _execute(
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
     # One round trip and one commit, shared with the process's other threads' starts and successes.
-    started = _transitions.submit(_Start(transitions.StartRequest(task_run_id, fencing_token, owner)))
+    started = _transitions.submit(_Start(transitions.StartRequest(task_run_id, fencing_token, owner, outbox_id)))
     if started is None:
         return "ignored", None
     # Every log line of this attempt names its organization, run and attempt too.

@@ -45,25 +45,20 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     return total
 
 
-def publish_dispatches(dispatches, *, reserved: bool = False, delivered_inline=()) -> bool:
+def publish_dispatches(dispatches, *, reserved: bool = False) -> bool:
     """Publish the outbox rows of freshly claimed generations (after their commit).
 
     ``reserved``: the claim reserved the rows for this publish (``reserve_seconds``), so
     they are published straight from the claim's result; otherwise they are taken
-    through the relay (locked, read, published, stamped). ``delivered_inline`` (only
-    with ``reserved``): generations the caller runs itself, stamped without a message
-    (``engine.relay.publish_claimed``).
+    through the relay (locked, read, published, stamped).
     Returns False when the publish or the stamp failed (logged; the rows stay
-    unpublished and the relay's drain sends them, ``delivered_inline`` included, so the
-    caller must not run those itself)."""
-    ids = [d.outbox_id for d in (*dispatches, *delivered_inline) if d.outbox_id is not None]
+    unpublished and the relay's drain sends them)."""
+    ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
     if ids:
         try:
             if reserved:
-                publish_claimed(dispatches, delivered_inline=delivered_inline)
+                publish_claimed(dispatches)
             else:
-                if delivered_inline:
-                    raise ValueError("delivered_inline needs rows reserved for the caller (reserved=True)")
                 relay_batch(limit=len(ids), outbox_ids=ids)
         except Exception:
             # The rows are committed and unpublished: the relay's periodic drain sends them.

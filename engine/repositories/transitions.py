@@ -476,8 +476,8 @@ def claim_ready(
 # them beside the successes' in one statement.
 _STARTED_CTES = """
 sreq AS (
-    SELECT * FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[])
-        AS a(id, token, owner)
+    SELECT * FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[],
+                         %(start_outbox)s::uuid[]) AS a(id, token, owner, outbox_id)
 ), started AS (
     UPDATE core_taskrun t
     SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
@@ -491,7 +491,14 @@ sreq AS (
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (module docstring)
       AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id
+), delivered AS (
+    -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
+    -- that claimed it and never published, is stamped as delivered by its start.
+    UPDATE core_outboxmessage o
+    SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1, next_attempt_at = NULL
+    FROM started s
+    WHERE o.id = s.outbox_id AND o.published_at IS NULL
 )"""
 _STARTED_EVENTS = """
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token, 1 AS ev_ord,
@@ -527,6 +534,9 @@ class StartRequest:
     task_run_id: uuid.UUID
     fencing_token: int
     owner: str
+    # The generation's outbox row when no message was sent for it (a worker continuing
+    # with a dependent its own success claimed): stamped as delivered if the start succeeds.
+    outbox_id: uuid.UUID | None = None
 
 
 def start_attempt(
@@ -891,6 +901,7 @@ def start_and_complete(
             start_ids=[r.task_run_id for r in to_start],
             start_tokens=[r.fencing_token for r in to_start],
             owners=[r.owner for r in to_start],
+            start_outbox=[r.outbox_id for r in to_start],
             worker_lease=float(worker_lease_seconds),
         )
         if successes:  # both UPDATEs in the first statement (_START_SUCCEED_SQL)

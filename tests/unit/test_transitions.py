@@ -980,3 +980,36 @@ def test_a_success_of_a_task_nothing_depends_on_skips_the_promote_statement(org,
     assert (results[0].accepted, results[0].state, results[0].run_state) == (True, "succeeded", "succeeded")
     assert prepared_promotes() == 0
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_one_does_not(org, make_workflow):
+    """A dependent its own thread continues with gets no message: its outbox row stays
+    reserved and unpublished after the claim, and the start (StartRequest.outbox_id)
+    stamps it, in the start's transaction; a start that is refused stamps nothing, so the
+    relay still sends the row once the reservation has passed."""
+    from engine.services import start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]},
+                             {"key": "c", "type": "noop", "depends_on": ["a"]}])
+    run = start_run(workflow=wf)
+    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
+    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+                                              lease_seconds=60)
+    _results, claimed = transitions.complete_successes(
+        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
+        lease_seconds=60, owner="test", reserve_seconds=5.0)
+    b, c = sorted(claimed, key=lambda d: TaskRun.objects.unscoped().get(pk=d.task_run_id).task.key)
+    rows = {m.pk: m for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk,
+                                                                      pk__in=[b.outbox_id, c.outbox_id])}
+    assert all(m.published_at is None and m.next_attempt_at is not None for m in rows.values())
+
+    started = transitions.start_attempts(
+        [transitions.StartRequest(b.task_run_id, b.fencing_token, "w", outbox_id=b.outbox_id),
+         transitions.StartRequest(c.task_run_id, c.fencing_token + 1, "w", outbox_id=c.outbox_id)],  # stale
+        lease_seconds=60)
+    assert started[0] is not None and started[1] is None
+    stamped = OutboxMessage.objects.unscoped().get(pk=b.outbox_id)
+    assert stamped.published_at is not None and stamped.publish_attempts == 1 and stamped.next_attempt_at is None
+    untouched = OutboxMessage.objects.unscoped().get(pk=c.outbox_id)
+    assert untouched.published_at is None and untouched.publish_attempts == 0
