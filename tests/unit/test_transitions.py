@@ -1013,3 +1013,25 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
     assert stamped.published_at is not None and stamped.publish_attempts == 1 and stamped.next_attempt_at is None
     untouched = OutboxMessage.objects.unscoped().get(pk=c.outbox_id)
     assert untouched.published_at is None and untouched.publish_attempts == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_workflow):
+    """The hot transactions send their parameters as literals in one query string
+    (``_run_prepared``): an output full of quoting hazards is stored as given."""
+    from engine.services import start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf)
+    tricky = {"q": "it's \\ \"x\"; COMMIT; DROP TABLE core_taskrun; --", "e": "E'\\x00'", "u": "ü 😀 $1 %(ids)s",
+              "n": [1.5, None, True], "nested": {"'": "''"}}
+    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="te'st")
+    transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w'; --")],
+                               lease_seconds=60)
+    results, _ = transitions.complete_successes(
+        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, tricky, False)], lease_seconds=60, owner="t")
+    assert results[0].accepted and results[0].run_state == "succeeded"
+    row = TaskRun.objects.unscoped().get(pk=a.task_run_id)
+    assert row.output == tricky
+    assert TaskRunEvent.objects.unscoped().get(task_run_id=a.task_run_id, kind="started").detail == {"worker": "w'; --"}
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
