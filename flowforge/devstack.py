@@ -19,6 +19,31 @@ from pathlib import Path
 import django
 
 
+def wait_for_web(web, bind: str, *, timeout: float = 30.0) -> str | None:
+    """Wait until the web server started as ``web`` (a ``flowforge.stack.Proc``) answers
+    ``GET http://<bind>/healthz`` with 200 and ``{"status": "ok"}``. Returns None then, or
+    what went wrong: the process exited (gunicorn gives up when it cannot bind the
+    address, after retrying for about 5 s), or no such answer within ``timeout`` seconds
+    (another server holds the address, say)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{bind}/healthz"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not web.alive():
+            return f"the web server exited at start (is {bind} already in use?); see {web.log_path}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200 and json.loads(response.read() or b"{}").get("status") == "ok":
+                    return None
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return f"nothing answered {url} like FlowForge within {timeout:.0f} s (is {bind} in use?); see {web.log_path}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run FlowForge's web, workers and clock with the example run.")
     parser.add_argument("mode", choices=["run", "demo"])
@@ -54,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"web      http://{args.bind}/   sign in as demo@flowforge.local / flowforge-demo   (log {log_dir}/web.log)")
         print(f"workers  dramatiq flowforge.worker --processes 2 --threads 8   (log {log_dir}/worker.log)")
         print(f"clock    manage.py run_clock   (log {log_dir}/clock.log)")
-        time.sleep(1.0)
+        problem = wait_for_web(web, args.bind)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 1
         for proc in stack.procs:
             if not proc.alive():
                 print(f"error: {proc.name} exited at start; see {proc.log_path}", file=sys.stderr)
@@ -87,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving at http://{args.bind}/ — Ctrl-C stops web, workers and clock")
         while not interrupted:
             if not web.alive():
-                print("web server exited; stopping", file=sys.stderr)
+                print(f"web server exited; stopping (see {web.log_path})", file=sys.stderr)
                 return 1
             time.sleep(0.5)
         return 0
