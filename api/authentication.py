@@ -64,8 +64,8 @@ class ApiKeyAuthentication(BaseAuthentication):
         wait = throttling.failed_key_wait(ip)
         if wait is not None:
             # Before any verification: a guessing address costs no Argon2 work.
-            raise Throttled(wait=wait, detail=f"Too many failed API key attempts from this address; "
-                                              f"try again in {wait:.0f} seconds.")
+            # DRF adds "Expected available in N seconds." to the detail (and Retry-After).
+            raise Throttled(wait=wait, detail="Too many failed API key attempts from this address.")
         key = None
         if len(parts) == 2:
             try:
