@@ -19,6 +19,28 @@ def pytest_configure(config):
     secret_registry.install()
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Leave the test broker namespace empty: the clock's last ticks, Dramatiq's worker
+    heartbeats and the metrics hashes of the suite's workers would otherwise stay in
+    Redis (keys under ``<BROKER_NAMESPACE>:``, the suite's own namespace, only)."""
+    from django.conf import settings
+
+    # Never the deployment's default namespace (pytest run without the Makefile's test env).
+    if not settings.configured or settings.BROKER_NAMESPACE in ("", "flowforge"):
+        return
+    import redis
+
+    urls = {settings.REDIS_URL} | ({settings.BROKER_URL} if settings.BROKER_URL.startswith("redis") else set())
+    for url in urls:
+        try:
+            client = redis.Redis.from_url(url)
+            keys = list(client.scan_iter(match=f"{settings.BROKER_NAMESPACE}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except redis.RedisError:
+            pass  # nothing to clean where Redis is gone
+
+
 def _transactional(request) -> bool:
     marker = request.node.get_closest_marker("django_db")
     if marker is not None and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):
