@@ -27,6 +27,10 @@ run on these same worker processes:
 5. worker memory: peak RSS of each worker process once it has run 100 engine tasks and
    once it has run 10,000 (the larger of the per-process ratios is reported).
 
+Where the server's autovacuum is off (a CI database), the hot tables are vacuumed between
+rounds (``bench.live.settle``), as autovacuum would, so that no round runs on the dead row
+versions of all earlier ones; the table says so.
+
 It prints a table and writes ``bench/results.json``. ``--smoke`` runs the same code with
 tiny sizes (about 30 s) and without the API benches.
 """
