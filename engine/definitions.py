@@ -26,6 +26,7 @@ from engine.jsonb import strip_nul
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+KEY_FORM = "1-100 letters, digits, '_', '-' or '.'"  # what KEY_RE accepts, for error messages
 TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
     "position", "edge_labels",
@@ -226,8 +227,11 @@ def validate_document(doc: Any) -> dict[str, Any]:
             errors.append({"path": where, "message": "each task must be an object"})
             continue
         key = raw.get("key")
+        if key is None or key == "":
+            errors.append({"path": f"{where}.key", "message": f"required: {KEY_FORM}"})
+            continue
         if not isinstance(key, str) or not KEY_RE.match(key):
-            errors.append({"path": f"{where}.key", "message": "required: 1-100 letters, digits, '_', '-' or '.'"})
+            errors.append({"path": f"{where}.key", "message": f"{key!r} is not a valid key: use {KEY_FORM}"})
             continue
         where = f"tasks[{key}]"
         if key in seen:
@@ -259,8 +263,13 @@ def validate_document(doc: Any) -> dict[str, Any]:
         if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
             errors.append({"path": f"{where}.depends_on", "message": "must be a list of task keys"})
             depends_on = []
-        if len(set(depends_on)) != len(depends_on):
-            errors.append({"path": f"{where}.depends_on", "message": "lists a dependency twice"})
+        for dep in dict.fromkeys(depends_on):
+            times = depends_on.count(dep)
+            if times > 1:
+                errors.append({
+                    "path": f"{where}.depends_on",
+                    "message": f"lists dependency {dep!r} {'twice' if times == 2 else f'{times} times'}",
+                })
         max_attempts = _number(errors, f"{where}.max_attempts", raw.get("max_attempts", 1), minimum=1, integer=True)
         if max_attempts is not None and max_attempts > MAX_ATTEMPTS_LIMIT:
             errors.append({"path": f"{where}.max_attempts", "message": f"at most {MAX_ATTEMPTS_LIMIT}"})

@@ -93,4 +93,7 @@ def reject_unknown(config: dict[str, Any], allowed: set[str]) -> None:
     """Raise ConfigError for keys of ``config`` outside ``allowed`` (a typo is an error, not a no-op)."""
     unknown = sorted(set(config) - allowed)
     if unknown:
-        raise ConfigError(f"unknown field(s) {', '.join(repr(k) for k in unknown)}; allowed: {', '.join(sorted(allowed))}")
+        fields = ", ".join(repr(k) for k in unknown)
+        if not allowed:
+            raise ConfigError(f"unknown field(s) {fields}; this task type takes no config")
+        raise ConfigError(f"unknown field(s) {fields}; allowed: {', '.join(sorted(allowed))}")

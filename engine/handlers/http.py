@@ -48,7 +48,10 @@ class HttpHandler(TaskHandler):
         if not isinstance(expected, list) or not all(
             isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in expected
         ):
-            raise ConfigError("'expected_status' must be a status code or a list of status codes (100-599)")
+            raise ConfigError(
+                "'expected_status' must be a status code or a list of status codes (100-599), "
+                f"got {config.get('expected_status')!r}"
+            )
         out = {"method": method, "url": url, "headers": headers, "expected_status": expected}
         if "json" in config:
             try:

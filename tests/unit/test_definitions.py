@@ -589,3 +589,52 @@ def test_a_document_nested_too_deeply_is_a_definition_error():
     assert "nested too deeply" in str(excinfo.value)
     with pytest.raises(DefinitionError):
         parse_document("a: " + "[" * 100_000, filename="deep.yaml")
+
+
+def _errors_of(doc) -> list[dict[str, str]]:
+    with pytest.raises(DefinitionError) as excinfo:
+        validate_document(doc)
+    return excinfo.value.errors
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("has space", "'has space' is not a valid key: use 1-100 letters, digits, '_', '-' or '.'"),
+        ("x" * 101, f"{'x' * 101!r} is not a valid key: use 1-100 letters, digits, '_', '-' or '.'"),
+        (5, "5 is not a valid key: use 1-100 letters, digits, '_', '-' or '.'"),
+    ],
+    ids=["space", "too-long", "not-a-string"],
+)
+def test_an_invalid_task_key_is_shown_and_not_called_required(key, message):
+    errors = _errors_of({"name": "keys", "tasks": [noop("a"), {"key": key, "type": "noop"}]})
+    assert errors == [{"path": "tasks[1].key", "message": message}]
+
+
+@pytest.mark.parametrize("task", [{"type": "noop"}, {"key": "", "type": "noop"}, {"key": None, "type": "noop"}],
+                         ids=["absent", "empty", "null"])
+def test_a_missing_task_key_is_reported_as_required(task):
+    errors = _errors_of({"name": "keys", "tasks": [noop("a"), task]})
+    assert errors == [{"path": "tasks[1].key", "message": "required: 1-100 letters, digits, '_', '-' or '.'"}]
+
+
+def test_a_dependency_listed_twice_is_named():
+    errors = _errors_of({"name": "deps", "tasks": [noop("n"), noop("m"), noop("a", depends_on=["n", "m", "n"])]})
+    assert errors == [{"path": "tasks[a].depends_on", "message": "lists dependency 'n' twice"}]
+
+
+def test_every_repeated_dependency_is_named_with_its_count():
+    errors = _errors_of(
+        {"name": "deps", "tasks": [noop("n"), noop("m"), noop("a", depends_on=["m", "n", "m", "n", "m"])]}
+    )
+    assert errors == [
+        {"path": "tasks[a].depends_on", "message": "lists dependency 'm' 3 times"},
+        {"path": "tasks[a].depends_on", "message": "lists dependency 'n' twice"},
+    ]
+
+
+def test_config_for_a_type_that_takes_none_says_so():
+    errors = _errors_of({"name": "noopcfg", "tasks": [noop("a", config={"x": 1})]})
+    assert errors == [
+        {"path": "tasks[a].config", "message": "noop task: unknown field(s) 'x'; this task type takes no config"}
+    ]

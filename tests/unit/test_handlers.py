@@ -120,6 +120,18 @@ def test_http_config_errors_name_the_field(config, message):
     assert message in str(exc.value)
 
 
+@pytest.mark.parametrize(
+    ("expected_status", "shown"),
+    [([700], "[700]"), (99, "99"), ("200", "'200'"), ([200, True], "[200, True]")],
+)
+def test_http_expected_status_error_shows_the_bad_value(expected_status, shown):
+    with pytest.raises(ConfigError) as exc:
+        REGISTRY["http"].validate_config({"url": "http://x", "expected_status": expected_status})
+    assert str(exc.value) == (
+        f"'expected_status' must be a status code or a list of status codes (100-599), got {shown}"
+    )
+
+
 def test_fail_type_fails_then_succeeds():
     h = REGISTRY["fail"]
     cfg = h.validate_config({"message": "boom", "fail_attempts": 2})
