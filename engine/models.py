@@ -60,8 +60,9 @@ TASK_TERMINAL_STATES = ("succeeded", "failed", "skipped", "cancelled")
 class TriggerSource(models.TextChoices):
     """Through which channel a run was started."""
 
-    CLI = "cli"
-    API = "api"
+    # Acronyms get explicit labels: the default (the name title-cased) reads "Cli", "Api".
+    CLI = "cli", "CLI"
+    API = "api", "API"
     WEB = "web"
     CRON = "cron"
     RETRY = "retry"

@@ -179,6 +179,16 @@ def test_run_list_shows_runs_newest_first_with_state_badges(org):
     assert "2/2" in body  # the succeeded run's progress
 
 
+@pytest.mark.parametrize(("source", "label"), [("cli", "CLI"), ("api", "API"), ("web", "Web")])
+def test_run_list_and_run_page_show_the_trigger_source_with_acronyms_in_capitals(org, source, label):
+    wf = apply_definition(actor=actor_for(org), document={"name": f"src-{source}", "tasks": [{"key": "a", "type": "noop"}]})
+    run = start_run(workflow=wf, actor=actor_for(org), trigger_source=source)
+    client = client_for(owner_of(org))
+    badge = f'<span class="source source-{source}">{label}</span>'
+    assert badge in client.get("/runs/").content.decode()
+    assert badge in client.get(f"/runs/{run.pk}/").content.decode()
+
+
 def test_run_list_filters_by_workflow_state_and_dates(org):
     a = make_run(org, 1, name="alpha")
     b = drive_run(make_run(org, 1, name="beta"))
