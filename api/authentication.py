@@ -21,6 +21,42 @@ from tenancy.apikeys import AuthenticatedKey
 INVALID_KEY_MESSAGE = "Invalid API key."
 
 
+# Longest scheme name echoed back in UNSUPPORTED_SCHEME_MESSAGE (the header is the caller's).
+MAX_SCHEME_SHOWN = 40
+UNSUPPORTED_SCHEME_MESSAGE = (
+    "Unsupported authorization scheme {scheme!r}; send the API key as 'Authorization: Bearer <key>'."
+)
+# A header of one word (a bare key, or a scheme without credentials): nothing is echoed,
+# since the word may be a secret.
+MALFORMED_HEADER_MESSAGE = (
+    "Malformed Authorization header: expected a scheme and a key; "
+    "send the API key as 'Authorization: Bearer <key>'."
+)
+
+
+def unsupported_scheme_detail(request) -> str | None:
+    """The 401 detail for a request that no authentication class accepted although it
+    has an ``Authorization`` header of a scheme other than Bearer (``Token <key>``,
+    ``Basic ...``: the scheme is named) or of one word or starting with a key (the
+    header is called malformed, without echoing it), or None when it has no such header.
+
+    Used by api.exceptions in place of DRF's "Authentication credentials were not
+    provided." only once every class has declined, so a browser session still works
+    behind a proxy that adds its own ``Authorization: Basic`` header.
+    """
+    if request is None:
+        return None
+    parts = get_authorization_header(request).split()
+    if not parts or parts[0].lower() == ApiKeyAuthentication.keyword:
+        return None
+    scheme = parts[0].decode("latin-1")
+    if len(parts) == 1 or scheme.lower().startswith(f"{apikeys.KEY_SCHEME}_"):
+        return MALFORMED_HEADER_MESSAGE
+    if len(scheme) > MAX_SCHEME_SHOWN:
+        scheme = scheme[:MAX_SCHEME_SHOWN] + "…"
+    return UNSUPPORTED_SCHEME_MESSAGE.format(scheme=scheme)
+
+
 class ApiKeyPrincipal:
     """``request.user`` of a request authenticated by an API key.
 
@@ -48,7 +84,9 @@ class ApiKeyPrincipal:
 class ApiKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer ffk_<prefix>_<secret>`` → (ApiKeyPrincipal, AuthenticatedKey).
 
-    No Authorization header or another scheme: not this class's business (None). A
+    No Authorization header or another scheme: not this class's business (None; the
+    session may still authenticate, and if nothing does, the 401 names the scheme:
+    ``unsupported_scheme_detail``). A
     Bearer header that does not verify, for whatever reason: AuthenticationFailed with
     INVALID_KEY_MESSAGE (401). An address past FLOWFORGE_API_KEY_FAILURES_PER_MINUTE
     failures this minute: Throttled (429 with Retry-After), without verifying.

@@ -40,6 +40,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
+from api.authentication import unsupported_scheme_detail
 from engine.triggers import TriggerError
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
@@ -201,6 +202,13 @@ def problem_exception_handler(exc: Exception, context: dict):
     """DRF exception handler producing problem+json, for every exception (an
     unexpected one becomes a logged 500 problem, see ``_unexpected``)."""
     exc = _translate(exc)
+    if isinstance(exc, exceptions.NotAuthenticated):
+        # Credentials were sent, only in a scheme no class accepts: say so, not "not provided".
+        detail = unsupported_scheme_detail(context.get("request"))
+        if detail is not None:
+            replaced = exceptions.NotAuthenticated(detail)
+            replaced.auth_header = getattr(exc, "auth_header", None)  # DRF's WWW-Authenticate value
+            exc = replaced
     keep = _rollback_flags() if isinstance(exc, exceptions.AuthenticationFailed | exceptions.NotAuthenticated) else None
     response = drf_exception_handler(exc, context)
     if keep is not None:

@@ -192,6 +192,63 @@ def test_no_credentials_is_a_401_that_asks_for_a_bearer_token(client, db):
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
+def test_no_credentials_says_none_were_provided(client, db):
+    body = assert_problem(client.get(url("workflows")), 401)
+    assert (body["detail"], body["code"]) == ("Authentication credentials were not provided.", "not_authenticated")
+
+
+@pytest.mark.parametrize(
+    ("header", "scheme"),
+    [("Token {key}", "Token"), ("Basic dXNlcjpwYXNz", "Basic"), ("token  {key}", "token"),
+     ("X" * 41 + " y", "X" * 40 + "…")],
+    ids=["token", "basic", "lower-case", "long"],
+)
+def test_another_scheme_is_a_401_that_names_it_and_asks_for_bearer(client, tenant, header, scheme):
+    key = tenant.keys[Role.VIEWER]
+    response = client.get(url("workflows"), headers={"Authorization": header.format(key=key)})
+    body = assert_problem(response, 401)
+    assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert body["code"] == "not_authenticated"
+    assert body["detail"] == (
+        f"Unsupported authorization scheme {scheme.format(key=key)!r}; "
+        "send the API key as 'Authorization: Bearer <key>'."
+    )
+
+
+@pytest.mark.parametrize("header", ["{key}", "{key} x", "Token", "secret-token"], ids=["bare-key", "key-first", "scheme-only", "one-word"])
+def test_an_authorization_header_without_scheme_and_key_is_called_malformed_without_echoing_it(client, tenant, header):
+    key = tenant.keys[Role.VIEWER]
+    response = client.get(url("workflows"), headers={"Authorization": header.format(key=key)})
+    body = assert_problem(response, 401)
+    assert response["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert body["detail"] == (
+        "Malformed Authorization header: expected a scheme and a key; send the API key as 'Authorization: Bearer <key>'."
+    )
+
+
+def test_a_session_still_works_with_no_authorization_header_or_another_scheme(tenant):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(tenant.members[Role.MEMBER].user)
+    for headers in ({}, {"Authorization": "Basic dXNlcjpwYXNz"}, {"Authorization": "Token abc"}):
+        response = client.get(url("workflows"), headers=headers)
+        assert response.status_code == 200, (headers, response.content)
+        assert [w["name"] for w in response.json()["results"]] == ["pipeline"]
+    # Unsafe methods still need the CSRF token, whatever the Authorization header.
+    basic = {"Authorization": "Basic dXNlcjpwYXNz"}
+    body = assert_problem(client.post(url("cancel", tenant.run.pk), content_type="application/json", headers=basic),
+                          403)
+    assert "CSRF" in body["detail"]
+    token = secrets.token_hex(16)
+    client.cookies["csrftoken"] = token
+    response = client.post(url("cancel", tenant.run.pk), content_type="application/json",
+                           headers={**basic, "X-CSRFToken": token})
+    assert response.status_code == 200 and response.json()["state"] == RunState.CANCELLED
+
+
+def test_the_public_schema_ignores_another_scheme(client, db):
+    assert client.get("/api/schema/", headers={"Authorization": "Basic dXNlcjpwYXNz"}).status_code == 200
+
+
 def test_a_revoked_key_is_refused_on_the_very_next_request(client, tenant, django_capture_on_commit_callbacks):
     doomed = tenant.keys[Role.MEMBER]
     row = tenant.key_rows[Role.MEMBER]
