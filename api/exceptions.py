@@ -25,7 +25,6 @@ traceback.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from http import HTTPStatus
@@ -34,8 +33,9 @@ from typing import Any
 from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.core.signals import got_request_exception
 from django.db import connections
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from rest_framework import exceptions, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
@@ -119,8 +119,9 @@ def _translate(exc: Exception) -> Exception:
         return InvalidRequest(str(exc))
     if isinstance(exc, TriggerError):
         return exceptions.ValidationError({exc.field: [exc.message]})
-    if isinstance(exc, ObjectDoesNotExist):
-        # Same body whatever the model or reason: never confirm another tenant's ids.
+    if isinstance(exc, ObjectDoesNotExist | Http404):
+        # Same body whatever the model or reason: never confirm another tenant's ids, nor
+        # name the model (get_object_or_404's Http404 says "No WorkflowRun matches ...").
         return exceptions.NotFound()
     if isinstance(exc, RequestDataTooBig):
         return PayloadTooLarge(body_too_large_detail())
@@ -157,9 +158,10 @@ def problem_body(status_code: int, detail: str, *, code: str, errors: dict | Non
 
 def problem_response(status_code: int, detail: str, *, code: str, errors: dict | None = None,
                      headers: dict[str, str] | None = None, **extra: Any) -> HttpResponse:
-    """A plain Django response holding a problem document (for code outside DRF)."""
+    """A plain Django response holding a problem document (for code outside DRF),
+    serialized as DRF's JSONRenderer serializes the problems of DRF views."""
     body = problem_body(status_code, detail, code=code, errors=errors, **extra)
-    response = HttpResponse(json.dumps(body), status=status_code, content_type=PROBLEM_CONTENT_TYPE)
+    response = HttpResponse(JSONRenderer().render(body), status=status_code, content_type=PROBLEM_CONTENT_TYPE)
     for name, value in (headers or {}).items():
         response[name] = value
     return response

@@ -18,8 +18,8 @@ request id middleware, so its responses carry ``X-Request-ID`` too) and, for
   (in a DRF view, api.exceptions does the same);
 - rewrites any other error response that is not already JSON (Django's 404 page for
   an unknown path, its 400 and 500 pages, a template-rendered DRF error) into a
-  problem with the same status, keeping ``Allow``, ``Retry-After`` and
-  ``WWW-Authenticate``.
+  problem with the same status (a 404's code is ``not_found``, as a DRF view's),
+  keeping ``Allow``, ``Retry-After`` and ``WWW-Authenticate``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ DETAILS = {
     405: "The method is not allowed for this endpoint.",
     500: UNEXPECTED_DETAIL,
 }
+# The ``code`` of a rewritten error: DRF's own code where a DRF view answers the same status.
+CODES = {404: "not_found"}
 
 
 def is_api_path(path: str) -> bool:
@@ -116,7 +118,7 @@ class ApiProblemMiddleware:
         problem = problem_response(
             status,
             DETAILS.get(status, "The request failed."),
-            code="server_error" if status >= 500 else "error",
+            code="server_error" if status >= 500 else CODES.get(status, "error"),
             headers={name: response[name] for name in KEPT_HEADERS if response.has_header(name)},
             **extra,
         )

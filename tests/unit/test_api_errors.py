@@ -126,6 +126,28 @@ def test_404_for_an_unknown_object_and_an_unknown_api_path(client, org_keys):
     assert_problem(client.get("/api/v1/triggers/not-a-uuid/", headers=key), 404)
 
 
+def test_every_api_404_is_a_not_found_problem_in_the_same_format(client, org_keys, make_org, make_workflow):
+    _org, keys, _ = org_keys
+    key = bearer(keys[Role.OWNER])
+    elsewhere = make_workflow(make_org(), [{"key": "a", "type": "noop"}], name="theirs")
+    from engine.services import start_run
+
+    foreign_run = start_run(workflow=elsewhere, trigger_source="api")
+    not_found = {"type": "about:blank", "title": "Not Found", "status": 404, "detail": "Not found.", "code": "not_found"}
+    # An object of another organization, or none: a neutral detail that names no model.
+    for path in (f"/api/v1/runs/{foreign_run.pk}/", f"/api/v1/workflows/{elsewhere.pk}/",
+                 "/api/v1/triggers/7b1f3a52-0d4e-4f6a-9b8c-1d2e3f4a5b6c/"):
+        response = client.get(path, headers=key)
+        assert_problem(response, 404)
+        assert response.content == json.dumps(not_found, separators=(",", ":")).encode(), path
+    # No route (an unknown path, a malformed id): the middleware's problem, same code and format.
+    for path in ("/api/v1/no-such-thing/", "/api/v1/runs/not-a-uuid/"):
+        response = client.get(path, headers=key)
+        assert_problem(response, 404)
+        no_route = {**not_found, "detail": "There is no API endpoint at this path."}
+        assert response.content == json.dumps(no_route, separators=(",", ":")).encode(), path
+
+
 def test_405_is_a_problem_with_allow(client, org_keys):
     _org, keys, _ = org_keys
     response = client.put("/api/v1/members/", {}, content_type="application/json", headers=bearer(keys[Role.OWNER]))
