@@ -5,7 +5,9 @@ its events to the end.
 
 Needs only httpx. The key needs the member role or higher (it creates a workflow
 version and starts a run). Exits 0 when the run succeeded, 1 when it finished
-otherwise, 2 when the API refused a request (the problem document is printed).
+otherwise, 2 when the API refused a request (the problem document is printed), 3
+when it could not talk to the server or is not configured (FLOWFORGE_API_KEY unset,
+or nothing answering at FLOWFORGE_URL): one line on stderr says which.
 """
 
 from __future__ import annotations
@@ -84,8 +86,25 @@ def follow(api: httpx.Client, run_id: str) -> None:
 
 
 def main() -> int:
-    base_url = os.environ.get("FLOWFORGE_URL", "http://127.0.0.1:8000").rstrip("/") + "/api/v1"
-    key = os.environ["FLOWFORGE_API_KEY"]
+    """Run the walk-through; the exit status is the one the module docstring lists."""
+    server = os.environ.get("FLOWFORGE_URL", "http://127.0.0.1:8000").rstrip("/")
+    base_url = server + "/api/v1"
+    key = os.environ.get("FLOWFORGE_API_KEY", "").strip()
+    if not key:
+        print("error: FLOWFORGE_API_KEY is not set; set it to an API key of the member role or higher "
+              "(ffk_..., from 'manage.py createapikey <org> --name quickstart')", file=sys.stderr)
+        return 3
+    try:
+        return walk_through(base_url, key)
+    except httpx.TransportError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"error: could not talk to FlowForge at {server} ({reason}); "
+              "is the server running? Set FLOWFORGE_URL to its address", file=sys.stderr)
+        return 3
+
+
+def walk_through(base_url: str, key: str) -> int:
+    """Define the workflow, start a run, follow it to the end; the exit status of main()."""
     with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0) as api:
         try:
             # 1. Define the workflow: validate first (stores nothing), then create a version.

@@ -61,3 +61,29 @@ def test_the_quickstart_example_runs_to_success_against_a_real_server(stack, org
     assert f"run {run.pk} finished: succeeded" in done.stdout
     assert "run_finished" in done.stdout
     assert IdempotencyKey.objects.for_organization(org).get().workflow_run_id == run.pk
+
+
+def run_quickstart(**env_vars: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "FLOWFORGE_"))}
+    env.update(env_vars)
+    return subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60,
+                          cwd=BASE_DIR)
+
+
+def test_the_quickstart_without_an_api_key_says_which_variable_to_set_and_exits_3():
+    done = run_quickstart(FLOWFORGE_URL=f"http://127.0.0.1:{free_port()}")
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr == (
+        "error: FLOWFORGE_API_KEY is not set; set it to an API key of the member role or higher "
+        "(ffk_..., from 'manage.py createapikey <org> --name quickstart')\n"
+    )
+
+
+def test_the_quickstart_names_the_address_it_could_not_reach_and_exits_3():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = run_quickstart(FLOWFORGE_URL=url + "/", FLOWFORGE_API_KEY="ffk_aaaaaaaaaaaa_" + "b" * 43)
+    assert (done.returncode, done.stdout) == (3, "")
+    assert done.stderr == (
+        f"error: could not talk to FlowForge at {url} ([Errno 111] Connection refused); "
+        "is the server running? Set FLOWFORGE_URL to its address\n"
+    )
