@@ -62,6 +62,31 @@ def test_a_draft_is_published_and_archived_from_the_command_line(org, tmp_path):
     assert WorkflowRun.objects.for_organization(org).get().state == "cancelled"
 
 
+def test_set_workflow_state_help_describes_the_lifecycle_and_the_default_version():
+    from engine.management.commands.set_workflow_state import Command
+
+    parser = Command().create_parser("manage.py", "set_workflow_state")
+    assert Command.help.startswith("Move a workflow version through its lifecycle (draft -> active -> archived): ")
+    assert "seed" not in parser.format_help()
+    (version,) = [a for a in parser._actions if a.dest == "workflow_version"]
+    assert version.help == "version (default: the highest-numbered version of that name, whatever its state)"
+
+
+@pytest.mark.django_db
+def test_set_workflow_state_without_a_version_changes_the_highest_numbered_one_whatever_its_state(org, tmp_path):
+    path = tmp_path / "wf.json"
+    path.write_text(DIAMOND)
+    run("apply_workflow", str(path), org=org.slug)  # d v1, active
+    run("apply_workflow", str(path), org=org.slug, draft=True)  # d v2, draft
+    # start_run picks v1 (the latest active); set_workflow_state picks v2 (the latest).
+    out, _ = run("set_workflow_state", "d", "archived", org=org.slug)
+    assert out.strip() == "d v2 is archived; 0 running run(s) cancelled"
+    out, _ = run("set_workflow_state", "d", "active", org=org.slug)
+    assert out.strip() == "d v2 is active"
+    states = dict(Workflow.objects.for_organization(org).filter(name="d").values_list("version", "state"))
+    assert states == {1: "active", 2: "active"}
+
+
 @pytest.mark.django_db
 def test_start_run_refuses_a_non_positive_timeout(org):
     with pytest.raises(CommandError, match="--timeout must be a positive number of seconds"):

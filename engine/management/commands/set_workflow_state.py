@@ -11,7 +11,7 @@ from tenancy.actors import Actor
 
 class Command(BaseCommand):
     help = (
-        "Move a workflow version through its lifecycle (seed 003): 'active' publishes a draft or "
+        "Move a workflow version through its lifecycle (draft -> active -> archived): 'active' publishes a draft or "
         "restores an archived version (re-validating it); 'archived' refuses new runs and cancels running ones."
     )
 
@@ -20,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("state", choices=["active", "archived"])
         parser.add_argument("--org", required=True, help="organization slug or id")
         parser.add_argument("--workflow-version", dest="workflow_version", type=int,
-                            help="version (default: the latest)")
+                            help="version (default: the highest-numbered version of that name, whatever its state)")
 
     def handle(self, *args, **opts):
         org = get_organization(opts["org"])
