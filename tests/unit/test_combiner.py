@@ -36,6 +36,22 @@ def _in_thread(fn) -> tuple[threading.Thread, list]:
     return t, out
 
 
+def _batch_in_flight(rec: Recorder) -> tuple[Combiner, threading.Thread, list]:
+    """A Combiner over ``rec`` whose first batch ("first") is running, held until
+    ``rec.hold`` is set; returns it, the lead thread and the list its result goes to."""
+    c = Combiner(rec)
+    rec.hold.clear()
+    lead, lead_out = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    return c, lead, lead_out
+
+
+def _queued(c: Combiner, n: int) -> None:
+    """Wait until ``n`` requests are queued behind the batch in flight."""
+    while len(c._queue) < n:
+        threading.Event().wait(0.001)
+
+
 def test_a_request_with_no_batch_running_runs_at_once_alone():
     rec = Recorder()
     calls = []
@@ -48,17 +64,13 @@ def test_a_request_with_no_batch_running_runs_at_once_alone():
 
 def test_write_behind_requests_join_the_next_batch_and_get_their_result_by_callback():
     rec = Recorder()
-    c = Combiner(rec)
-    rec.hold.clear()
-    lead, lead_out = _in_thread(lambda: c.submit("first"))
-    assert rec.entered.wait(5)
+    c, lead, lead_out = _batch_in_flight(rec)
     calls = []
     # A batch is in flight: these return at once, without a result.
     assert c.submit("x", wait=False, on_result=lambda res, err: calls.append(("x", res, err))) is None
     assert c.submit("y", wait=False, on_result=lambda res, err: calls.append(("y", res, err))) is None
     waiter, waiter_out = _in_thread(lambda: c.submit("z"))
-    while len(c._queue) < 3:
-        threading.Event().wait(0.001)
+    _queued(c, 3)
     rec.hold.set()
     lead.join(5)
     waiter.join(5)
@@ -70,10 +82,7 @@ def test_write_behind_requests_join_the_next_batch_and_get_their_result_by_callb
 
 def test_queued_write_behind_requests_are_run_by_the_lead_before_it_returns_when_nobody_waits():
     rec = Recorder()
-    c = Combiner(rec)
-    rec.hold.clear()
-    lead, lead_out = _in_thread(lambda: c.submit("first"))
-    assert rec.entered.wait(5)
+    c, lead, lead_out = _batch_in_flight(rec)
     calls = []
     for name in ("p", "q"):
         assert c.submit(name, wait=False, on_result=lambda res, err: calls.append(res)) is None
@@ -88,10 +97,7 @@ def test_queued_write_behind_requests_are_run_by_the_lead_before_it_returns_when
 
 def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_write_behind_ones():
     rec = Recorder(fail_on="bad")
-    c = Combiner(rec)
-    rec.hold.clear()
-    lead, lead_out = _in_thread(lambda: c.submit("first"))
-    assert rec.entered.wait(5)
+    c, lead, lead_out = _batch_in_flight(rec)
     calls = []
     assert c.submit("bad", wait=False, on_result=lambda res, err: calls.append((res, err))) is None
     errors = []
@@ -104,8 +110,7 @@ def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_w
 
     waiter = threading.Thread(target=wait_for_it)
     waiter.start()
-    while len(c._queue) < 2:
-        threading.Event().wait(0.001)
+    _queued(c, 2)
     rec.hold.set()
     lead.join(5)
     waiter.join(5)
@@ -116,10 +121,7 @@ def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_w
 
 def test_a_callback_that_raises_does_not_stop_the_batch(caplog):
     rec = Recorder()
-    c = Combiner(rec)
-    rec.hold.clear()
-    lead, _ = _in_thread(lambda: c.submit("first"))
-    assert rec.entered.wait(5)
+    c, lead, _ = _batch_in_flight(rec)
     seen = []
 
     def broken(res, err):
