@@ -61,31 +61,65 @@ WHERE o.id = f.id
 """
 
 
-def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
-    """Publish (outbox_id, routing_key, payload) rows as execute_task_run messages, in one
-    pipelined broker round trip; returns (published ids, [(failed id, error)])."""
-    from engine import actors  # noqa: F401  (declares execute_task_run on the broker)
-    from flowforge.broker import enqueue_many
+def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
+    """Deal ``rows`` (oldest first) into the messages of one publish: one row per message
+    while there are at most ``fanout`` rows, otherwise exactly ``fanout`` messages with
+    rows dealt round-robin (message i takes rows i, i + fanout, ...), so each message
+    holds the oldest rows not yet dealt and their sizes differ by at most one.
+
+    A publish of a claim burst thus costs ``fanout`` broker messages instead of one per
+    generation, and never fewer messages than ``fanout``: with ``fanout`` at least the
+    number of worker threads, a burst still reaches every thread. ``fanout`` < 1 means
+    one row per message. Returns the groups, none empty."""
+    if fanout < 1 or len(rows) <= fanout:
+        return [[row] for row in rows]
+    return [list(rows[i::fanout]) for i in range(fanout)]
+
+
+def dispatch_message(pairs: Sequence[tuple[str, int]], queue_name: str) -> dramatiq.Message:
+    """One broker message for (task_run_id, fencing_token) generations: ``execute_task_run``
+    for one, ``execute_task_runs`` (run in that order by one worker thread) for more."""
+    from engine import actors  # noqa: F401  (declares the execute actors on the broker)
 
     broker = dramatiq.get_broker()
-    actor = broker.get_actor("execute_task_run")
-    messages = []
-    for _outbox_id, routing_key, payload in rows:
+    if len(pairs) == 1:
+        return broker.get_actor("execute_task_run").message_with_options(args=tuple(pairs[0]), queue_name=queue_name)
+    return broker.get_actor("execute_task_runs").message_with_options(
+        args=([list(p) for p in pairs],), queue_name=queue_name
+    )
+
+
+def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
+    """Publish (outbox_id, routing_key, payload) rows, oldest first, as execute messages
+    (several generations per message when there are more rows than
+    FLOWFORGE_DISPATCH_FANOUT: ``group_rows``), in one pipelined broker round trip;
+    returns (published ids, [(failed id, error)]). A message the broker refused fails
+    every row it carried."""
+    from flowforge.broker import enqueue_many
+
+    # Grouped per queue (every execute row names the task queue today).
+    by_queue: dict[str, list[tuple[uuid.UUID, tuple[str, int]]]] = {}
+    for outbox_id, routing_key, payload in rows:
         if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
             payload = json.loads(payload)
-        messages.append(
-            actor.message_with_options(
-                args=(str(payload["task_run_id"]), payload["fencing_token"]), queue_name=routing_key
-            )
+        by_queue.setdefault(routing_key, []).append(
+            (outbox_id, (str(payload["task_run_id"]), payload["fencing_token"]))
         )
+    messages: list[dramatiq.Message] = []
+    carried: list[list[uuid.UUID]] = []
+    for queue_name, items in by_queue.items():
+        for group in group_rows(items, settings.FLOWFORGE_DISPATCH_FANOUT):
+            carried.append([outbox_id for outbox_id, _pair in group])
+            messages.append(dispatch_message([pair for _id, pair in group], queue_name))
     ok: list[uuid.UUID] = []
     failed: list[tuple[uuid.UUID, str]] = []
-    for (outbox_id, _key, _payload), error in zip(rows, enqueue_many(messages, broker), strict=True):
+    for outbox_ids, error in zip(carried, enqueue_many(messages), strict=True):
         if error is None:
-            ok.append(outbox_id)
-        else:  # any broker error: keep the row, retry later
-            log.warning("publishing outbox row %s failed: %s", outbox_id, error)
-            failed.append((outbox_id, strip_nul(f"{type(error).__name__}: {error}")[:2000]))
+            ok.extend(outbox_ids)
+            continue
+        # Any broker error: keep the rows, retry later.
+        log.warning("publishing outbox rows %s failed: %s", ", ".join(map(str, outbox_ids)), error)
+        failed.extend((outbox_id, strip_nul(f"{type(error).__name__}: {error}")[:2000]) for outbox_id in outbox_ids)
     return ok, failed
 
 

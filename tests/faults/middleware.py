@@ -12,7 +12,7 @@ class DuplicateDelivery(Middleware):
     new message id (the copy is marked so it is not copied again)."""
 
     def after_enqueue(self, broker, message, delay):
-        if message.actor_name != "execute_task_run" or message.options.get("ff_duplicate"):
+        if message.actor_name not in ("execute_task_run", "execute_task_runs") or message.options.get("ff_duplicate"):
             return
         copy = message.copy(message_id=str(uuid.uuid4()), options={**message.options, "ff_duplicate": True})
         broker.enqueue(copy, delay=delay)

@@ -41,3 +41,26 @@ def test_ten_task_dag_runs_in_dependency_order_to_success(stack, org, make_workf
     assert seqs == list(range(1, len(seqs) + 1))
     started = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="started").count()
     assert started == 10
+
+
+def test_a_claim_burst_carried_several_generations_per_message_runs_each_task_once(stack, org, make_workflow):
+    # 40 independent tasks claimed at once, a fan-out of 4: each of 4 messages carries
+    # 10 generations; with a 0.2 s hand-off the sleeping ones are passed back to other threads.
+    stack.env.update(FLOWFORGE_DISPATCH_FANOUT="4", FLOWFORGE_GROUP_HANDOFF_SECONDS="0.2")
+    tasks = [{"key": f"n{i:02d}", "type": "noop"} for i in range(30)]
+    tasks += [{"key": f"s{i}", "type": "sleep", "config": {"seconds": 0.3}} for i in range(10)]
+    wf = make_workflow(org, tasks, name="burst")
+    worker = stack.start_worker(processes=2, threads=4)
+    stack.start_clock()
+    run = start_run(workflow=wf, run_input={})
+
+    assert wait_for_run_terminal(run, timeout=60) == "succeeded"
+
+    # The burst went out grouped, and a thread stuck behind a sleeping task handed the rest on.
+    assert "handed " in worker.log_path.read_text(errors="replace")
+    events = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run)
+    started = list(events.filter(kind="started").values_list("task_run_id", flat=True))
+    assert len(started) == 40 and len(set(started)) == 40  # every task started exactly once
+    assert not events.filter(kind__in=["duplicate_delivery_ignored", "stale_dispatch_ignored"]).exists()
+    seqs = list(events.order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))

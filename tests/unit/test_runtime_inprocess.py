@@ -441,3 +441,79 @@ def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time
         cur.execute("SELECT kind, count(*), count(DISTINCT task_run_id) FROM core_taskrunevent "
                     "WHERE workflow_run_id = %s AND kind IN ('started', 'succeeded') GROUP BY kind", [run.pk])
         assert sorted(cur.fetchall()) == [("started", 6, 6), ("succeeded", 6, 6)]
+
+
+# --- Claim bursts: several generations per broker message ----------------------------------------
+
+
+def queued_messages(broker) -> list[dramatiq.Message]:
+    """Every message waiting in the task queue, in no particular order."""
+    raw = broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs")
+    return [dramatiq.Message.decode(data) for data in raw.values()]
+
+
+def generations(run_id) -> set[tuple[str, int]]:
+    """(task_run_id, fencing_token) of every outbox row of the run."""
+    return {(m.payload["task_run_id"], m.payload["fencing_token"])
+            for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run_id)}
+
+
+def test_group_rows_deals_the_oldest_rows_round_robin_into_fanout_messages():
+    from engine.relay import group_rows
+
+    assert group_rows(list(range(7)), 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert group_rows(list(range(6)), 3) == [[0, 3], [1, 4], [2, 5]]
+    # At most ``fanout`` rows, or no fan-out limit: a message each.
+    assert group_rows([10, 11, 12], 3) == [[10], [11], [12]]
+    assert group_rows([10, 11], 0) == [[10], [11]]
+    assert group_rows([], 3) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_every_generation_once(
+    org, make_workflow, broker, settings
+):
+    settings.FLOWFORGE_DISPATCH_FANOUT = 3
+    wf = make_workflow(org, [{"key": f"t{i}", "type": "noop"} for i in range(7)])
+    run = start_run(workflow=wf, run_input={})
+    assert schedule_once() == 7
+
+    messages = queued_messages(broker)
+    assert sorted(m.actor_name for m in messages) == ["execute_task_runs"] * 3
+    assert sorted(len(m.args[0]) for m in messages) == [2, 2, 3]
+    carried = [tuple(pair) for m in messages for pair in m.args[0]]
+    assert sorted(carried) == sorted(generations(run.pk))  # every generation once, in one message
+    assert not OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk, published_at__isnull=True).exists()
+
+    for m in messages:  # what the execute_task_runs actor does with each
+        assert runtime.execute_many([(t, token) for t, token in m.args[0]]) == ["succeeded"] * len(m.args[0])
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+    # A redelivered message (its worker died before the ack) starts nothing again.
+    assert runtime.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
+        messages[0].args[0])
+    assert event_kinds(run.pk).count("started") == 7
+    assert_gap_free(run.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_workflow, broker, settings):
+    settings.FLOWFORGE_DISPATCH_FANOUT = 0  # one message per generation: the group is built by hand below
+    settings.FLOWFORGE_GROUP_HANDOFF_SECONDS = 0.1
+    wf = make_workflow(org, [{"key": "slow", "type": "sleep", "config": {"seconds": 0.3}},
+                             {"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
+    run = start_run(workflow=wf, run_input={})
+    schedule_once()
+    by_key = {key: (str(t.pk), t.fencing_token) for key, t in task_runs(run.pk).items()}
+    broker.flush_all()
+
+    outcomes = runtime.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
+
+    assert outcomes == ["succeeded"]  # only the slow one ran here
+    handed = sorted((m.actor_name, m.args[0], m.args[1]) for m in queued_messages(broker))
+    assert handed == sorted([("execute_task_run", *by_key["a"]), ("execute_task_run", *by_key["b"])])
+    rows = task_runs(run.pk)
+    assert rows["slow"].state == "succeeded"
+    for key in ("a", "b"):  # claimed, not started: the next thread to take the message starts it
+        assert rows[key].state == "running" and rows[key].started_fencing_token is None
+        assert runtime.execute(*by_key[key]) == "succeeded"
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
