@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import re
 import uuid
 import weakref
@@ -155,6 +156,49 @@ def _prepared_form(sql: str) -> tuple[str, str, tuple[str, ...]]:
     return "ff_" + hashlib.sha1(compact.encode()).hexdigest()[:20], text, tuple(names)
 
 
+def _array_element(value: Any) -> str | None:
+    """One element of an array literal (``_literal``), or None when ``value`` is not of a
+    kind rendered here."""
+    t = type(value)
+    if value is None:
+        return "NULL"
+    if t is uuid.UUID or t is int:
+        return str(value)
+    if t is str:
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return None
+
+
+def _literal(value: Any, cursor: Any) -> str:
+    """``value`` as an SQL literal for an ``EXECUTE`` argument (typed by the prepared
+    statement's parameter): what ``cursor.mogrify`` renders, without its per-value
+    adapter lookups for the kinds the hot statements pass (None, bool, int, finite float,
+    str, UUID, and lists of UUID/int/str/None). Anything else goes to ``cursor.mogrify``.
+    Only valid with ``standard_conforming_strings`` on (a backslash is then an ordinary
+    character in '...'); NUL, which no PostgreSQL text can hold, also goes to mogrify,
+    which raises."""
+    t = type(value)
+    if value is None:
+        return "NULL"
+    if t is bool:
+        return "true" if value else "false"
+    if t is int:
+        return str(value)
+    if t is float and math.isfinite(value):
+        return repr(value)
+    if t is uuid.UUID:
+        return f"'{value}'"
+    if t is str and "\x00" not in value:
+        return "'" + value.replace("'", "''") + "'"
+    if t is list:
+        elements = [_array_element(v) for v in value]
+        if None not in elements:
+            text = "{" + ",".join(elements) + "}"  # type: ignore[arg-type]
+            if "\x00" not in text:
+                return "'" + text.replace("'", "''") + "'"
+    return cursor.mogrify("%s", [value])
+
+
 def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
     """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
     one message to the server, as prepared statements; returns each one's rows.
@@ -179,6 +223,8 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
         pg = connection.connection
         known = _PREPARED.setdefault(pg, set())
         literal = psycopg.ClientCursor(pg)
+        # The fast renderer's quoting (doubled quotes only) is right only with standard strings.
+        fast = pg.info.parameter_status("standard_conforming_strings") == b"on"
         parts = ["BEGIN"] if own else []
         parts.append(_INDEX_PROBES_ONLY)
         wanted: list[int] = []
@@ -191,8 +237,13 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
                 pg.execute(f"PREPARE {name} AS {text}", prepare=False)
                 known.add(name)
             wanted.append(len(parts))
-            args = ", ".join(f"%({p})s" for p in order)
-            parts.append(literal.mogrify(f"EXECUTE {name}({args})", params) if order else f"EXECUTE {name}")
+            if not order:
+                parts.append(f"EXECUTE {name}")
+            elif fast:
+                parts.append(f"EXECUTE {name}(" + ", ".join(_literal(params[p], literal) for p in order) + ")")
+            else:
+                args = ", ".join(f"%({p})s" for p in order)
+                parts.append(literal.mogrify(f"EXECUTE {name}({args})", params))
         parts.append("COMMIT" if own else _PLANNER_DEFAULTS)
         cur = psycopg.ClientCursor(pg)
         try:

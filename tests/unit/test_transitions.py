@@ -1035,3 +1035,40 @@ def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_w
     assert row.output == tricky
     assert TaskRunEvent.objects.unscoped().get(task_run_id=a.task_run_id, kind="started").detail == {"worker": "w'; --"}
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+
+
+@pytest.mark.django_db
+def test_the_hot_path_literals_read_back_as_the_values_they_render():
+    """``transitions._literal`` (the EXECUTE arguments of ``_run_prepared``) renders what
+    PostgreSQL reads back as the same value, quoting hazards included; kinds it does not
+    render itself go through psycopg's mogrify."""
+    import psycopg
+
+    from engine.repositories.transitions import _literal
+
+    u = uuid.uuid4()
+    cases = [
+        ("it's \\ \"x\"; COMMIT; --", "text"),
+        ("ü 😀 $1 %(ids)s E'\\x41'", "text"),
+        (["a'b", 'c"d', "e\\f", "{g,h}", "NULL", None, "", " sp "], "text[]"),
+        ([u, None], "uuid[]"),
+        ([1, -2, 2**40], "bigint[]"),
+        ([], "text[]"),
+        (1.5, "float8"),
+        (1e-7, "float8"),
+        (-3, "bigint"),
+        (True, "boolean"),
+        (None, "text"),
+        (u, "uuid"),
+        ([True, False], "boolean[]"),  # not rendered here: mogrify's
+        (float("inf"), "float8"),  # likewise
+    ]
+    connection.ensure_connection()
+    literal = psycopg.ClientCursor(connection.connection)
+    with connection.cursor() as cur:
+        for value, sql_type in cases:
+            cur.execute(f"SELECT {_literal(value, literal)}::{sql_type}")
+            assert cur.fetchone()[0] == value, (value, sql_type)
+    assert _literal(["x"], literal) == "'{\"x\"}'" and _literal(u, literal) == f"'{u}'"
+    with pytest.raises(ValueError):  # a NUL is refused, never cut short
+        _literal("a\x00b", literal)
