@@ -224,7 +224,7 @@ def _run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[lis
         known = _PREPARED.setdefault(pg, set())
         literal = psycopg.ClientCursor(pg)
         # The fast renderer's quoting (doubled quotes only) is right only with standard strings.
-        fast = pg.info.parameter_status("standard_conforming_strings") == b"on"
+        fast = pg.info.parameter_status("standard_conforming_strings") == "on"
         parts = ["BEGIN"] if own else []
         parts.append(_INDEX_PROBES_ONLY)
         wanted: list[int] = []

@@ -1070,5 +1070,30 @@ def test_the_hot_path_literals_read_back_as_the_values_they_render():
             cur.execute(f"SELECT {_literal(value, literal)}::{sql_type}")
             assert cur.fetchone()[0] == value, (value, sql_type)
     assert _literal(["x"], literal) == "'{\"x\"}'" and _literal(u, literal) == f"'{u}'"
-    with pytest.raises(ValueError):  # a NUL is refused, never cut short
+    with pytest.raises(psycopg.DataError):  # a NUL is refused, never cut short
         _literal("a\x00b", literal)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_hot_path_renders_its_own_arguments_without_mogrify(org, make_workflow, monkeypatch):
+    """With standard_conforming_strings on (PostgreSQL's default), a claim, a start and a
+    success render every argument with ``_literal``: psycopg's mogrify is never called."""
+    import psycopg
+
+    from engine.services import start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("mogrify called on the hot path")
+
+    monkeypatch.setattr(psycopg.ClientCursor, "mogrify", refuse)
+    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    (started,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+                                            lease_seconds=60)
+    results, _ = transitions.complete_successes(
+        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, {"x": "it's"}, False)], lease_seconds=60,
+        owner="o")
+    assert started is not None and results[0].accepted and results[0].run_state == "succeeded"
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
