@@ -247,7 +247,9 @@ class TaskRun(models.Model):
     claim bumps ``fencing_token`` (a new generation)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    # No index: every query of task runs names their run (idx_taskrun_run_state); an index on
+    # the tenant alone served none and cost each transition an index entry (migration 0013).
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
     # No index of its own: idx_taskrun_run_state and uniq_taskrun_per_run_task lead with it
     # (seed 000, "Implicit indexes and a known redundancy"; migration 0011).
     workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_runs", db_index=False)
@@ -313,7 +315,12 @@ class TaskRunEvent(models.Model):
     NULL for run-level events (run started, finished, cancelled)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    # Copied in SQL from the task run or run the row is written for (transitions.py), so
+    # neither a database constraint nor an index: the constraint's check locked the
+    # organization's row for every row written, from every worker at once, and no query
+    # reads these rows by tenant alone (migration 0013); they go with their run.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
     # Neither has an index of its own: uniq_event_run_seq leads with workflow_run and
     # idx_event_taskrun_created with task_run (migration 0011).
     workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
@@ -351,7 +358,12 @@ class OutboxMessage(models.Model):
     the broker accepted the message."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    # Copied in SQL from the task run or run the row is written for (transitions.py), so
+    # neither a database constraint nor an index: the constraint's check locked the
+    # organization's row for every row written, from every worker at once, and no query
+    # reads these rows by tenant alone (migration 0013); they go with their run.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
     # No index of its own: uniq_outbox_per_taskrun_generation leads with it (migration 0011).
     task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="outbox_messages", db_index=False)
     workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="outbox_messages")

@@ -137,6 +137,32 @@ def test_foreign_keys_led_by_a_composite_index_have_no_index_of_their_own_but_ke
             assert cur.fetchone()[0] == 1, (table, column)
 
 
+def test_the_tenant_column_of_hot_rows_has_no_index_and_events_and_outbox_no_constraint():
+    """Migration 0013: no query reads task runs, events or outbox rows by tenant alone, so
+    organization_id has no index there; events and outbox rows copy it in SQL from what
+    they are written for, so they keep no constraint either (core_taskrun keeps its own)."""
+    with connection.cursor() as cur:
+        for table, constrained in (("core_taskrun", 1), ("core_taskrunevent", 0), ("core_outboxmessage", 0)):
+            cur.execute(
+                """
+                SELECT count(*) FROM pg_index ix
+                JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY(ix.indkey::int2[])
+                WHERE ix.indrelid = %s::regclass AND a.attname = 'organization_id'
+                """,
+                [table],
+            )
+            assert cur.fetchone()[0] == 0, table
+            cur.execute(
+                """
+                SELECT count(*) FROM pg_constraint c
+                JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+                WHERE c.conrelid = %s::regclass AND c.contype = 'f' AND a.attname = 'organization_id'
+                """,
+                [table],
+            )
+            assert cur.fetchone()[0] == constrained, table
+
+
 def test_an_unknown_index_name_is_reported_missing():
     """The catalog helper itself does not invent indexes."""
     assert index_info("idx_does_not_exist") is None

@@ -71,3 +71,27 @@ def test_related_managers_of_a_loaded_object_are_scoped_by_it(org, make_workflow
     assert tr.workflow_run == run
     tr.refresh_from_db()
     assert Membership.objects.for_organization(org).get().role == "owner"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_history_goes_only_with_its_run_never_by_tenant(make_org, make_workflow):
+    """Events and outbox rows have neither an index nor a constraint on their tenant
+    (migration 0013): an organization with runs cannot be deleted at all (its history is
+    protected), and deleting a run deletes its events and outbox rows through the run."""
+    from django.db.models import ProtectedError
+
+    from engine.models import OutboxMessage, TaskRunEvent
+    from engine.repositories import transitions
+
+    a, b = make_org("del-a"), make_org("del-b")
+    run_a, _run_b = (start_run(workflow=make_workflow(org, [{"key": "x", "type": "noop"}], name="wf"))
+                     for org in (a, b))
+    assert len(transitions.claim_ready(limit=10, lease_seconds=60, owner="o")) == 2  # one outbox row each
+
+    with pytest.raises(ProtectedError):
+        a.delete()
+    run_a.delete()
+
+    for model in (TaskRunEvent, OutboxMessage, TaskRun):
+        assert not model.objects.unscoped().filter(organization_id=a.pk).exists(), model
+        assert model.objects.unscoped().filter(organization_id=b.pk).exists(), model
