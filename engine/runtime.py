@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -333,23 +334,116 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     ``continue_inline`` would; returns the outcome of each one run here.
 
     Once FLOWFORGE_GROUP_HANDOFF_SECONDS have passed since the first began, the ones not
-    yet started are handed back to the broker, one ``execute_task_run`` message each,
-    for other threads to take: a slow task holds the rest of its message up for at most
-    that long. One the broker refuses is run here after all. Each is fenced as usual,
-    so a redelivery of the message (this process died) starts only the ones that did not
-    start."""
-    began = time.monotonic()
+    yet started are handed back to the broker (``HandOff``, while this thread is still
+    busy with its current one), one ``execute_task_run`` message each, for other threads
+    to take: a slow task holds the rest of its message up for about that long at most.
+    Each is fenced as usual, so a redelivery of the message (this process died) starts
+    only the ones that did not start."""
+    group = _Group(dispatches)
+    watchdog = hand_off()
+    watchdog.register(group)
     outcomes: list[str] = []
-    for i, (task_run_id, fencing_token) in enumerate(dispatches):
-        if i and time.monotonic() - began > settings.FLOWFORGE_GROUP_HANDOFF_SECONDS:
-            rest = dispatches[i:]
-            refused = _hand_off(rest)
-            log.info("handed %d of %d generations back to the broker after %.1f s",
-                     len(rest) - len(refused), len(dispatches), time.monotonic() - began)
-            outcomes += [execute(task_run_id, token, continue_inline=True) for task_run_id, token in refused]
-            break
-        outcomes.append(execute(task_run_id, fencing_token, continue_inline=True))
+    try:
+        while (pair := group.take_next()) is not None:
+            outcomes.append(execute(pair[0], pair[1], continue_inline=True))
+    finally:
+        watchdog.unregister(group)
     return outcomes
+
+
+class _Group:
+    """The generations of one ``execute_task_runs`` message that its thread has not
+    started yet (taken one by one by that thread, or all at once by ``HandOff``)."""
+
+    __slots__ = ("pending", "size", "began", "_lock")
+
+    def __init__(self, dispatches: list[tuple[str, int]]):
+        self.pending = collections.deque(dispatches)
+        self.size = len(dispatches)
+        self.began = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take_next(self) -> tuple[str, int] | None:
+        with self._lock:
+            return self.pending.popleft() if self.pending else None
+
+    def take_rest(self) -> list[tuple[str, int]]:
+        with self._lock:
+            rest = list(self.pending)
+            self.pending.clear()
+            return rest
+
+    def put_back(self, pairs: list[tuple[str, int]]) -> None:
+        with self._lock:
+            self.pending.extendleft(reversed(pairs))
+
+
+class HandOff:
+    """One daemon thread per worker process that, every quarter of
+    FLOWFORGE_GROUP_HANDOFF_SECONDS (0.05 to 0.5 s), hands the generations not yet
+    started of each ``execute_task_runs`` message running longer than that back to the
+    broker, once per message. Ones the broker refuses are put back for their thread to run."""
+
+    def __init__(self) -> None:
+        self._groups: set[_Group] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def register(self, group: _Group) -> None:
+        if group.size < 2:
+            return  # nothing that could wait behind another
+        with self._lock:
+            self._groups.add(group)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="flowforge-handoff", daemon=True)
+                self._thread.start()
+
+    def unregister(self, group: _Group) -> None:
+        with self._lock:
+            self._groups.discard(group)
+
+    def check(self) -> int:
+        """Hand off the waiting generations of every message past the limit once; returns
+        how many went to the broker (also called by tests)."""
+        limit = settings.FLOWFORGE_GROUP_HANDOFF_SECONDS
+        now = time.monotonic()
+        with self._lock:
+            due = [g for g in self._groups if now - g.began > limit]
+            self._groups.difference_update(due)  # one try each: what the broker refuses stays with its thread
+        handed = 0
+        for group in due:
+            rest = group.take_rest()
+            if not rest:
+                continue
+            try:
+                refused = _hand_off(rest)
+            except BaseException:
+                group.put_back(rest)  # their thread runs them after all
+                raise
+            group.put_back(refused)
+            handed += len(rest) - len(refused)
+            log.info("handed %d of %d generations of a message back to the broker after %.1f s",
+                     len(rest) - len(refused), group.size, now - group.began)
+        return handed
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(min(0.5, max(0.05, settings.FLOWFORGE_GROUP_HANDOFF_SECONDS / 4)))
+            try:
+                self.check()
+            except Exception:
+                log.exception("handing generations back to the broker failed; their threads run them")
+
+
+_hand_off_watchdog: HandOff | None = None
+
+
+def hand_off() -> HandOff:
+    """This process's HandOff (created on first use)."""
+    global _hand_off_watchdog
+    if _hand_off_watchdog is None:
+        _hand_off_watchdog = HandOff()
+    return _hand_off_watchdog
 
 
 def _hand_off(dispatches: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -287,8 +287,8 @@ FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATI
 # several generations that one worker thread runs in turn (engine.relay.group_rows).
 # Keep it at least the worker threads of the whole deployment; 0 sends one message each.
 FLOWFORGE_DISPATCH_FANOUT = int(os.environ.get("FLOWFORGE_DISPATCH_FANOUT", "64"))
-# Seconds a worker thread may spend on a message's generations before it hands the ones
-# it has not started back to the broker, one message each, for other threads to take.
+# Seconds one such message may run before the generations in it not yet started are
+# handed back to the broker, one message each, for other threads (engine.runtime.HandOff).
 FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1.0)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))

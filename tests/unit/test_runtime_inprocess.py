@@ -499,7 +499,7 @@ def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_ever
 def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_workflow, broker, settings):
     settings.FLOWFORGE_DISPATCH_FANOUT = 0  # one message per generation: the group is built by hand below
     settings.FLOWFORGE_GROUP_HANDOFF_SECONDS = 0.1
-    wf = make_workflow(org, [{"key": "slow", "type": "sleep", "config": {"seconds": 0.3}},
+    wf = make_workflow(org, [{"key": "slow", "type": "sleep", "config": {"seconds": 1.0}},
                              {"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
     schedule_once()
@@ -509,11 +509,44 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
     outcomes = runtime.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
 
     assert outcomes == ["succeeded"]  # only the slow one ran here
-    handed = sorted((m.actor_name, m.args[0], m.args[1]) for m in queued_messages(broker))
+    messages = queued_messages(broker)
+    handed = sorted((m.actor_name, m.args[0], m.args[1]) for m in messages)
     assert handed == sorted([("execute_task_run", *by_key["a"]), ("execute_task_run", *by_key["b"])])
     rows = task_runs(run.pk)
     assert rows["slow"].state == "succeeded"
+    # Handed off while the slow one still ran (HandOff's thread), not after it finished.
+    finished_ms = rows["slow"].finished_at.timestamp() * 1000
+    assert all(m.message_timestamp < finished_ms - 500 for m in messages), (finished_ms, messages)
     for key in ("a", "b"):  # claimed, not started: the next thread to take the message starts it
         assert rows[key].state == "running" and rows[key].started_fencing_token is None
         assert runtime.execute(*by_key[key]) == "succeeded"
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_generations_the_broker_refuses_to_take_back_are_run_by_their_own_thread(
+    org, make_workflow, broker, settings, monkeypatch
+):
+    import flowforge.broker
+
+    settings.FLOWFORGE_DISPATCH_FANOUT = 0
+    settings.FLOWFORGE_GROUP_HANDOFF_SECONDS = 0.1
+    wf = make_workflow(org, [{"key": "slow", "type": "sleep", "config": {"seconds": 0.5}},
+                             {"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf, run_input={})
+    schedule_once()
+    by_key = {key: (str(t.pk), t.fencing_token) for key, t in task_runs(run.pk).items()}
+    broker.flush_all()
+    # The broker is down while the hand-off is tried: every enqueue fails.
+    tried = []
+
+    def refuse(messages, broker=None):
+        tried.append([(m.actor_name, *m.args) for m in messages])
+        return [ConnectionError("Redis is down")] * len(messages)
+
+    monkeypatch.setattr(flowforge.broker, "enqueue_many", refuse)
+
+    assert runtime.execute_many([by_key["slow"], by_key["a"]]) == ["succeeded", "succeeded"]
+    assert tried == [[("execute_task_run", *by_key["a"])]]  # tried once, while "slow" ran
+    assert queued_messages(broker) == []
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
