@@ -353,7 +353,12 @@ def table(results: dict) -> str:
             for line in (shown[:30] if r["status"] == "ok" else shown[-15:]):
                 lines.append("    " + line)
     if results.get("verdicts"):
-        lines.append("targets met: " + ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in results["verdicts"].items()))
+        met = ", ".join(f"{k}={'yes' if ok else 'NO'}" for k, ok in results["verdicts"].items())
+        if results.get("meta", {}).get("mode") == "smoke":
+            # 30 tasks run in a few milliseconds: start-up costs dominate, the ratios mean nothing.
+            lines.append(f"smoke sizes: the targets are judged by the full run (make bench), not here ({met})")
+        else:
+            lines.append("targets met: " + met)
     return "\n".join(lines)
 
 

@@ -58,3 +58,14 @@ def test_settle_vacuums_exactly_when_the_server_autovacuum_is_off():
     settle(0)
     vacuumed = [ts is not None and ts >= before for ts in _last_vacuums().values()]
     assert vacuumed == [not autovacuum_on()] * len(HOT_TABLES)
+
+
+def test_a_smoke_table_does_not_pass_judgement_on_the_targets():
+    from bench.run import table
+
+    verdicts = {"throughput_ratio_independent": False, "memory": True}
+    meta = {"processes": 2, "threads": 8, "cpus": 2, "load_start": [0.1, 0.1, 0.1]}
+    smoke = table({"meta": {**meta, "mode": "smoke"}, "verdicts": verdicts})
+    full = table({"meta": {**meta, "mode": "full"}, "verdicts": verdicts})
+    assert "targets met" not in smoke and "judged by the full run (make bench)" in smoke
+    assert "targets met: throughput_ratio_independent=NO, memory=yes" in full
