@@ -34,6 +34,13 @@ TASK_FIELDS = {
 DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds"}
 MAX_TASKS = 5000
 MAX_ATTEMPTS_LIMIT = 100
+# Longest task attempt (timeout_seconds) and run (the workflow's timeout_seconds): 30 and
+# 365 days. Beyond them a timestamp of PostgreSQL's range would be computed from them.
+MAX_TASK_TIMEOUT_SECONDS = 30 * 24 * 3600
+MAX_RUN_TIMEOUT_SECONDS = 365 * 24 * 3600
+# Longest delay before a retry (retry_backoff_seconds, and the delay it doubles to with
+# each attempt: the doubling stops here): one day.
+MAX_RETRY_BACKOFF_SECONDS = 24 * 3600
 MAX_LABEL_LENGTH = 100  # TaskDependency.label
 MAX_DESCRIPTION_LENGTH = 10_000
 # Canvas coordinates are stored as PostgreSQL integers.
@@ -163,7 +170,7 @@ def _find_cycle(keys: list[str], deps: dict[str, list[str]]) -> list[str] | None
     return None
 
 
-def _number(errors, path, value, *, minimum, integer=False, allow_none=False):
+def _number(errors, path, value, *, minimum, integer=False, allow_none=False, maximum=None, unit=""):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -177,6 +184,9 @@ def _number(errors, path, value, *, minimum, integer=False, allow_none=False):
         return None
     if value < minimum:
         errors.append({"path": path, "message": f"must be at least {minimum}, got {value!r}"})
+        return None
+    if maximum is not None and value > maximum:
+        errors.append({"path": path, "message": f"must be at most {maximum}{unit}, got {value!r}"})
         return None
     return int(value) if integer else float(value)
 
@@ -207,7 +217,8 @@ def validate_document(doc: Any) -> dict[str, Any]:
         description = ""
     elif len(description) > MAX_DESCRIPTION_LENGTH:
         errors.append({"path": "description", "message": f"at most {MAX_DESCRIPTION_LENGTH} characters"})
-    run_timeout = _number(errors, "timeout_seconds", doc.get("timeout_seconds"), minimum=0.001, allow_none=True)
+    run_timeout = _number(errors, "timeout_seconds", doc.get("timeout_seconds"), minimum=0.001, allow_none=True,
+                          maximum=MAX_RUN_TIMEOUT_SECONDS, unit=" (365 days)")
     tasks = doc.get("tasks")
     if tasks is not None and not isinstance(tasks, list):
         errors.append({"path": "tasks", "message": f"must be a list of tasks, got {type(tasks).__name__}"})
@@ -273,8 +284,10 @@ def validate_document(doc: Any) -> dict[str, Any]:
         max_attempts = _number(errors, f"{where}.max_attempts", raw.get("max_attempts", 1), minimum=1, integer=True)
         if max_attempts is not None and max_attempts > MAX_ATTEMPTS_LIMIT:
             errors.append({"path": f"{where}.max_attempts", "message": f"at most {MAX_ATTEMPTS_LIMIT}"})
-        backoff = _number(errors, f"{where}.retry_backoff_seconds", raw.get("retry_backoff_seconds", 1.0), minimum=0)
-        timeout = _number(errors, f"{where}.timeout_seconds", raw.get("timeout_seconds"), minimum=0.001, allow_none=True)
+        backoff = _number(errors, f"{where}.retry_backoff_seconds", raw.get("retry_backoff_seconds", 1.0), minimum=0,
+                          maximum=MAX_RETRY_BACKOFF_SECONDS, unit=" (a day)")
+        timeout = _number(errors, f"{where}.timeout_seconds", raw.get("timeout_seconds"), minimum=0.001, allow_none=True,
+                          maximum=MAX_TASK_TIMEOUT_SECONDS, unit=" (30 days)")
         position = raw.get("position")
         if position is not None and not (
             isinstance(position, dict)

@@ -21,12 +21,19 @@ def reap_once(*, limit: int = 500) -> int:
     owner = process_owner("reaper")
     reaped = 0
     for task_run_id, token in transitions.expired_leases(limit=limit):
-        result = atomic_retry(
-            lambda tr=task_run_id, tok=token: transitions.expire_lease(
-                task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-                owner=owner
+        try:
+            result = atomic_retry(
+                lambda tr=task_run_id, tok=token: transitions.expire_lease(
+                    task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+                    owner=owner
+                )
             )
-        )
+        except Exception:
+            # One row that cannot be reaped must not keep every lease after it from expiring.
+            log.exception("reaping the lease of task run %s generation %s failed; the next pass retries it",
+                          task_run_id, token)
+            metrics.incr("flowforge_lease_reaps_total", "error")
+            continue
         if result.accepted:
             reaped += 1
             metrics.incr("flowforge_lease_reaps_total", {"ready": "requeued", "failed": "failed"}.get(result.state or "", "other"))

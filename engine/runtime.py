@@ -94,8 +94,9 @@ class Combiner[Req, Res]:
     together into the next batch, which one of them runs. So a worker process has at
     most one such transaction in flight, and under load one commit covers several
     tasks instead of each thread queueing on the same run row for a commit of its own.
-    ``run_batch(requests)`` returns one result per request, in order; when it raises,
-    every request of that batch gets the same exception.
+    ``run_batch(requests)`` returns one result per request, in order; when it raises
+    for a batch of several, each request is run again alone (``run_batch([request])``)
+    and gets its own result or exception, so one bad request fails only itself.
 
     ``submit(request)`` waits for the request's result (or raises its exception).
     ``submit(request, wait=False, on_result=f)`` does not wait when a batch is already
@@ -160,6 +161,20 @@ class Combiner[Req, Res]:
             results = self._run_batch([s.request for s in batch])
             for s, res in zip(batch, results, strict=True):
                 s.value = res
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].error = exc
+            else:
+                # One bad request must not fail the others it happened to share a batch with
+                # (their transaction rolled back whole): each runs again alone, and only the
+                # ones that fail alone get an error.
+                log.warning("a batch of %d requests failed (%s: %s); running each alone",
+                            len(batch), type(exc).__name__, exc)
+                for s in batch:
+                    try:
+                        (s.value,) = self._run_batch([s.request])
+                    except Exception as alone:
+                        s.error = alone
         except BaseException as exc:
             for s in batch:
                 s.error = exc

@@ -58,7 +58,8 @@ def sweep_runs(*, limit: int = 200) -> dict[str, int]:
         SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
         JOIN core_workflow w ON w.id = r.workflow_id
         WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
-          AND r.created_at < clock_timestamp() - make_interval(secs => w.run_timeout_seconds)
+          -- As seconds, not as a timestamp: no run timeout can compute one out of range.
+          AND EXTRACT(EPOCH FROM clock_timestamp() - r.created_at) > w.run_timeout_seconds
         ORDER BY r.created_at LIMIT %s
         """,
         [limit],

@@ -42,6 +42,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from engine.definitions import MAX_RETRY_BACKOFF_SECONDS
 from engine.jsonb import jsonb_safe, strip_nul
 
 TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
@@ -533,10 +534,10 @@ sreq AS (
     UPDATE core_taskrun t
     SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
         lease_owner = sreq.owner,
-        lease_expires_at = LEAST(
-            clock_timestamp() + make_interval(secs => %(worker_lease)s),
-            clock_timestamp() + make_interval(secs => COALESCE(k.timeout_seconds, %(worker_lease)s))
-        )
+        -- The worker's lease, or the task's timeout when that is shorter (LEAST inside, so
+        -- a timeout of any size never makes a timestamp out of PostgreSQL's range).
+        lease_expires_at = clock_timestamp() + make_interval(
+            secs => LEAST(COALESCE(k.timeout_seconds, %(worker_lease)s), %(worker_lease)s))
     FROM core_task k, sreq
     WHERE t.id = sreq.id AND k.id = t.task_id
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (module docstring)
@@ -660,8 +661,12 @@ def heartbeat(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) 
         UPDATE core_taskrun t
         SET lease_expires_at = LEAST(
             clock_timestamp() + make_interval(secs => %(lease)s),
+            -- started_at + timeout_seconds, the timeout bounded first by what the LEAST can
+            -- pick anyway (elapsed + lease), so no timestamp out of range is ever computed.
             CASE WHEN k.timeout_seconds IS NULL THEN 'infinity'::timestamptz
-                 ELSE t.started_at + make_interval(secs => k.timeout_seconds) END)
+                 ELSE t.started_at + make_interval(secs => LEAST(
+                     k.timeout_seconds, EXTRACT(EPOCH FROM clock_timestamp() - t.started_at)::float8 + %(lease)s))
+            END)
         FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
         WHERE t.id = a.id AND t.fencing_token = a.token AND (t.state || '') = 'running' AND k.id = t.task_id
           AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
@@ -724,7 +729,9 @@ WITH done AS (
     SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
         attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
         not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
-            THEN clock_timestamp() + make_interval(secs => k.retry_backoff_seconds * power(2, t.attempt - 1))
+            -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
+            THEN clock_timestamp() + make_interval(
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), """ + str(MAX_RETRY_BACKOFF_SECONDS) + """))
             ELSE NULL END,
         finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
@@ -1234,7 +1241,7 @@ def expire_lease(
     timed_out = _fetch(
         """
         SELECT k.timeout_seconds IS NOT NULL
-               AND t.lease_expires_at >= t.started_at + make_interval(secs => k.timeout_seconds)
+               AND EXTRACT(EPOCH FROM t.lease_expires_at - t.started_at) >= k.timeout_seconds
         FROM core_taskrun t JOIN core_task k ON k.id = t.task_id WHERE t.id = %s
         """,
         [task_run_id],

@@ -95,16 +95,16 @@ def test_queued_write_behind_requests_are_run_by_the_lead_before_it_returns_when
     assert c.submit("after") == "AFTER"  # and the next request runs at once
 
 
-def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_write_behind_ones():
+def test_a_failed_batch_is_run_again_request_by_request_so_only_the_bad_request_fails():
     rec = Recorder(fail_on="bad")
     c, lead, lead_out = _batch_in_flight(rec)
     calls = []
     assert c.submit("bad", wait=False, on_result=lambda res, err: calls.append((res, err))) is None
-    errors = []
+    results, errors = [], []
 
     def wait_for_it():
         try:
-            c.submit("other")
+            results.append(c.submit("other"))
         except RuntimeError as exc:
             errors.append(str(exc))
 
@@ -115,8 +115,17 @@ def test_a_failed_batch_raises_for_waiting_submitters_and_reports_the_error_to_w
     lead.join(5)
     waiter.join(5)
     assert lead_out == ["FIRST"]
-    assert errors == ["batch with bad failed"]
+    # The shared batch failed; each request then ran alone: "other" succeeded, "bad" failed.
+    assert rec.batches[1:] == [["bad", "other"], ["bad"], ["other"]]
+    assert results == ["OTHER"] and errors == []
     assert len(calls) == 1 and calls[0][0] is None and str(calls[0][1]) == "batch with bad failed"
+
+
+def test_a_request_failing_alone_raises_for_its_submitter():
+    c = Combiner(Recorder(fail_on="bad"))
+    with pytest.raises(RuntimeError, match="batch with bad failed"):
+        c.submit("bad")
+    assert c.submit("good") == "GOOD"
 
 
 def test_a_callback_that_raises_does_not_stop_the_batch(caplog):

@@ -168,6 +168,24 @@ BAD_DEFINITIONS = [
         "tasks[nap].config",
         ["'seconds' must be at most 604800"],
     ),
+    (
+        "task-timeout-past-30-days",
+        {"name": "t", "tasks": [{"key": "a", "type": "noop", "timeout_seconds": 1e20}]},
+        "tasks[a].timeout_seconds",
+        ["must be at most 2592000 (30 days), got 1e+20"],
+    ),
+    (
+        "retry-backoff-past-a-day",
+        {"name": "t", "tasks": [{"key": "a", "type": "fail", "max_attempts": 3, "retry_backoff_seconds": 1e308}]},
+        "tasks[a].retry_backoff_seconds",
+        ["must be at most 86400 (a day), got 1e+308"],
+    ),
+    (
+        "run-timeout-past-a-year",
+        {"name": "t", "timeout_seconds": 4e7, "tasks": [{"key": "a", "type": "noop"}]},
+        "timeout_seconds",
+        ["must be at most 31536000 (365 days), got 40000000.0"],
+    ),
 ]
 
 

@@ -550,3 +550,95 @@ def test_generations_the_broker_refuses_to_take_back_are_run_by_their_own_thread
     assert tried == [[("execute_task_run", *by_key["a"])]]  # tried once, while "slow" ran
     assert queued_messages(broker) == []
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out_of_range(
+    org, make_workflow, broker, quiet_heartbeater
+):
+    """Definitions stored before the limits existed (or written around them): the engine
+    bounds the lease, the retry delay, the timeout checks and the run timeout itself
+    instead of failing on 'timestamp out of range' (and failing what shares its batch)."""
+    from engine.repositories import transitions
+    from engine.sweeper import sweep_runs
+
+    wf = make_workflow(org, [{"key": "a", "type": "fail", "max_attempts": 3}, {"key": "b", "type": "noop"}])
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_task SET timeout_seconds = 1e20, retry_backoff_seconds = 1e308 WHERE workflow_id = %s",
+                    [wf.pk])
+        cur.execute("UPDATE core_workflow SET run_timeout_seconds = 1e20 WHERE id = %s", [wf.pk])
+    run = start_run(workflow=wf, run_input={})
+    claimed = {d.task_run_id: d for d in transitions.claim_ready(limit=10, lease_seconds=60, owner="o")}
+    rows = task_runs(run.pk)
+    started = transitions.start_attempts(
+        [transitions.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
+        lease_seconds=30)
+    assert all(s is not None for s in started)
+    now = db_now()
+    for key in ("a", "b"):  # the worker's lease: the timeout is longer
+        lease_left = (task_runs(run.pk)[key].lease_expires_at - now).total_seconds()
+        assert 25 < lease_left <= 30, (key, lease_left)
+    assert transitions.heartbeat(leases=[(s.task_run_id, s.fencing_token) for s in started], lease_seconds=30) == {
+        s.task_run_id for s in started}
+
+    a = started[0]
+    result = transitions.complete_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, succeeded=False,
+                                          error="boom", lease_seconds=60, owner="o")
+    assert result.state == "ready"
+    delay = (task_runs(run.pk)["a"].not_before - db_now()).total_seconds()
+    assert 86000 < delay <= 86400  # MAX_RETRY_BACKOFF_SECONDS
+    assert sweep_runs() == {"finished": 0, "timed_out": 0}
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(org, make_workflow, broker):
+    from engine.repositories import transitions
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
+    run = start_run(workflow=wf, run_input={})
+    claimed = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    started = transitions.start_attempts(
+        [transitions.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
+    good, bad = started
+    # A success whose output is not JSON text makes the shared statement fail.
+    items = [
+        runtime._Success(transitions.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
+                                                    output_json='{"ok": true}'), run.pk, False),
+        runtime._Success(transitions.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
+                                                    output_json="{not json"), run.pk, False),
+    ]
+    combiner = runtime.Combiner(runtime._transition_batch)
+    slots = [runtime._Slot(item) for item in items]
+    combiner._run(slots)
+
+    assert slots[0].error is None and slots[0].value[0].accepted
+    assert slots[1].error is not None and "json" in str(slots[1].error).lower()
+    states = {key: tr.state for key, tr in task_runs(run.pk).items()}
+    good_key = next(k for k, tr in task_runs(run.pk).items() if tr.pk == good.task_run_id)
+    assert states[good_key] == "succeeded" and sorted(states.values()) == ["running", "succeeded"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_that_cannot_be_reaped_does_not_keep_the_others_from_expiring(org, make_workflow, broker,
+                                                                               monkeypatch):
+    from engine.repositories import transitions
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
+    run = start_run(workflow=wf, run_input={})
+    transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    with connection.cursor() as cur:  # both dispatch leases ran out, "a" first
+        cur.execute("UPDATE core_taskrun SET lease_expires_at = clock_timestamp() - interval '1 minute' "
+                    "WHERE workflow_run_id = %s", [run.pk])
+    rows = task_runs(run.pk)
+    real = transitions.expire_lease
+
+    def broken_for_a(**kwargs):
+        if kwargs["task_run_id"] == rows["a"].pk:
+            raise RuntimeError("this row cannot be reaped")
+        return real(**kwargs)
+
+    monkeypatch.setattr(transitions, "expire_lease", broken_for_a)
+    assert reap_once() == 1
+    after = task_runs(run.pk)
+    assert after["a"].state == "running" and after["b"].state == "ready"  # "b" went back, "a" waits for the next pass
