@@ -7,7 +7,8 @@ It works in its own PostgreSQL database (``BENCH_DATABASE_URL``, default
 each run), its own Redis database and broker namespace (``BENCH_REDIS_URL``, default
 ``redis://127.0.0.1:6379/4``; namespace ``ff-bench``), and starts its own Dramatiq
 workers, ``dramatiq flowforge.worker bench.actors`` with 2 processes x 8 threads
-(``--processes``/``--threads``), plus the clock, through ``flowforge.stack``, with
+(``--processes``/``--threads``) and Dramatiq's default prefetch (the baseline is plain
+Dramatiq; ``make run`` caps the prefetch at the thread count, see the README), plus the clock, through ``flowforge.stack``, with
 ``DEBUG=0`` as deployed. Every engine figure and its baseline are measured in this one
 run on these same worker processes:
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from engine.models import TaskRun, TaskRunEvent
@@ -64,3 +66,20 @@ def test_a_claim_burst_carried_several_generations_per_message_runs_each_task_on
     assert not events.filter(kind__in=["duplicate_delivery_ignored", "stale_dispatch_ignored"]).exists()
     seqs = list(events.order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_slow_tasks_spread_over_both_worker_processes_instead_of_queueing_in_one(stack, org, make_workflow):
+    # start_worker caps each process's prefetch at its thread count: with 2 processes of 2
+    # threads, 4 sleeping tasks cannot all be taken by one process while the other idles.
+    wf = make_workflow(org, [{"key": f"s{i}", "type": "sleep", "config": {"seconds": 1.5}} for i in range(4)],
+                       name="spread")
+    stack.start_worker(processes=2, threads=2)
+    stack.start_clock()
+    run = start_run(workflow=wf, run_input={})
+
+    assert wait_for_run_terminal(run, timeout=60) == "succeeded"
+
+    started = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="started")
+    per_process = Counter(e.detail["worker"].split("@", 1)[1].split(":")[1] for e in started)
+    assert sorted(per_process.values()) == [2, 2], per_process
+    assert "dramatiq_queue_prefetch" not in stack.env  # the cap came from start_worker
