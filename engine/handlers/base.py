@@ -75,8 +75,10 @@ class TaskHandler:
         raise NotImplementedError
 
 
-def require_number(config: dict[str, Any], field: str, *, minimum: float = 0, default: Any = None) -> float:
-    """Read a non-negative number from ``config[field]``; raise ConfigError if it is not one."""
+def require_number(config: dict[str, Any], field: str, *, minimum: float = 0, default: Any = None,
+                   maximum: float | None = None) -> float:
+    """Read a number from ``config[field]`` between ``minimum`` and ``maximum`` (when
+    given); raise ConfigError, naming the field and the bound, if it is not one."""
     value = config.get(field, default)
     if value is None:
         raise ConfigError(f"'{field}' is required")
@@ -86,6 +88,8 @@ def require_number(config: dict[str, Any], field: str, *, minimum: float = 0, de
         raise ConfigError(f"'{field}' must be a finite number, got {value!r}")
     if value < minimum:
         raise ConfigError(f"'{field}' must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"'{field}' must be at most {maximum:g}, got {value}")
     return value
 
 

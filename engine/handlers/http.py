@@ -59,7 +59,9 @@ class HttpHandler(TaskHandler):
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"'json' must be JSON-encodable ({exc})") from exc
             out["json"] = config["json"]
-        out["timeout_seconds"] = require_number(config, "timeout_seconds", minimum=0.001, default=30.0)
+        # A day at most: httpx turns it into a deadline, and a larger one overflows it.
+        out["timeout_seconds"] = require_number(config, "timeout_seconds", minimum=0.001, default=30.0,
+                                                maximum=24 * 3600)
         return out
 
     def run(self, context: TaskContext) -> Any:

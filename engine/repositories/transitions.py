@@ -528,15 +528,18 @@ def claim_ready(
 # them beside the successes' in one statement.
 _STARTED_CTES = """
 sreq AS (
-    SELECT * FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[],
-                         %(start_outbox)s::uuid[]) AS a(id, token, owner, outbox_id)
+    -- One instant per start (at): started_at and the lease are both counted from it, so a
+    -- lease that ends at the timeout is exactly started_at + timeout_seconds (expire_lease).
+    SELECT a.*, clock_timestamp() AS at
+    FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[],
+                %(start_outbox)s::uuid[]) AS a(id, token, owner, outbox_id)
 ), started AS (
     UPDATE core_taskrun t
-    SET started_fencing_token = t.fencing_token, started_at = clock_timestamp(), finished_at = NULL,
+    SET started_fencing_token = t.fencing_token, started_at = sreq.at, finished_at = NULL,
         lease_owner = sreq.owner,
         -- The worker's lease, or the task's timeout when that is shorter (LEAST inside, so
         -- a timeout of any size never makes a timestamp out of PostgreSQL's range).
-        lease_expires_at = clock_timestamp() + make_interval(
+        lease_expires_at = sreq.at + make_interval(
             secs => LEAST(COALESCE(k.timeout_seconds, %(worker_lease)s), %(worker_lease)s))
     FROM core_task k, sreq
     WHERE t.id = sreq.id AND k.id = t.task_id
@@ -1241,7 +1244,8 @@ def expire_lease(
     timed_out = _fetch(
         """
         SELECT k.timeout_seconds IS NOT NULL
-               AND EXTRACT(EPOCH FROM t.lease_expires_at - t.started_at) >= k.timeout_seconds
+               -- Less a microsecond: an interval holds whole microseconds, a timeout may not.
+               AND EXTRACT(EPOCH FROM t.lease_expires_at - t.started_at) >= k.timeout_seconds - 0.000001
         FROM core_taskrun t JOIN core_task k ON k.id = t.task_id WHERE t.id = %s
         """,
         [task_run_id],

@@ -176,3 +176,10 @@ def test_output_larger_than_the_cap_fails_permanently_naming_both_sizes(settings
 def test_output_that_is_not_json_fails_permanently():
     with pytest.raises(OutputNotJson, match="not JSON-encodable"):
         cap_output({"when": object()})
+
+
+def test_an_http_timeout_past_a_day_is_refused_naming_the_limit():
+    with pytest.raises(ConfigError, match=r"'timeout_seconds' must be at most 86400, got 1e\+20"):
+        REGISTRY["http"].validate_config({"url": "https://example.org/", "timeout_seconds": 1e20})
+    assert REGISTRY["http"].validate_config({"url": "https://example.org/", "timeout_seconds": 86400})[
+        "timeout_seconds"] == 86400

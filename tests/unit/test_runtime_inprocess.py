@@ -642,3 +642,29 @@ def test_a_lease_that_cannot_be_reaped_does_not_keep_the_others_from_expiring(or
     assert reap_once() == 1
     after = task_runs(run.pk)
     assert after["a"].state == "running" and after["b"].state == "ready"  # "b" went back, "a" waits for the next pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as_a_lost_worker(
+    org, make_workflow, broker, quiet_heartbeater
+):
+    """The start counts started_at and the lease from one instant, so a lease bounded by
+    timeout_seconds ends exactly at started_at + timeout and the reaper says so."""
+    import time
+
+    from engine.repositories import transitions
+
+    wf = make_workflow(org, [{"key": "a", "type": "sleep", "config": {"seconds": 5}, "timeout_seconds": 0.25,
+                              "max_attempts": 1}])
+    run = start_run(workflow=wf, run_input={})
+    (d,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    (s,) = transitions.start_attempts([transitions.StartRequest(d.task_run_id, d.fencing_token, "w")],
+                                      lease_seconds=30)
+    row = task_runs(run.pk)["a"]
+    assert (row.lease_expires_at - row.started_at).total_seconds() == 0.25
+    time.sleep(0.4)  # no heartbeat: the lease runs out at the timeout
+
+    assert reap_once() == 1
+    assert event_kinds(run.pk, "a")[-1] == "attempt_timed_out"
+    row = task_runs(run.pk)["a"]
+    assert row.state == "failed" and row.error == "attempt timed out (timeout_seconds reached)"
