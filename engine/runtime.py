@@ -355,7 +355,7 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     Each is fenced as usual, so a redelivery of the message (this process died) starts
     only the ones that did not start."""
     group = _Group(dispatches)
-    watchdog = hand_off()
+    watchdog = hand_off_watchdog()
     watchdog.register(group)
     outcomes: list[str] = []
     try:
@@ -417,15 +417,13 @@ class HandOff:
         with self._lock:
             self._groups.discard(group)
 
-    def check(self) -> int:
-        """Hand off the waiting generations of every message past the limit once; returns
-        how many went to the broker (also called by tests)."""
+    def check(self) -> None:
+        """Hand off the waiting generations of every message past the limit, once each."""
         limit = settings.FLOWFORGE_GROUP_HANDOFF_SECONDS
         now = time.monotonic()
         with self._lock:
             due = [g for g in self._groups if now - g.began > limit]
             self._groups.difference_update(due)  # one try each: what the broker refuses stays with its thread
-        handed = 0
         for group in due:
             rest = group.take_rest()
             if not rest:
@@ -436,10 +434,8 @@ class HandOff:
                 group.put_back(rest)  # their thread runs them after all
                 raise
             group.put_back(refused)
-            handed += len(rest) - len(refused)
             log.info("handed %d of %d generations of a message back to the broker after %.1f s",
                      len(rest) - len(refused), group.size, now - group.began)
-        return handed
 
     def _loop(self) -> None:
         while True:
@@ -453,7 +449,7 @@ class HandOff:
 _hand_off_watchdog: HandOff | None = None
 
 
-def hand_off() -> HandOff:
+def hand_off_watchdog() -> HandOff:
     """This process's HandOff (created on first use)."""
     global _hand_off_watchdog
     if _hand_off_watchdog is None:
