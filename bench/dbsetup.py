@@ -5,7 +5,15 @@ Imports nothing of Django, so it runs before ``django.setup()`` reads the settin
 from __future__ import annotations
 
 import os
+import secrets
 from urllib.parse import urlsplit
+
+
+def throwaway_secret_key() -> str:
+    """Set SECRET_KEY in this process's environment to a random 50+ character key unless one
+    is set, and return it: benches run with DEBUG off, which refuses a missing or default key,
+    and the processes a bench starts inherit the same key (sessions made here verify there)."""
+    return os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 
 
 def ensure_database(url: str) -> None:
@@ -29,5 +37,6 @@ def use_bench_database(default_url: str, **env_defaults: str) -> str:
     os.environ["DATABASE_URL"] = url  # settings read it at import
     for key, value in {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0", **env_defaults}.items():
         os.environ.setdefault(key, value)
+    throwaway_secret_key()
     ensure_database(url)
     return url

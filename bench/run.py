@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from bench.dbsetup import throwaway_secret_key
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/flowforge_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/4"
@@ -119,6 +121,7 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         BROKER_NAMESPACE=NAMESPACE,
         DJANGO_SETTINGS_MODULE="flowforge.settings",
         DEBUG="0",
+        SECRET_KEY=throwaway_secret_key(),  # DEBUG off refuses a missing or default key
         PYTHONUNBUFFERED="1",
         FLOWFORGE_REPORT_DIR=str(BASE_DIR / "var" / "bench" / "reports"),
         # The API benches send thousands of requests a minute with one key.
@@ -393,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     redis_url = os.environ.get("BENCH_REDIS_URL", DEFAULT_REDIS_URL)
     env = bench_env(database_url, redis_url)
     os.environ.update({k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "BROKER_URL", "BROKER_NAMESPACE",
-                                           "DJANGO_SETTINGS_MODULE", "DEBUG")})
+                                           "DJANGO_SETTINGS_MODULE", "DEBUG", "SECRET_KEY")})
     print(f"bench database {database_url} (re-created), redis {redis_url} namespace {NAMESPACE}; load {load()}")
     recreate_database(database_url)
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env, check=True,

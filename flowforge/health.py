@@ -5,7 +5,8 @@
   match the code's exactly — 503 listing unapplied migrations by name, and also
   migrations the database has that this code does not know (a binary older than its
   database, e.g. after a rollback), as seed 001's readiness does.
-- ``/metrics``: Prometheus text format (engine.metrics).
+- ``/metrics``: Prometheus text format (engine.metrics); with DEBUG off, only with its token
+  (FLOWFORGE_METRICS_TOKEN) unless FLOWFORGE_METRICS_PUBLIC is true.
 """
 
 from __future__ import annotations
@@ -80,7 +81,12 @@ def readyz(request):
 @never_cache
 @require_GET
 def metrics(request):
-    """Prometheus exposition; when FLOWFORGE_METRICS_TOKEN is set, a matching Bearer token is required."""
+    """Prometheus exposition.
+
+    When FLOWFORGE_METRICS_TOKEN is set, ``Authorization: Bearer <token>`` must match (401
+    otherwise). With no token and DEBUG off, the answer is 403 unless FLOWFORGE_METRICS_PUBLIC
+    is true: queue depths and task counts of every organization are not for outsiders.
+    """
     import hmac
 
     from engine.metrics import render
@@ -90,4 +96,11 @@ def metrics(request):
         supplied = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not hmac.compare_digest(supplied.encode(), token.encode()):
             return HttpResponse("metrics need the Bearer token\n", status=401, content_type="text/plain")
+    elif not settings.DEBUG and not getattr(settings, "FLOWFORGE_METRICS_PUBLIC", False):
+        return HttpResponse(
+            "metrics are not public: set FLOWFORGE_METRICS_TOKEN and scrape with "
+            "'Authorization: Bearer <token>', or set FLOWFORGE_METRICS_PUBLIC=true to serve them to anyone\n",
+            status=403,
+            content_type="text/plain",
+        )
     return HttpResponse(render(), content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -33,7 +33,9 @@ def env_float(name: str, default: float) -> float:
     return default if raw in (None, "") else float(raw)
 
 
-SECRET_KEY = os.environ.get("SECRET_KEY", "dev-insecure-flowforge-secret-key-change-me-in-production")
+# The development default; with DEBUG off it is refused (see "Production safety" below).
+DEV_SECRET_KEY = "dev-insecure-flowforge-secret-key-change-me-in-production"
+SECRET_KEY = os.environ.get("SECRET_KEY", DEV_SECRET_KEY)
 DEBUG = env_bool("DEBUG", True)
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 
@@ -302,10 +304,6 @@ FLOWFORGE_METRICS_TOKEN = os.environ.get("FLOWFORGE_METRICS_TOKEN", "")
 FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
 FLOWFORGE_CLOCK_SWEEP_SECONDS = env_float("FLOWFORGE_CLOCK_SWEEP_SECONDS", 10.0)
 FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)
-# Dotted paths that the ``python`` task type may call. A prefix ending in "." allows a module.
-FLOWFORGE_PYTHON_TASK_ALLOWLIST = [
-    p for p in os.environ.get("FLOWFORGE_PYTHON_TASK_ALLOWLIST", "examples.,tests.").split(",") if p
-]
 # Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
 FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
 # Where example workflows write their reports.
@@ -349,3 +347,67 @@ LOGGING["loggers"]["django.server"] = {
     "filters": ["redact_invitation_tokens"],
 }
 LOGGING["loggers"].setdefault("django.request", {}).setdefault("filters", []).append("redact_invitation_tokens")
+
+# --- Production safety and python task callables (sec/callables) ---------------------------
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+# With DEBUG off, a missing, default, placeholder or weak SECRET_KEY stops every process
+# (gunicorn, dramatiq flowforge.worker, manage.py run_clock) here, at settings import: a
+# known key lets anyone forge sessions, email confirmations and password-reset links.
+_SECRET_KEY_HOWTO = (
+    'set the SECRET_KEY environment variable to a random value of at least 50 characters, '
+    'e.g. the output of: python -c "import secrets; print(secrets.token_urlsafe(50))"'
+)
+
+
+def secret_key_problem(key: str | None) -> str | None:
+    """Why ``key`` is unfit for production (a sentence naming SECRET_KEY), or None if it is fit.
+
+    Unfit: missing or empty, the development default, docker-compose's former ``change-me``,
+    Django's generated ``django-insecure-`` keys, shorter than 50 characters, or fewer than
+    5 distinct characters (Django's ``check --deploy`` thresholds). Never echoes the key.
+    """
+    if not key:
+        return "SECRET_KEY is not set"
+    if key == DEV_SECRET_KEY:
+        return "SECRET_KEY is the development default of flowforge/settings.py"
+    if key == "change-me":
+        return "SECRET_KEY is the placeholder 'change-me'"
+    if key.startswith("django-insecure"):
+        return "SECRET_KEY is a key Django generated for development ('django-insecure-...')"
+    if len(key) < 50:
+        return f"SECRET_KEY is {len(key)} characters long; at least 50 are needed"
+    if len(set(key)) < 5:
+        return f"SECRET_KEY has {len(set(key))} distinct characters; at least 5 are needed"
+    return None
+
+
+if not DEBUG:
+    _problem = secret_key_problem(os.environ.get("SECRET_KEY"))
+    if _problem:
+        raise ImproperlyConfigured(f"{_problem} and DEBUG is off: {_SECRET_KEY_HOWTO}.")
+
+# /metrics with DEBUG off: a Bearer FLOWFORGE_METRICS_TOKEN is required, or 403 when none is
+# configured; FLOWFORGE_METRICS_PUBLIC=true serves it to anyone (behind a private network only).
+FLOWFORGE_METRICS_PUBLIC = env_bool("FLOWFORGE_METRICS_PUBLIC", False)
+
+# Full dotted names of the functions a ``python`` task may call, comma separated; each must
+# be a plain function defined under that name (checked at start-up, engine.apps). Default:
+# the callables of the shipped examples/ workflows.
+DEFAULT_TASK_CALLABLES = [
+    f"examples.penguins.tasks.{name}"
+    for name in ("extract", "validate", "by_species", "by_island", "by_sex_year", "aggregate", "report")
+]
+FLOWFORGE_TASK_CALLABLES = [
+    n.strip() for n in os.environ.get("FLOWFORGE_TASK_CALLABLES", ",".join(DEFAULT_TASK_CALLABLES)).split(",")
+    if n.strip()
+]
+# The former prefix allowlist admitted any attribute of any module under a prefix; a deployment
+# still setting it is told what replaces it rather than silently losing its callables.
+if "FLOWFORGE_PYTHON_TASK_ALLOWLIST" in os.environ:
+    raise ImproperlyConfigured(
+        "FLOWFORGE_PYTHON_TASK_ALLOWLIST is no longer supported (a module prefix admitted every "
+        "attribute of every module under it): remove it and list each function a python task may "
+        "call by its full dotted name in FLOWFORGE_TASK_CALLABLES (comma separated), e.g. "
+        "FLOWFORGE_TASK_CALLABLES=mypackage.tasks.extract,mypackage.tasks.load"
+    )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
-from django.conf import settings
-
-from engine.handlers.base import ConfigError, TaskContext, TaskHandler, reject_unknown, require_number
+from engine.handlers import callables
+from engine.handlers.base import (
+    ConfigError,
+    PermanentTaskError,
+    TaskContext,
+    TaskHandler,
+    reject_unknown,
+    require_number,
+)
 
 
 class NoopHandler(TaskHandler):
@@ -68,48 +73,31 @@ class FailHandler(TaskHandler):
         return {"succeeded_on_attempt": context.attempt}
 
 
-def python_target_allowed(path: str) -> bool:
-    """True when ``path`` is listed in FLOWFORGE_PYTHON_TASK_ALLOWLIST (exactly, or under a
-    prefix that ends with a dot)."""
-    for entry in settings.FLOWFORGE_PYTHON_TASK_ALLOWLIST:
-        if path == entry or (entry.endswith(".") and path.startswith(entry)):
-            return True
-    return False
-
-
-def resolve_callable(path: str):
-    """Import ``module.attr`` and return the callable; raise ConfigError if it is not one."""
-    module_name, _, attr = path.rpartition(".")
-    if not module_name:
-        raise ConfigError(f"'callable' must be a dotted path like 'package.module.function', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"'callable' {path!r}: cannot import module {module_name!r} ({exc})") from exc
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"'callable' {path!r}: {module_name!r} has no callable named {attr!r}")
-    return fn
+# Longest callable name accepted (it is echoed in errors, so an absurd one is refused unread).
+MAX_CALLABLE_NAME = 255
 
 
 class PythonHandler(TaskHandler):
     type_name = "python"
     description = (
-        "Calls an allowlisted function as fn(input, upstream, **params); a `context` "
-        "parameter, if the function declares one, receives the TaskContext."
+        "Calls a registered task callable (FLOWFORGE_TASK_CALLABLES, by full dotted name) as "
+        "fn(input, upstream, **params); a `context` parameter, if the function declares one, "
+        "receives the TaskContext."
     )
 
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
         reject_unknown(config, {"callable", "params"})
         path = config.get("callable")
         if not isinstance(path, str) or not path:
-            raise ConfigError("'callable' is required: a dotted path to a function")
-        if not python_target_allowed(path):
+            raise ConfigError("'callable' is required: the full dotted name of a registered task callable")
+        if len(path) > MAX_CALLABLE_NAME:
+            raise ConfigError(f"'callable' is {len(path)} characters long; at most {MAX_CALLABLE_NAME}")
+        # Membership of the exact name only: nothing is imported on a request's behalf.
+        if callables.lookup(path) is None:
             raise ConfigError(
-                f"'callable' {path!r} is not in FLOWFORGE_PYTHON_TASK_ALLOWLIST "
-                f"({', '.join(settings.FLOWFORGE_PYTHON_TASK_ALLOWLIST) or 'empty'})"
+                f"'callable' {path!r} is not a registered task callable; the deployment's operator "
+                f"registers functions by full dotted name in FLOWFORGE_TASK_CALLABLES"
             )
-        resolve_callable(path)
         params = config.get("params", {})
         if not isinstance(params, dict):
             raise ConfigError("'params' must be an object")
@@ -117,9 +105,11 @@ class PythonHandler(TaskHandler):
 
     def run(self, context: TaskContext) -> Any:
         path = context.config["callable"]
-        if not python_target_allowed(path):  # the allowlist may have shrunk since the definition
-            raise PermissionError(f"{path!r} is no longer in FLOWFORGE_PYTHON_TASK_ALLOWLIST")
-        fn = resolve_callable(path)
+        fn = callables.lookup(path)  # the registry may have shrunk since the definition was stored
+        if fn is None:
+            raise PermanentTaskError(
+                f"'callable' {path!r} is no longer a registered task callable (FLOWFORGE_TASK_CALLABLES)"
+            )
         kwargs = dict(context.config.get("params") or {})
         if "context" in inspect.signature(fn).parameters:
             kwargs["context"] = context

@@ -71,6 +71,8 @@ def e2e_stack(live_server, tmp_path, request):
         REDIS_URL=settings.REDIS_URL,
         BROKER_URL=settings.BROKER_URL,
         BROKER_NAMESPACE=settings.BROKER_NAMESPACE,
+        # The suite's settings (pytest-django put tests.settings there): its own task callables.
+        DJANGO_SETTINGS_MODULE=os.environ["DJANGO_SETTINGS_MODULE"],
         FLOWFORGE_LEASE_SECONDS="5",
         FLOWFORGE_DISPATCH_LEASE_SECONDS="5",
         FLOWFORGE_HEARTBEAT_SECONDS="1",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -76,11 +77,17 @@ class Result:
         return not self.problems
 
 
+# One throwaway key per fault run, shared by its web, workers and clock (DEBUG is off).
+_SECRET_KEY = secrets.token_urlsafe(50)
+
+
 def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DATABASE_URL=f"{pg.url_base}/{dbname}", REDIS_URL=redis_url, BROKER_URL=redis_url,
         BROKER_NAMESPACE="faults", DEBUG="false", ALLOWED_HOSTS="127.0.0.1,localhost",
+        # tests/settings.py registers the self-killing task; DEBUG off needs a real key.
+        DJANGO_SETTINGS_MODULE="tests.settings", SECRET_KEY=_SECRET_KEY,
         FLOWFORGE_LEASE_SECONDS="3", FLOWFORGE_HEARTBEAT_SECONDS="0.5", FLOWFORGE_DISPATCH_LEASE_SECONDS="5",
         FLOWFORGE_CLOCK_SCHEDULE_SECONDS="0.5", FLOWFORGE_CLOCK_REAP_SECONDS="0.5",
         FLOWFORGE_CLOCK_RELAY_SECONDS="1", FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000",
@@ -304,5 +311,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flowforge.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     sys.exit(main())

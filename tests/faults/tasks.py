@@ -1,4 +1,4 @@
-"""Task callables for fault injection (allowlisted through the ``tests.`` prefix)."""
+"""Task callables for fault injection (registered in tests/settings.py only)."""
 
 from __future__ import annotations
 

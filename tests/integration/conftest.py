@@ -42,6 +42,8 @@ def stack_env(transactional_db, tmp_path):
         REDIS_URL=settings.REDIS_URL,
         BROKER_URL=settings.BROKER_URL,
         BROKER_NAMESPACE=settings.BROKER_NAMESPACE,
+        # The suite's settings (pytest-django put tests.settings there): its own task callables.
+        DJANGO_SETTINGS_MODULE=os.environ["DJANGO_SETTINGS_MODULE"],
         FLOWFORGE_LEASE_SECONDS=LEASE_SECONDS,
         FLOWFORGE_DISPATCH_LEASE_SECONDS=LEASE_SECONDS,
         FLOWFORGE_HEARTBEAT_SECONDS=HEARTBEAT_SECONDS,

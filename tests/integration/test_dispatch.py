@@ -85,7 +85,7 @@ def test_same_outbox_message_delivered_twice_starts_the_task_once(stack, org, ma
 
 SCHEDULER_SNIPPET = (
     "import django, os, time\n"
-    "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'flowforge.settings')\n"
+    "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'tests.settings')\n"
     "django.setup()\n"
     "from engine.scheduler import schedule_once\n"
     "from engine.repositories import transitions\n"

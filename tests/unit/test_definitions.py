@@ -103,10 +103,10 @@ BAD_DEFINITIONS = [
         ["http task", "'url' must be an absolute http(s) URL, got '/api/x'"],
     ),
     (
-        "python-callable-not-allowlisted",
+        "python-callable-not-registered",
         {"name": "pyos", "tasks": [{"key": "b", "type": "python", "config": {"callable": "os.system"}}]},
         "tasks[b].config",
-        ["python task", "'callable' 'os.system' is not in FLOWFORGE_PYTHON_TASK_ALLOWLIST"],
+        ["python task", "'callable' 'os.system' is not a registered task callable", "FLOWFORGE_TASK_CALLABLES"],
     ),
     (
         "fail-unknown-field",
@@ -562,7 +562,7 @@ def test_apply_workflow_command_rejects_nan_in_a_json_file(tmp_path, org):
 def test_nan_inside_a_python_tasks_params_is_a_definition_error(org):
     before = counts()
     doc = {"name": "nanp", "tasks": [{"key": "a", "type": "python", "config": {
-        "callable": "tests.unit.test_handlers.echo", "params": {"x": float("nan")}}}]}
+        "callable": "tests.callables.echo", "params": {"x": float("nan")}}}]}
     with pytest.raises(DefinitionError) as excinfo:
         apply_definition(organization=org, document=doc)
     assert excinfo.value.errors == [

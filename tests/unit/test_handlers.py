@@ -149,20 +149,15 @@ def test_sleep_stops_early_when_the_lease_is_lost():
         h.run(c)
 
 
-def echo(input, upstream, factor=1, context=None):
-    """Allowlisted test callable (tests. prefix)."""
-    return {"input": input, "upstream": upstream, "factor": factor, "attempt": context.attempt}
-
-
-def test_python_type_calls_allowlisted_function_with_input_upstream_and_context():
+def test_python_type_calls_a_registered_function_with_input_upstream_and_context():
     h = REGISTRY["python"]
-    cfg = h.validate_config({"callable": "tests.unit.test_handlers.echo", "params": {"factor": 2}})
+    cfg = h.validate_config({"callable": "tests.callables.echo", "params": {"factor": 2}})
     out = h.run(ctx(cfg, attempt=2, input={"x": 1}, upstream={"a": 5}))
     assert out == {"input": {"x": 1}, "upstream": {"a": 5}, "factor": 2, "attempt": 2}
 
 
-def test_python_type_refuses_a_callable_outside_the_allowlist():
-    with pytest.raises(ConfigError, match="'os.system' is not in FLOWFORGE_PYTHON_TASK_ALLOWLIST"):
+def test_python_type_refuses_a_callable_that_is_not_registered():
+    with pytest.raises(ConfigError, match="'os.system' is not a registered task callable"):
         REGISTRY["python"].validate_config({"callable": "os.system"})
 
 

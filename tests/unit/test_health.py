@@ -46,7 +46,8 @@ def test_readyz_says_which_broker_is_unreachable(settings):
 
 
 @pytest.mark.django_db
-def test_metrics_exposes_gauges_from_the_database_and_counters_from_redis(org, make_workflow):
+def test_metrics_exposes_gauges_from_the_database_and_counters_from_redis(org, make_workflow, settings):
+    settings.FLOWFORGE_METRICS_PUBLIC = True  # tests run with DEBUG off: metrics are private by default
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
     start_run(workflow=wf)
     metrics.incr("flowforge_task_attempts_total", "succeeded", amount=3)

@@ -1,0 +1,15 @@
+"""Settings of the test suite: the deployment's settings plus the suite's own task callables.
+
+pytest uses this module (pyproject's DJANGO_SETTINGS_MODULE), and the worker, clock and web
+processes the suite starts inherit it through the environment; a deployment never loads it,
+so nothing under tests/ is a task callable there.
+"""
+
+from flowforge.settings import *  # noqa: F403
+from flowforge.settings import FLOWFORGE_TASK_CALLABLES as _DEPLOYMENT_CALLABLES
+
+FLOWFORGE_TASK_CALLABLES = [
+    *_DEPLOYMENT_CALLABLES,
+    "tests.callables.echo",  # tests/unit/test_handlers.py, tests/unit/test_definitions.py
+    "tests.faults.tasks.kill_own_worker",  # the fault suite's self_killing_task scenario
+]
