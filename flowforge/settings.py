@@ -349,3 +349,8 @@ LOGGING["loggers"]["django.server"] = {
     "filters": ["redact_invitation_tokens"],
 }
 LOGGING["loggers"].setdefault("django.request", {}).setdefault("filters", []).append("redact_invitation_tokens")
+
+# --- egress policy (security: http task SSRF) ---
+# Host names and CIDRs the http task may reach although private/loopback/link-local
+# (comma-separated, e.g. "intranet.example,10.20.0.0/16"); empty: public addresses only.
+FLOWFORGE_EGRESS_ALLOW = [e.strip() for e in os.environ.get("FLOWFORGE_EGRESS_ALLOW", "").split(",") if e.strip()]
