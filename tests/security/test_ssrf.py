@@ -13,11 +13,15 @@ address check, with no connection; the metadata run is guarded against any conne
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import pytest
@@ -390,6 +394,15 @@ def test_a_malformed_allow_entry_is_an_error_naming_it(settings):
     settings.FLOWFORGE_EGRESS_ALLOW = ["10.0.0.0/8", "not a host/32"]
     with pytest.raises(egress.EgressConfigError, match="FLOWFORGE_EGRESS_ALLOW: 'not a host/32' is neither"):
         egress.check_address("10.0.0.1")
+
+
+def test_a_malformed_allow_entry_stops_the_process_at_start_up():
+    env = {**os.environ, "FLOWFORGE_EGRESS_ALLOW": "10.0.0.0/8,intranet example"}
+    done = subprocess.run([sys.executable, "manage.py", "check"], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=120)
+    assert done.returncode != 0
+    assert ("ImproperlyConfigured: FLOWFORGE_EGRESS_ALLOW: 'intranet example' is neither a CIDR"
+            in done.stderr), done.stderr[-2000:]
 
 
 # --- validation: literal addresses and reserved headers are refused at apply -----------------------
