@@ -6,11 +6,22 @@ class EngineConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Build the registry of task callables (FLOWFORGE_TASK_CALLABLES) in every process
-        (web, worker, clock, manage.py): a bad entry raises ImproperlyConfigured naming it,
-        so the process stops at start-up instead of failing tasks later."""
-        from django.conf import settings
+        """Check the engine's security settings in every process (web, worker, clock,
+        manage.py), so a bad one stops it at start-up instead of failing tasks later:
 
+        - the registry of task callables (FLOWFORGE_TASK_CALLABLES): a bad entry raises
+          ImproperlyConfigured naming it;
+        - the egress policy (FLOWFORGE_EGRESS_ALLOW): a malformed entry raises
+          ImproperlyConfigured naming it.
+        """
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+
+        from engine import egress
         from engine.handlers import callables
 
         callables.load(settings.FLOWFORGE_TASK_CALLABLES)
+        try:
+            egress.allowed()
+        except egress.EgressConfigError as exc:
+            raise ImproperlyConfigured(str(exc)) from None

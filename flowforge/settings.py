@@ -411,3 +411,8 @@ if "FLOWFORGE_PYTHON_TASK_ALLOWLIST" in os.environ:
         "call by its full dotted name in FLOWFORGE_TASK_CALLABLES (comma separated), e.g. "
         "FLOWFORGE_TASK_CALLABLES=mypackage.tasks.extract,mypackage.tasks.load"
     )
+
+# --- egress policy (security: http task SSRF) ---
+# Host names and CIDRs the http task may reach although private/loopback/link-local
+# (comma-separated, e.g. "intranet.example,10.20.0.0/16"); empty: public addresses only.
+FLOWFORGE_EGRESS_ALLOW = [e.strip() for e in os.environ.get("FLOWFORGE_EGRESS_ALLOW", "").split(",") if e.strip()]

@@ -4,26 +4,50 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-import httpx
-
-from engine.handlers.base import ConfigError, TaskContext, TaskHandler, reject_unknown, require_number
+from engine import egress
+from engine.handlers.base import (
+    ConfigError,
+    PermanentTaskError,
+    TaskContext,
+    TaskHandler,
+    reject_unknown,
+    require_number,
+)
 
 METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}
 # Largest response body read, in bytes; the rest is dropped and `truncated` is set.
 MAX_BODY_BYTES = 256 * 1024
+# Headers the client sets itself: Host (which virtual host is asked is the URL's business,
+# checked by the egress policy), the hop-by-hop headers of RFC 9110 section 7.6.1, and the
+# framing headers. Lower case; a config naming one (any case) is refused.
+RESERVED_HEADERS = frozenset({
+    "host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade", "content-length",
+})
 
 
 class HttpStatusError(RuntimeError):
     """The response's status code is not one of ``expected_status``."""
 
 
+class ReservedHeaderError(PermanentTaskError):
+    """A stored config sets a header the client owns (Host, a hop-by-hop header)."""
+
+
+def reserved_headers(headers: dict[str, str]) -> list[str]:
+    """The names in ``headers`` (as written) that are RESERVED_HEADERS, case-insensitively."""
+    return [name for name in headers if name.strip().lower() in RESERVED_HEADERS]
+
+
 class HttpHandler(TaskHandler):
     type_name = "http"
     description = (
         "One HTTP request (method, url, headers, json body, expected_status, timeout_seconds); "
-        "output is {status, headers, body} with the body parsed as JSON when it is JSON."
+        "output is {status, headers, body} with the body parsed as JSON when it is JSON. "
+        "Loopback, private, link-local and other internal addresses are refused (each redirect "
+        "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable."
     )
 
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +58,18 @@ class HttpHandler(TaskHandler):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"'url' must be an absolute http(s) URL, got {url!r}")
+        try:
+            host = parts.hostname
+        except ValueError as exc:
+            raise ConfigError(f"'url' has an invalid host ({exc}), got {url!r}") from exc
+        if not host:
+            raise ConfigError(f"'url' must name a host, got {url!r}")
+        # Only a numeric host is checked here (no DNS lookup in the web process); a host
+        # name is resolved and checked by the worker at connect time, every hop.
+        try:
+            egress.check_literal_host(unquote(host))
+        except egress.EgressDenied as exc:
+            raise ConfigError(f"'url': {exc}") from None
         method = str(config.get("method", "GET")).upper()
         if method not in METHODS:
             raise ConfigError(f"'method' must be one of {', '.join(sorted(METHODS))}, got {config.get('method')!r}")
@@ -42,6 +78,13 @@ class HttpHandler(TaskHandler):
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("'headers' must be an object of string to string")
+        refused = reserved_headers(headers)
+        if refused:
+            raise ConfigError(
+                f"'headers' may not set {', '.join(repr(h) for h in refused)}: the client sets Host "
+                "and the hop-by-hop headers (Connection, Keep-Alive, Proxy-*, TE, Trailer, "
+                "Transfer-Encoding, Upgrade, Content-Length) itself"
+            )
         expected = config.get("expected_status", [200, 201, 202, 204])
         if isinstance(expected, int):
             expected = [expected]
@@ -66,10 +109,17 @@ class HttpHandler(TaskHandler):
 
     def run(self, context: TaskContext) -> Any:
         cfg = context.config
-        kwargs: dict[str, Any] = {"headers": cfg.get("headers") or {}}
+        headers = cfg.get("headers") or {}
+        # A definition stored before these headers were refused at validation.
+        refused = reserved_headers(headers)
+        if refused:
+            raise ReservedHeaderError(f"'headers' may not set {', '.join(repr(h) for h in refused)}")
+        kwargs: dict[str, Any] = {"headers": headers}
         if "json" in cfg:
             kwargs["json"] = cfg["json"]
-        with httpx.Client(timeout=cfg.get("timeout_seconds", 30.0), follow_redirects=True) as client:
+        # Every connection, each redirect hop included, goes through the egress policy; a
+        # refusal raises EgressDenied (permanent) before anything is sent or read.
+        with egress.client(timeout=cfg.get("timeout_seconds", 30.0), follow_redirects=True) as client:
             with client.stream(cfg["method"], cfg["url"], **kwargs) as response:
                 raw = bytearray()
                 truncated = False

@@ -394,7 +394,9 @@ class _NulServer(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def nul_server():
+def nul_server(settings):
+    # Loopback is refused by the egress policy unless the deployment allows it.
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _NulServer)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

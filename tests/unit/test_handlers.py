@@ -50,12 +50,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def server():
+def loopback_server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
+
+
+@pytest.fixture
+def server(loopback_server, settings):
+    """The local server's URL, with loopback allowed by the egress policy (as a deployment
+    calling its own network would allow it); tests/security/test_ssrf.py tests the refusal."""
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
+    return loopback_server
 
 
 def test_known_types_are_registered():
