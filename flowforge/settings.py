@@ -349,3 +349,14 @@ LOGGING["loggers"]["django.server"] = {
     "filters": ["redact_invitation_tokens"],
 }
 LOGGING["loggers"].setdefault("django.request", {}).setdefault("filters", []).append("redact_invitation_tokens")
+
+# --- server-sent event streams (issue 14, finding 3) ---
+# Open event streams (API run events + web run pages) allowed per API key or per user, deployment-wide (Redis).
+FLOWFORGE_SSE_PER_PRINCIPAL = int(os.environ.get("FLOWFORGE_SSE_PER_PRINCIPAL", "5"))
+# Open event streams allowed per organization, deployment-wide (Redis).
+FLOWFORGE_SSE_PER_ORG = int(os.environ.get("FLOWFORGE_SSE_PER_ORG", "20"))
+# Open event streams per web process; keep it below the web server's threads per process so ordinary requests
+# (/healthz included) keep threads.
+FLOWFORGE_SSE_PER_PROCESS = int(os.environ.get("FLOWFORGE_SSE_PER_PROCESS", "2"))
+# Seconds between re-authorizations of an open stream (revoked key, removed member: the stream ends).
+FLOWFORGE_SSE_REAUTH_SECONDS = env_float("FLOWFORGE_SSE_REAUTH_SECONDS", 30.0)
