@@ -61,17 +61,6 @@ READY_TIMEOUT_SECONDS = 5.0
 # Seconds the hub thread sleeps at most between two looks at its work.
 _TICK_SECONDS = 5.0
 
-_UPSERT_SQL = (
-    "INSERT INTO core_runsubscription (id, organization_id, workflow_run_id, expires_at) "
-    "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) "
-    "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at"
-)
-_RENEW_SQL = (
-    "UPDATE core_runsubscription SET expires_at = now() + make_interval(secs => %s) "
-    "WHERE id = ANY(%s) RETURNING id"
-)
-_DELETE_SQL = "DELETE FROM core_runsubscription WHERE id = ANY(%s)"
-
 
 class Watch:
     """One stream's interest in one run. ``wait(timeout)`` blocks until the hub saw a
@@ -269,10 +258,9 @@ class Hub:
             new = [(k, r.sub_id, r.organization_id) for k, r in self._runs.items()
                    if r.state == "new" or (renew and r.state == "failed")]
             active = [r.sub_id for r in self._runs.values() if r.state == "active"] if renew else []
-        if deletes:
-            conn.execute(_DELETE_SQL, [deletes])
+        live.unsubscribe(conn, deletes)
         if active:
-            kept = {row[0] for row in conn.execute(_RENEW_SQL, [live.SUBSCRIPTION_SECONDS, active])}
+            kept = live.renew(conn, active)
             lost = set(active) - kept  # purged while the hub was stalled: subscribe again
             if lost:
                 with self._lock:
@@ -281,7 +269,7 @@ class Hub:
                             new.append((k, r.sub_id, r.organization_id))
         for key, sub_id, organization_id in new:
             try:
-                conn.execute(_UPSERT_SQL, [sub_id, organization_id, key, live.SUBSCRIPTION_SECONDS])
+                live.subscribe(conn, organization_id=organization_id, run_id=uuid.UUID(key), sub_id=sub_id)
                 state = "active"
             except psycopg.IntegrityError as exc:
                 # The run is not committed yet (or is gone): its streams poll; retried at the next renewal.
@@ -300,8 +288,7 @@ class Hub:
         # Runs unwatched while being subscribed: their rows go now rather than at the next tick.
         with self._lock:
             late, self._to_delete = self._to_delete, []
-        if late:
-            conn.execute(_DELETE_SQL, [late])
+        live.unsubscribe(conn, late)
 
     def _dispatch(self, conn: psycopg.Connection) -> None:
         """Wake the Watches of every run named by the notifications received so far."""
