@@ -48,6 +48,7 @@ from api.serializers import (
     WorkflowPageSerializer,
     json_depth_exceeds,
 )
+from engine import live_limits
 from engine.definitions import DefinitionError, validate_document
 from engine.models import Task, TaskDependency, TaskRun, TaskRunEvent, Workflow, WorkflowRun
 from engine.services import (
@@ -680,7 +681,9 @@ class RunEventStreamView(OrganizationAPIView):
         "Starts after `Last-Event-ID` (sent by a reconnecting EventSource) or `?after=`, sends every later event "
         "as it is committed, and ends after the run's `run_finished` event (at once if that was already sent). "
         "A comment line (`: heartbeat`) is sent after 15 s without events. The stream ends after an hour; "
-        "reconnect with Last-Event-ID.",
+        "reconnect with Last-Event-ID. It also ends, without a last message, once the key is revoked or expired "
+        "(checked at least every FLOWFORGE_SSE_REAUTH_SECONDS, 30 s by default). Open streams are limited per key "
+        "(or user), per organization and per server process: past a limit, 429 with Retry-After.",
         parameters=[
             OpenApiParameter("after", int, description="Start after this seq (default 0: the whole history)."),
             OpenApiParameter("Last-Event-ID", int, OpenApiParameter.HEADER,
@@ -702,7 +705,11 @@ class RunEventStreamView(OrganizationAPIView):
         if request.method == "HEAD":  # the headers only: no LISTEN, no worker held until the run ends
             stream = iter(())
         else:
-            stream = streaming.run_event_stream(organization_id=self.organization.pk, run_id=run.pk, after=after or 0)
+            lease = streaming.acquire_stream(request, organization_id=self.organization.pk)  # 429 past a limit
+            stream = live_limits.LeasedStream(
+                streaming.run_event_stream(organization_id=self.organization.pk, run_id=run.pk, after=after or 0,
+                                           lease=lease),
+                lease)
         response = StreamingHttpResponse(stream, content_type="text/event-stream; charset=utf-8")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once

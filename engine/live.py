@@ -1,5 +1,9 @@
 """Live listeners of a run's events: LISTEN plus a RunSubscription row that makes the
-event trigger NOTIFY for that run (engine.models.RunSubscription explains why)."""
+event trigger NOTIFY for that run (engine.models.RunSubscription explains why).
+
+These are the statements; engine.live_hub is the one listener of each web process (it
+holds the LISTEN connection and one subscription per watched run for every stream of
+the process), and the clock's housekeeping calls ``purge_expired``."""
 
 from __future__ import annotations
 
@@ -33,26 +37,39 @@ def listen_connection(*, application_name: str) -> psycopg.Connection:
     return conn
 
 
-def subscribe(conn: psycopg.Connection, *, organization_id: uuid.UUID, run_id: uuid.UUID) -> uuid.UUID:
-    """Register a listener of ``run_id`` on an autocommit connection (it commits at once)."""
-    sub_id = uuid.uuid4()
+def subscribe(conn: psycopg.Connection, *, organization_id: uuid.UUID, run_id: uuid.UUID,
+              sub_id: uuid.UUID | None = None) -> uuid.UUID:
+    """Register a listener of ``run_id`` on an autocommit connection (it commits at once)
+    for SUBSCRIPTION_SECONDS. Returns the row's id: ``sub_id`` if given, whose row is then
+    extended if it still exists (a listener subscribing again after a reconnection).
+    Raises psycopg.IntegrityError when the run does not exist (or is not committed yet)."""
+    sub_id = sub_id or uuid.uuid4()
     conn.execute(
         "INSERT INTO core_runsubscription (id, organization_id, workflow_run_id, expires_at) "
-        "VALUES (%s, %s, %s, now() + make_interval(secs => %s))",
+        "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) "
+        "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at",
         [sub_id, organization_id, run_id, SUBSCRIPTION_SECONDS],
     )
     return sub_id
 
 
-def renew(conn: psycopg.Connection, sub_id: uuid.UUID) -> None:
-    conn.execute(
-        "UPDATE core_runsubscription SET expires_at = now() + make_interval(secs => %s) WHERE id = %s",
-        [SUBSCRIPTION_SECONDS, sub_id],
+def renew(conn: psycopg.Connection, sub_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Extend the subscriptions ``sub_ids`` by SUBSCRIPTION_SECONDS, in one statement.
+    Returns the ids that still existed (a missing one was purged: subscribe it again)."""
+    if not sub_ids:
+        return set()
+    rows = conn.execute(
+        "UPDATE core_runsubscription SET expires_at = now() + make_interval(secs => %s) "
+        "WHERE id = ANY(%s) RETURNING id",
+        [SUBSCRIPTION_SECONDS, list(sub_ids)],
     )
+    return {row[0] for row in rows}
 
 
-def unsubscribe(conn: psycopg.Connection, sub_id: uuid.UUID) -> None:
-    conn.execute("DELETE FROM core_runsubscription WHERE id = %s", [sub_id])
+def unsubscribe(conn: psycopg.Connection, sub_ids: list[uuid.UUID]) -> None:
+    """Delete the subscriptions ``sub_ids`` (one statement)."""
+    if sub_ids:
+        conn.execute("DELETE FROM core_runsubscription WHERE id = ANY(%s)", [list(sub_ids)])
 
 
 def purge_expired() -> int:

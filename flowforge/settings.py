@@ -416,3 +416,14 @@ if "FLOWFORGE_PYTHON_TASK_ALLOWLIST" in os.environ:
 # Host names and CIDRs the http task may reach although private/loopback/link-local
 # (comma-separated, e.g. "intranet.example,10.20.0.0/16"); empty: public addresses only.
 FLOWFORGE_EGRESS_ALLOW = [e.strip() for e in os.environ.get("FLOWFORGE_EGRESS_ALLOW", "").split(",") if e.strip()]
+
+# --- server-sent event streams (issue 14, finding 3) ---
+# Open event streams (API run events + web run pages) allowed per API key or per user, deployment-wide (Redis).
+FLOWFORGE_SSE_PER_PRINCIPAL = int(os.environ.get("FLOWFORGE_SSE_PER_PRINCIPAL", "5"))
+# Open event streams allowed per organization, deployment-wide (Redis).
+FLOWFORGE_SSE_PER_ORG = int(os.environ.get("FLOWFORGE_SSE_PER_ORG", "20"))
+# Open event streams per web process; keep it below the web server's threads per process so ordinary requests
+# (/healthz included) keep threads.
+FLOWFORGE_SSE_PER_PROCESS = int(os.environ.get("FLOWFORGE_SSE_PER_PROCESS", "2"))
+# Seconds between re-authorizations of an open stream (revoked key, removed member: the stream ends).
+FLOWFORGE_SSE_REAUTH_SECONDS = env_float("FLOWFORGE_SSE_REAUTH_SECONDS", 30.0)

@@ -50,6 +50,7 @@ from rest_framework.exceptions import ValidationError
 
 from api.pagination import decode_cursor, encode_cursor
 from audit.models import AuditLog
+from engine import live_limits
 from engine.models import (
     RunState,
     TaskDependency,
@@ -62,6 +63,7 @@ from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, re
 from frontend import live
 from frontend.dag import render_dag_svg, render_state_legend
 from frontend.organization import organization_required
+from tenancy import reauthorization
 from tenancy.permissions import Action, Forbidden, can, require
 
 # Runs per page of the run list.
@@ -962,11 +964,25 @@ def run_live(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
 def run_stream(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     """``/runs/<id>/stream/``: server-sent ``change`` events while the run is active
     (frontend.live), then one ``end``. Outside ATOMIC_REQUESTS: a request-long
-    transaction would hold a snapshot for as long as the page is open."""
+    transaction would hold a snapshot for as long as the page is open. Past a stream
+    limit (engine.live_limits) a plain-text 429 with Retry-After names the limit."""
     run = run_or_404(request, run_id)
     raw = request.headers.get("Last-Event-ID") or request.GET.get("after") or ""
     after = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 18 else 0
-    stream = live.run_changes(organization_id=run.organization_id, run_id=run.pk, after=after)
+    user_id, organization_id = request.user.pk, run.organization_id
+
+    def reauthorize() -> bool:
+        return reauthorization.member_still_active(user_id=user_id, organization_id=organization_id)
+
+    try:
+        lease = live_limits.acquire(organization_id=organization_id, user_id=user_id, reauthorize=reauthorize)
+    except live_limits.StreamRefused as exc:
+        # The page's client then polls the live fragment instead (run-page.js).
+        refused = HttpResponse(str(exc), status=429, content_type="text/plain; charset=utf-8")
+        refused["Retry-After"] = str(exc.retry_after)
+        return refused
+    stream = live_limits.LeasedStream(
+        live.run_changes(organization_id=organization_id, run_id=run.pk, after=after, lease=lease), lease)
     response = StreamingHttpResponse(stream, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # nginx: do not buffer the stream

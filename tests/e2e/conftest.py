@@ -116,3 +116,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
     setattr(item, "rep_" + rep.when, rep)
+
+
+# --- event streams (issue 14, finding 3) ---
+@pytest.fixture(autouse=True)
+def _streams_per_process(settings):
+    """The live server is Django's threaded test server in this process (a thread per
+    request, no fixed pool to protect), and a page the browser left holds its stream
+    until the next keep-alive write: let every page the test opens stream, as in a
+    deployment with enough threads, instead of falling back to polling."""
+    settings.FLOWFORGE_SSE_PER_PROCESS = 16

@@ -1,6 +1,7 @@
 """REST API: a run's events — the list in ``seq`` order with the ``?after=`` cursor, the
 server-sent event stream (resume from Last-Event-ID or ?after=, live through LISTEN/
-NOTIFY, heartbeat, ends at run_finished, closes its LISTEN connection) and the NOTIFY
+NOTIFY, heartbeat, ends at run_finished, stops watching so the process's listener hub
+closes its LISTEN connection) and the NOTIFY
 trigger itself. Runs are driven with engine.repositories.transitions, in process."""
 
 from __future__ import annotations
@@ -156,7 +157,8 @@ def read_all(response) -> list[dict]:
 
 
 def listen_backends() -> int:
-    """Open listener connections to this database (the streams' LISTEN connections)."""
+    """Open listener connections to this database: the listener hub's LISTEN connection
+    (engine.live_hub, one per process while it serves a stream, none otherwise)."""
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_clear_snapshot()")  # else a transaction sees its first snapshot again
         cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
@@ -175,7 +177,6 @@ def wait_for(predicate, timeout: float = 5.0):
 
 def test_the_stream_resumes_after_last_event_id_and_ends_at_run_finished(api, finished_run):
     seqs = all_seqs(finished_run)
-    listening = listen_backends()
     response = stream(api, finished_run, headers={"Last-Event-ID": "2"}, query="?after=7")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/event-stream")
@@ -194,7 +195,7 @@ def test_the_stream_resumes_after_last_event_id_and_ends_at_run_finished(api, fi
     # Resumed after run_finished: nothing more will come, so it ends at once.
     assert read_all(stream(api, finished_run, headers={"Last-Event-ID": str(seqs[-1])})) == [
         {"retry": str(streaming.RETRY_MILLISECONDS)}]
-    assert wait_for(lambda: listen_backends() == listening)
+    assert wait_for(lambda: listen_backends() == 0)  # no stream open: the process holds no LISTEN connection
 
 
 def test_head_of_the_stream_answers_its_headers_without_streaming(api, monkeypatch):
@@ -224,7 +225,7 @@ def test_a_quiet_run_gets_heartbeats_and_closing_the_stream_closes_its_listen_co
     monkeypatch.setattr(streaming, "POLL_SECONDS", 0.1)
     wf = apply_definition(organization=api.org, document={"name": "quiet", "tasks": DIAMOND})
     run = start_run(workflow=wf, trigger_source="api")
-    before = listen_backends()
+    assert wait_for(lambda: listen_backends() == 0)
     response = stream(api, run)
     chunks = iter(response.streaming_content)
     seen = []
@@ -232,10 +233,10 @@ def test_a_quiet_run_gets_heartbeats_and_closing_the_stream_closes_its_listen_co
     while not any(c.startswith(b": heartbeat") for c in seen):
         seen.append(next(chunks))
         assert time.monotonic() - started < 5, seen
-    assert listen_backends() == before + 1
+    assert listen_backends() == 1  # the process's listener hub
     assert [m.get("id") for m in parse_sse(b"".join(seen).decode()) if "id" in m] == ["1"]
     response.close()  # the client went away: the WSGI server closes the response
-    assert wait_for(lambda: listen_backends() == before)
+    assert wait_for(lambda: listen_backends() == 0)  # the hub's last stream ended: it closes its connection
 
 
 @pytest.mark.django_db(transaction=True)
@@ -246,7 +247,7 @@ def test_the_stream_follows_a_live_run_through_notify_and_ends_at_run_finished(a
     api = api_factory()
     wf = apply_definition(organization=api.org, document={"name": "live", "tasks": DIAMOND})
     run = start_run(workflow=wf, trigger_source="api")
-    listening = listen_backends()
+    assert wait_for(lambda: listen_backends() == 0)
     received: list[tuple[float, bytes]] = []
     finished = threading.Event()
 
@@ -263,7 +264,7 @@ def test_the_stream_follows_a_live_run_through_notify_and_ends_at_run_finished(a
     consumer = threading.Thread(target=consume)
     consumer.start()
     assert wait_for(lambda: any(c.startswith(b"id: 1\n") for _, c in received)), received
-    assert wait_for(lambda: listen_backends() == listening + 1)
+    assert wait_for(lambda: listen_backends() == 1)
     for _ in range(10):
         before = len(received)
         done = step(run.pk)
@@ -276,7 +277,7 @@ def test_the_stream_follows_a_live_run_through_notify_and_ends_at_run_finished(a
     ids = [int(m["id"]) for m in parse_sse(b"".join(c for _, c in received).decode()) if "id" in m]
     assert ids == all_seqs(run)
     assert json.loads(received[-1][1].decode().split("data: ", 1)[1])["kind"] == "run_finished"
-    assert wait_for(lambda: listen_backends() == listening)
+    assert wait_for(lambda: listen_backends() == 0)
 
 
 # --- the trigger ----------------------------------------------------------------------------------
@@ -287,7 +288,7 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
     org = make_org()
     wf = apply_definition(organization=org, document={"name": "t", "tasks": DIAMOND[:1]})
     run = start_run(workflow=wf)
-    listener = streaming.listen_connection()
+    listener = live.listen_connection(application_name="flowforge-test-listener")
     try:
         # Nobody subscribed to the run: its events are not announced (no commit serialization).
         with transaction.atomic():
