@@ -171,3 +171,31 @@ def test_the_upstream_cap_is_a_setting(org, settings):
                                         lease_seconds=60)
     # "[1, 2]" is 6 bytes: a fits (6 <= 10), b does not (12 > 10).
     assert started.upstream == {"a": [1, 2], "b": {"$ref": "task_output", "task": "b", "bytes": 6, "truncated": True}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_failing_with_a_1_mb_message_stores_and_serves_a_bounded_error(api, monkeypatch):
+    """An exception's message is the other unbounded thing a task hands back: it is stored
+    on the task run and in its event's detail, which the run detail, the event pages and
+    the event stream all serve. A task raising 1 MB leaves at most MAX_ERROR_CHARS."""
+    from engine import runtime
+    from engine.handlers import REGISTRY
+    from tests.unit.test_runtime_inprocess import drive
+
+    monkeypatch.setattr(runtime, "_heartbeater", runtime.Heartbeater(interval_seconds=3600, lease_seconds=30))
+
+    def explode(context):
+        raise RuntimeError("y" * 1_000_000)
+
+    monkeypatch.setattr(REGISTRY["noop"], "run", explode)
+    wf = apply_definition(organization=api.org, document={"name": "boom", "tasks": [{"key": "a", "type": "noop"}]})
+    run = start_run(workflow=wf)
+    drive(run.pk)
+    (task_run,) = TaskRun.objects.for_organization(api.org).filter(workflow_run=run)
+    assert task_run.state == "failed"
+    assert len(task_run.error) <= runtime.MAX_ERROR_CHARS and task_run.error.startswith("RuntimeError: yyy")
+    assert "more characters cut)" in task_run.error
+    detail = api.get(f"/api/v1/runs/{run.pk}/", role=Role.VIEWER)
+    events = api.get(f"/api/v1/runs/{run.pk}/events/", role=Role.VIEWER)
+    assert detail.status_code == events.status_code == 200
+    assert len(detail.content) < 20_000 and len(events.content) < 20_000, (len(detail.content), len(events.content))
