@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from engine.models import RunState, TaskRun, TaskRunEvent, Workflow, WorkflowRun, WorkflowState
+from engine.outputs import output_or_summary
 from tenancy.apikeys import NAME_MAX_LENGTH
 from tenancy.models import ApiKey, Role
 
@@ -213,14 +216,30 @@ class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
 
 
 class TaskRunSerializer(serializers.ModelSerializer):
+    """A task run of a run's detail. Expects the task runs from
+    ``engine.outputs.with_output_sizes``: an output over FLOWFORGE_INLINE_OUTPUT_BYTES is
+    then a summary ``{"truncated": true, "bytes": <size of its JSON text>, "url": <GET
+    for the whole output>}`` instead of the output, and the output is never loaded.
+    ``context["request"]``, when given, makes the URL absolute."""
+
     key = serializers.CharField(source="task.key", read_only=True)
     task_id = serializers.UUIDField(read_only=True)
+    output = serializers.SerializerMethodField(
+        help_text="The output; or, over FLOWFORGE_INLINE_OUTPUT_BYTES, a summary with the URL of the whole output.")
 
     class Meta:
         model = TaskRun
         fields = ["id", "key", "task_id", "state", "attempt", "output", "error",
                   "created_at", "started_at", "finished_at"]
         read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.ANY)
+    def get_output(self, task_run) -> Any:
+        if not hasattr(task_run, "output_bytes"):  # a task run read without with_output_sizes
+            return task_run.output
+        path = reverse("api:run-task-output", kwargs={"run_id": task_run.workflow_run_id, "pk": task_run.pk})
+        request = self.context.get("request")
+        return output_or_summary(task_run, url=request.build_absolute_uri(path) if request is not None else path)
 
 
 class RunSerializer(_RunFieldsMixin, serializers.ModelSerializer):

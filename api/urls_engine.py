@@ -15,6 +15,8 @@ urlpatterns = [
     path("runs/<uuid:pk>/", views.RunDetailView.as_view(), name="run-detail"),
     path("runs/<uuid:pk>/cancel/", views.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<uuid:pk>/retry/", views.RunRetryView.as_view(), name="run-retry"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/output/", views.RunTaskOutputView.as_view(),
+         name="run-task-output"),
     path("runs/<uuid:pk>/events/", views.RunEventListView.as_view(), name="run-events"),
     path("runs/<uuid:pk>/events/stream/", views.RunEventStreamView.as_view(), name="run-event-stream"),
 ]

@@ -51,6 +51,7 @@ from api.serializers import (
 from engine import live_limits
 from engine.definitions import DefinitionError, validate_document
 from engine.models import Task, TaskDependency, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.outputs import with_output_sizes
 from engine.services import (
     ConfirmationRequired,
     IdempotencyConflict,
@@ -145,14 +146,17 @@ def _run_detail(organization, pk) -> WorkflowRun:
 
 def _run_queryset(organization):
     """Runs with what RunSerializer reads: the run (with workflow and user), its task runs
-    with their tasks — two queries."""
+    with their tasks — two queries. Task outputs are not loaded: their sizes are, and
+    the outputs small enough to inline (engine.outputs.with_output_sizes)."""
     return (
         WorkflowRun.objects.for_organization(organization)
         .select_related("workflow", "triggered_by")
         .prefetch_related(
             Prefetch(
                 "task_runs",
-                queryset=TaskRun.objects.for_organization(organization).select_related("task").order_by("created_at", "id"),
+                queryset=with_output_sizes(
+                    TaskRun.objects.for_organization(organization).select_related("task").order_by("created_at", "id")
+                ),
             )
         )
     )
@@ -525,7 +529,7 @@ class RunListView(OrganizationAPIView):
         headers = {"Location": _run_url(request, run)}
         if not created:
             headers[idempotency.REPLAYED_HEADER] = "true"
-        body = RunSerializer(_run_detail(self.organization, run.pk)).data
+        body = RunSerializer(_run_detail(self.organization, run.pk), context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK, headers=headers)
 
     def _resolve(self, data) -> Workflow:
@@ -549,12 +553,14 @@ class RunDetailView(_RunView):
         operation_id="runs_retrieve",
         summary="Get a run",
         description="A run with its input and its task runs (key, state, attempt, output, error, times); "
-        "`retry_of` is the run it retries, `trigger` the cron trigger that started it.",
+        "`retry_of` is the run it retries, `trigger` the cron trigger that started it. An output larger than "
+        "FLOWFORGE_INLINE_OUTPUT_BYTES (4 KiB by default) of JSON is not inlined: its place holds "
+        "`{\"truncated\": true, \"bytes\": <size>, \"url\": <runs_task_output URL>}`.",
         responses={200: RunSerializer},
         examples=[OpenApiExample("run", response_only=True, value=RUN_EXAMPLE)],
     )
     def get(self, request, pk):
-        return Response(RunSerializer(self.get_object()).data)
+        return Response(RunSerializer(self.get_object(), context={"request": request}).data)
 
 
 class RunCancelView(_RunView):
@@ -580,7 +586,7 @@ class RunCancelView(_RunView):
         run = self.get_object()
         if not changed:
             raise Conflict(f"The run has already finished ({run.state}).")
-        return Response(RunSerializer(run).data)
+        return Response(RunSerializer(run, context={"request": request}).data)
 
 
 class RunRetryView(_RunView):
@@ -607,8 +613,36 @@ class RunRetryView(_RunView):
             new = retry_run(actor=self.actor, run=self.get_object())
         except (RunNotFinished, WorkflowNotStartable) as exc:
             raise Conflict(str(exc)) from exc
-        return Response(RunSerializer(_run_detail(self.organization, new.pk)).data, status=status.HTTP_201_CREATED,
+        return Response(RunSerializer(_run_detail(self.organization, new.pk), context={"request": request}).data,
+                        status=status.HTTP_201_CREATED,
                         headers={"Location": _run_url(request, new)})
+
+
+class RunTaskOutputView(OrganizationAPIView):
+    """GET /runs/<run_id>/task-runs/<id>/output/ — one task run's whole output (the URL a
+    run's detail gives for an output too large to inline)."""
+
+    required_action = {"GET": Action.READ}
+
+    def get_scoped_queryset(self):
+        return TaskRun.objects.for_organization(self.organization).filter(
+            workflow_run_id=self.kwargs["run_id"]).select_related("task").only(
+            "id", "organization_id", "workflow_run_id", "state", "output", "task__key")
+
+    @extend_schema(
+        operation_id="runs_task_output",
+        summary="Get a task run's output",
+        description="The whole output of one task run of the run (at most FLOWFORGE_MAX_OUTPUT_BYTES of JSON): "
+        "`output` is null while the task has none.",
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="`{id, key, state, output}`.")},
+        examples=[OpenApiExample("output", response_only=True, value={
+            "id": "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a", "key": "extract", "state": "succeeded",
+            "output": {"rows": 1200}})],
+    )
+    def get(self, request, run_id, pk):
+        task_run = self.get_object()
+        return Response({"id": str(task_run.pk), "key": task_run.task.key, "state": task_run.state,
+                         "output": task_run.output})
 
 
 # --- run events -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from typing import Any
 
 import yaml
@@ -33,6 +34,9 @@ TASK_FIELDS = {
 }
 DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds"}
 MAX_TASKS = 5000
+# Problems listed in one DefinitionError; past it one more entry says how many were left out
+# (a document can hold tens of thousands of bad references, and the answer stays small).
+MAX_ERRORS_LISTED = 200
 MAX_ATTEMPTS_LIMIT = 100
 # Longest task attempt (timeout_seconds) and run (the workflow's timeout_seconds): 30 and
 # 365 days. Beyond them a timestamp of PostgreSQL's range would be computed from them.
@@ -52,6 +56,11 @@ class DefinitionError(ValueError):
     names the task (``tasks[extract].config``) or field where the problem is."""
 
     def __init__(self, errors: list[dict[str, str]]):
+        if len(errors) > MAX_ERRORS_LISTED:
+            left_out = len(errors) - MAX_ERRORS_LISTED
+            errors = errors[:MAX_ERRORS_LISTED] + [
+                {"path": "document", "message": f"{left_out} more problem{'s' if left_out != 1 else ''} not listed"}
+            ]
         self.errors = errors
         super().__init__("; ".join(f"{e['path']}: {e['message']}" for e in errors))
 
@@ -134,39 +143,37 @@ def _parse_document(text: str, *, filename: str = "") -> dict[str, Any]:
 
 
 def _find_cycle(keys: list[str], deps: dict[str, list[str]]) -> list[str] | None:
-    """Return the keys of one cycle in order (first key repeated at the end), or None."""
+    """Return the keys of one cycle in order (first key repeated at the end), or None.
+
+    An iterative depth-first search: O(tasks + dependencies), no recursion (a chain of
+    MAX_TASKS tasks needs no raised recursion limit, which is process-wide state).
+    Dependencies naming no key in ``keys`` are ignored.
+    """
     WHITE, GREY, BLACK = 0, 1, 2
     color = dict.fromkeys(keys, WHITE)
-    stack: list[str] = []
-
-    def visit(k: str) -> list[str] | None:
-        color[k] = GREY
-        stack.append(k)
-        for d in deps.get(k, []):
-            if d not in color:
-                continue
-            if color[d] == GREY:
-                return stack[stack.index(d):] + [d]
-            if color[d] == WHITE:
-                found = visit(d)
-                if found:
-                    return found
-        stack.pop()
-        color[k] = BLACK
-        return None
-
-    import sys
-
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, MAX_TASKS * 2 + 100))
-    try:
-        for k in keys:
-            if color[k] == WHITE:
-                found = visit(k)
-                if found:
-                    return found
-    finally:
-        sys.setrecursionlimit(old)
+    for root in keys:
+        if color[root] != WHITE:
+            continue
+        color[root] = GREY
+        path = [root]  # the grey keys, in order
+        where = {root: 0}  # a grey key's place on path, to cut the cycle out in O(1)
+        todo = [iter(deps.get(root, ()))]
+        while todo:
+            for d in todo[-1]:
+                state = color.get(d)
+                if state == GREY:
+                    return path[where[d]:] + [d]
+                if state == WHITE:
+                    color[d] = GREY
+                    where[d] = len(path)
+                    path.append(d)
+                    todo.append(iter(deps.get(d, ())))
+                    break
+            else:  # every dependency of path[-1] is done
+                todo.pop()
+                done = path.pop()
+                del where[done]
+                color[done] = BLACK
     return None
 
 
@@ -191,14 +198,31 @@ def _number(errors, path, value, *, minimum, integer=False, allow_none=False, ma
     return int(value) if integer else float(value)
 
 
+def dependency_limits() -> tuple[int, int]:
+    """(dependencies per task, dependencies per workflow) allowed: the settings
+    FLOWFORGE_MAX_DEPENDENCIES_PER_TASK and FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW."""
+    from django.conf import settings
+
+    return (int(getattr(settings, "FLOWFORGE_MAX_DEPENDENCIES_PER_TASK", 1000)),
+            int(getattr(settings, "FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW", 50_000)))
+
+
 def validate_document(doc: Any) -> dict[str, Any]:
     """Validate a parsed definition and return its normalized form.
 
     Rejects, naming the task and the problem: a missing or malformed name, an
-    empty workflow, duplicate task keys, an unknown dependency, a self-dependency,
-    a cycle (listing the keys on it), an unknown type and a config that the type
-    rejects. Raises DefinitionError with every problem found.
+    empty workflow, more than MAX_TASKS tasks, duplicate task keys, a task listing more
+    dependencies than FLOWFORGE_MAX_DEPENDENCIES_PER_TASK, a workflow with more than
+    FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW in total, an unknown dependency, a
+    self-dependency, a cycle (listing the keys on it), an unknown type and a config
+    that the type rejects. Raises DefinitionError with the problems found (at most
+    MAX_ERRORS_LISTED of them, then how many more).
+
+    Time is linear in the size of the document (tasks + dependencies + configs): every
+    membership test is a set or dict lookup, and the cycle search visits each edge once.
     """
+    per_task_limit, per_workflow_limit = dependency_limits()
+    edge_count = 0
     errors: list[dict[str, str]] = []
     if not isinstance(doc, dict):
         raise DefinitionError([{"path": "document", "message": "a definition must be an object with name and tasks"}])
@@ -274,13 +298,21 @@ def validate_document(doc: Any) -> dict[str, Any]:
         if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
             errors.append({"path": f"{where}.depends_on", "message": "must be a list of task keys"})
             depends_on = []
-        for dep in dict.fromkeys(depends_on):
-            times = depends_on.count(dep)
+        too_many = len(depends_on) > per_task_limit
+        if too_many:
+            errors.append({
+                "path": f"{where}.depends_on",
+                "message": f"task {key!r} lists {len(depends_on)} dependencies; at most {per_task_limit} "
+                "per task (FLOWFORGE_MAX_DEPENDENCIES_PER_TASK)",
+            })
+            depends_on = []  # not looked at further: one error says it all
+        for dep, times in Counter(depends_on).items():  # one pass (list.count per key was quadratic)
             if times > 1:
                 errors.append({
                     "path": f"{where}.depends_on",
                     "message": f"lists dependency {dep!r} {'twice' if times == 2 else f'{times} times'}",
                 })
+        edge_count += len(depends_on)
         max_attempts = _number(errors, f"{where}.max_attempts", raw.get("max_attempts", 1), minimum=1, integer=True)
         if max_attempts is not None and max_attempts > MAX_ATTEMPTS_LIMIT:
             errors.append({"path": f"{where}.max_attempts", "message": f"at most {MAX_ATTEMPTS_LIMIT}"})
@@ -309,6 +341,8 @@ def validate_document(doc: Any) -> dict[str, Any]:
         ):
             errors.append({"path": f"{where}.edge_labels", "message": "must map a dependency key to a label"})
             edge_labels = {}
+        if too_many:  # reported above; its labels are not looked at either
+            edge_labels = {}
         for dep, label in edge_labels.items():
             if len(label) > MAX_LABEL_LENGTH:
                 errors.append({
@@ -334,6 +368,12 @@ def validate_document(doc: Any) -> dict[str, Any]:
             task["edge_labels"] = dict(edge_labels)
         normalized.append(task)
 
+    if edge_count > per_workflow_limit:
+        errors.append({
+            "path": "tasks",
+            "message": f"the workflow lists {edge_count} dependencies in total; at most {per_workflow_limit} "
+            "(FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW)",
+        })
     keys = [t["key"] for t in normalized]
     known = set(keys)
     for t in normalized:
@@ -342,9 +382,13 @@ def validate_document(doc: Any) -> dict[str, Any]:
                 errors.append({"path": f"tasks[{t['key']}].depends_on", "message": "a task cannot depend on itself"})
             elif d not in known and d not in seen:
                 errors.append({"path": f"tasks[{t['key']}].depends_on", "message": f"unknown dependency {d!r}"})
-        for label_key in t.get("edge_labels", {}):
-            if label_key not in t["depends_on"]:
-                errors.append({"path": f"tasks[{t['key']}].edge_labels", "message": f"{label_key!r} is not a dependency"})
+        labels = t.get("edge_labels", {})
+        if labels:
+            listed = set(t["depends_on"])
+            for label_key in labels:
+                if label_key not in listed:
+                    errors.append({"path": f"tasks[{t['key']}].edge_labels",
+                                   "message": f"{label_key!r} is not a dependency"})
     if not errors:
         cycle = _find_cycle(keys, {t["key"]: [d for d in t["depends_on"] if d != t["key"]] for t in normalized})
         if cycle:

@@ -282,6 +282,22 @@ def _transition_batch(items: list[_Start | _Success]) -> list:
 _transitions: Combiner = Combiner(_transition_batch)
 
 
+# Characters of a failed attempt's error kept (the task run's ``error`` and its event's
+# detail): a handler's exception message is unbounded, and every run detail, event page
+# and event stream would carry it once per attempt.
+MAX_ERROR_CHARS = 4000
+
+
+def error_text(exc: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``, cut to MAX_ERROR_CHARS characters (an ellipsis and
+    how many characters were dropped mark a cut)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    note = f"… ({len(text) - MAX_ERROR_CHARS + 60} more characters cut)"
+    return text[: MAX_ERROR_CHARS - 60] + note
+
+
 class OutputTooLarge(PermanentTaskError):
     """A handler returned more than FLOWFORGE_MAX_OUTPUT_BYTES of output."""
 
@@ -523,7 +539,7 @@ def _execute(
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)
-        error = f"{type(exc).__name__}: {exc}"
+        error = error_text(exc)
         log.info(
             "task %s (run %s) attempt %s failed: %s",
             started.task_key, started.workflow_run_id, started.attempt, error,

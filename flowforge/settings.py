@@ -427,3 +427,14 @@ FLOWFORGE_SSE_PER_ORG = int(os.environ.get("FLOWFORGE_SSE_PER_ORG", "20"))
 FLOWFORGE_SSE_PER_PROCESS = int(os.environ.get("FLOWFORGE_SSE_PER_PROCESS", "2"))
 # Seconds between re-authorizations of an open stream (revoked key, removed member: the stream ends).
 FLOWFORGE_SSE_REAUTH_SECONDS = env_float("FLOWFORGE_SSE_REAUTH_SECONDS", 30.0)
+
+# --- limits: definition size and aggregate sizes (issue 14, finding 3) ---
+# Dependencies one task may list (depends_on): a fan-in of up to this many tasks. Also
+# bounds the per-completion fan-in check of the engine (dependencies of a dependent).
+FLOWFORGE_MAX_DEPENDENCIES_PER_TASK = int(os.environ.get("FLOWFORGE_MAX_DEPENDENCIES_PER_TASK", "1000"))
+# Dependencies (edges) of one workflow version in total.
+FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW = int(os.environ.get("FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW", "50000"))
+# Bytes of dependency outputs (JSON text) handed whole to one task; the rest are summaries.
+FLOWFORGE_MAX_UPSTREAM_BYTES = int(os.environ.get("FLOWFORGE_MAX_UPSTREAM_BYTES", str(1024 * 1024)))
+# Outputs larger than this (bytes of JSON text) are summarized with a link in run details.
+FLOWFORGE_INLINE_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_INLINE_OUTPUT_BYTES", str(4 * 1024)))

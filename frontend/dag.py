@@ -50,6 +50,13 @@ LABEL_MAX_LINES = 2
 # Above this many tasks grandalf's pure-Python Sugiyama gets slow (about 0.3 s at 250);
 # a longest-path layering with one barycentre pass stands in for it.
 GRANDALF_MAX_TASKS = 250
+# ... and when its edges would span more than this many layers in all: its crossing
+# reduction works on a dummy vertex per layer a long edge crosses (2,500 took 0.4 s;
+# 250 tasks with 500 long edges, 7 s).
+GRANDALF_MAX_DUMMIES = 2000
+# Above this many edges no graph is drawn (a note says so): the SVG grows by ~250 bytes
+# an edge, and a page showing 50,000 of them helps nobody.
+MAX_DRAWN_EDGES = 5000
 # Drawings wider than this (user units) are shown at their natural size in a scrolling
 # box (class "dag-scroll") instead of being shrunk to the page's width ("dag-fit").
 FIT_MAX_WIDTH = 1800
@@ -228,9 +235,11 @@ def _layered_grandalf(
     return corners, bends
 
 
-def _layered_simple(ids: list[str], pairs: list[tuple[str, str]], box: Box, gap_x: float) -> dict[str, Point]:
-    """Longest-path columns, left to right, each ordered by the mean row of its tasks'
-    upstream tasks: linear time, for graphs too big for grandalf."""
+def _longest_path_layers(
+    ids: list[str], pairs: list[tuple[str, str]]
+) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """(column of each task: its longest distance from a root, upstream ids of each task),
+    in O(tasks + edges). Tasks on a cycle (never in a stored definition) stay in column 0."""
     upstream: dict[str, list[str]] = {i: [] for i in ids}
     downstream: dict[str, list[str]] = {i: [] for i in ids}
     for src, dst in pairs:
@@ -248,6 +257,19 @@ def _layered_simple(ids: list[str], pairs: list[tuple[str, str]], box: Box, gap_
                 if indegree[d] == 0:
                     nxt.append(d)
         queue = nxt
+    return layer, upstream
+
+
+def _long_edge_spans(ids: list[str], pairs: list[tuple[str, str]]) -> int:
+    """How many columns the edges skip in all (a layered layout's dummy vertices)."""
+    layer, _ = _longest_path_layers(ids, pairs)
+    return sum(max(0, layer[dst] - layer[src] - 1) for src, dst in pairs)
+
+
+def _layered_simple(ids: list[str], pairs: list[tuple[str, str]], box: Box, gap_x: float) -> dict[str, Point]:
+    """Longest-path columns, left to right, each ordered by the mean row of its tasks'
+    upstream tasks: linear time, for graphs too big for grandalf."""
+    layer, upstream = _longest_path_layers(ids, pairs)
     layers: dict[int, list[str]] = {}
     for i in ids:  # tasks on a cycle (never in a stored definition) stay in column 0
         layers.setdefault(layer[i], []).append(i)
@@ -374,6 +396,8 @@ def render_dag_svg(
     naming unknown tasks are left out. ``states``: task id -> task-run state; each
     node then gets ``class="node state-<state>"``, its colour and a state label.
     ``link``: task mapping -> URL (or a task-id -> URL mapping) to make nodes links.
+    Above MAX_DRAWN_EDGES edges nothing is drawn: the SVG holds a note saying so.
+    Time and size are linear in tasks + edges (grandalf only for small graphs).
 
     Every text is escaped; the result has no script and no style attribute.
     """
@@ -389,6 +413,8 @@ def render_dag_svg(
             seen_pairs.add((src, dst))
             edge_list.append((src, dst, label_lines(label)))
     pairs = [(s, d) for s, d, _ in edge_list]
+    if len(edge_list) > MAX_DRAWN_EDGES:
+        return _too_large_svg(len(tasks), len(edge_list))
 
     box = _node_box(tasks, with_states=bool(states))
     widest_label = max((_label_width(lines) for _, _, lines in edge_list if lines), default=0.0)
@@ -401,7 +427,7 @@ def render_dag_svg(
     elif all(t.get("position_x") is not None and t.get("position_y") is not None for t in tasks):
         corners = _positions_from_canvas(tasks, box, gap_x)
         layout = "positions"
-    elif len(tasks) <= GRANDALF_MAX_TASKS:
+    elif len(tasks) <= GRANDALF_MAX_TASKS and _long_edge_spans(ids, pairs) <= GRANDALF_MAX_DUMMIES:
         corners, bends = _layered_grandalf(ids, pairs, box, gap_x)
         layout = "layered"
     else:
@@ -454,6 +480,18 @@ def render_dag_svg(
         f'<g class="edge-labels">{"".join(label_out)}</g>'
         f'<g class="nodes">{"".join(node_out)}</g>'
         "</svg>"
+    )
+
+
+def _too_large_svg(n_tasks: int, n_edges: int) -> SafeString:
+    """The stand-in for a graph with more than MAX_DRAWN_EDGES edges: a note, no drawing."""
+    note = (f"Too large to draw: {n_tasks} tasks and {n_edges} dependencies "
+            f"(at most {MAX_DRAWN_EDGES} dependencies are drawn). The task table lists them all.")
+    return mark_safe(  # noqa: S308 — only numbers are interpolated
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="dag dag-fit" data-layout="too-large" '
+        f'viewBox="0 0 900 60" width="900" height="60" role="img" aria-label="{note}" '
+        f'font-family="{escape(FONT_FAMILY)}"><text x="450" y="30" text-anchor="middle" dy="0.35em" '
+        f'font-size="13" fill="{MUTED_COLOUR}">{note}</text></svg>'
     )
 
 

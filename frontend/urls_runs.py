@@ -10,6 +10,7 @@ urlpatterns: list = [
     path("runs/<uuid:run_id>/live/", runs.run_live, name="run_live"),
     path("runs/<uuid:run_id>/stream/", runs.run_stream, name="run_stream"),
     path("runs/<uuid:run_id>/events/", runs.run_events, name="run_events"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/output/", runs.run_task_output, name="run_task_output"),
     path("runs/<uuid:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<uuid:run_id>/retry/", runs.run_retry, name="run_retry"),
     path("audit/", audit.audit_list, name="audit"),

@@ -79,6 +79,10 @@ class StartedAttempt:
     fencing_token: int
     timeout_seconds: float | None
     run_input: dict[str, Any]
+    # Each dependency's output by task key. Outputs are handed whole, by key in order,
+    # while their running total of JSON text stays within FLOWFORGE_MAX_UPSTREAM_BYTES;
+    # each one past it is a summary instead:
+    # {"$ref": "task_output", "task": <key>, "bytes": <size of its JSON>, "truncated": true}.
     upstream: dict[str, Any]
     # Seconds from this generation's claim to its start (None if the claim event is gone).
     dispatch_latency_seconds: float | None = None
@@ -564,11 +568,17 @@ _STARTED_EVENTS = """
 _STARTED_SELECT = """
 SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
        s.fencing_token, s.timeout_seconds, r.input,
-       COALESCE((SELECT jsonb_object_agg(uk.key, u.output)
-                 FROM core_taskdependency d
-                 JOIN core_task uk ON uk.id = d.depends_on_id
-                 JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
-                 WHERE d.task_id = s.task_id), '{}'::jsonb),
+       -- Dependency outputs by key, whole while their running total of JSON bytes (by key)
+       -- fits %(upstream_bytes)s; each one past it as a summary (StartedAttempt.upstream).
+       COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
+                    ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
+                                            'truncated', true) END)
+                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
+                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                       FROM core_taskdependency d
+                       JOIN core_task uk ON uk.id = d.depends_on_id
+                       JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
+                       WHERE d.task_id = s.task_id) x), '{}'::jsonb),
        -- idx_event_taskrun_created: this generation's claim, for the dispatch-latency metric.
        EXTRACT(EPOCH FROM clock_timestamp() - (
            SELECT e.created_at FROM core_taskrunevent e
@@ -913,6 +923,14 @@ def complete_successes(
     return results, claimed
 
 
+def _upstream_bytes() -> int:
+    """FLOWFORGE_MAX_UPSTREAM_BYTES: bytes of dependency outputs (JSON text) one task is
+    handed whole (StartedAttempt.upstream)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "FLOWFORGE_MAX_UPSTREAM_BYTES", 1024 * 1024))
+
+
 def start_and_complete(
     *,
     starts: Sequence[StartRequest],
@@ -964,6 +982,7 @@ def start_and_complete(
             owners=[r.owner for r in to_start],
             start_outbox=[r.outbox_id for r in to_start],
             worker_lease=float(worker_lease_seconds),
+            upstream_bytes=_upstream_bytes(),
         )
         if successes:  # both UPDATEs in the first statement (_START_SUCCEED_SQL)
             statements[0] = _START_SUCCEED_SQL

@@ -59,6 +59,7 @@ from engine.models import (
     Workflow,
     WorkflowRun,
 )
+from engine.outputs import output_bytes_expression
 from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, retry_run
 from frontend import live
 from frontend.dag import render_dag_svg, render_state_legend
@@ -101,6 +102,15 @@ def human_duration(seconds: float | None) -> str:
         return f"{m} m {s:02d} s"
     h, rem = divmod(int(seconds), 3600)
     return f"{h} h {rem // 60:02d} m"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as "812 B", "4.0 KiB", "255.0 KiB", "1.2 MiB"."""
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
 
 
 def _seconds(start: dt.datetime | None, end: dt.datetime | None) -> float | None:
@@ -461,6 +471,8 @@ class TaskRow:
     attempts: list[Attempt]
     output_preview: str
     error_preview: str
+    output_bytes: int | None = None  # size of the output's JSON text
+    output_url: str = ""  # the whole output, when the preview is cut
 
     @property
     def duration(self) -> str:
@@ -629,6 +641,9 @@ def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
         error = (f'<span class="error-text" title="{_esc(r.error_preview)}">{_esc(r.error_preview)}</span>'
                  if r.error_preview else "")
         output = f'<code class="output">{_esc(r.output_preview)}</code>' if r.output_preview else ""
+        if r.output_url:
+            output += (f' <a class="output-link" href="{_esc(r.output_url)}">whole output'
+                       f' ({_esc(human_bytes(r.output_bytes or 0))})</a>')
         out.append(
             f'<tr id="task-{key}" class="task-row state-{state}" data-task-key="{key}">'
             f'<td class="mono key">{key}</td><td><span class="type">{_esc(r.type)}</span></td>'
@@ -819,9 +834,11 @@ def build_run_view(
         .values_list(
             "id", "task_id", "task__key", "task__type", "state", "task__max_attempts", "task__position_x",
             "task__position_y", "started_at", "finished_at",
-            # Outputs (up to 256 KiB each) and errors are cut in the database.
+            # Outputs (up to 256 KiB each) and errors are cut in the database; an output's
+            # size is read there too, for the link to the whole output.
             Left(Cast("output", TextField()), OUTPUT_PREVIEW_CHARS + 1),
             Left(F("error"), ERROR_PREVIEW_CHARS + 1),
+            output_bytes_expression(),
         )
     )
     edges = list(
@@ -838,15 +855,19 @@ def build_run_view(
     )
     attempts = attempts_from_events(attempt_events)
     depth = depth_of((tr[1] for tr in task_runs), ((t, d) for t, d, _ in edges))
+    run_path = reverse("frontend:run_detail", kwargs={"run_id": run.pk})  # once, not per row
     rows = [
         TaskRow(
             id=tr_id, task_id=task_id, key=key, type=type_, state=state, max_attempts=max_attempts,
             position_x=px, position_y=py, started_at=started_at, finished_at=finished_at,
             depth=depth.get(task_id, 0), attempts=attempts.get(tr_id, []),
             output_preview=_cut(output, OUTPUT_PREVIEW_CHARS), error_preview=_cut(error, ERROR_PREVIEW_CHARS),
+            # A preview that was cut links to the whole output.
+            output_bytes=output_bytes,
+            output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
         )
-        for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, output, error)
-        in task_runs
+        for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, output, error,
+             output_bytes) in task_runs
     ]
     rows.sort(key=lambda r: (r.depth, r.key))
     keys = {r.id: r.key for r in rows}
@@ -1016,6 +1037,25 @@ def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
         "after": after,
     }
     return render(request, "frontend/runs/events.html", context)
+
+
+@require_GET
+@organization_required
+def run_task_output(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.UUID) -> HttpResponse:
+    """``/runs/<id>/tasks/<task run id>/output/``: one task run's whole output as JSON
+    (the run page shows a cut preview). 404 for a task run not of this run, or another
+    organization's."""
+    run = run_or_404(request, run_id)
+    found = list(
+        TaskRun.objects.for_organization(request.membership.organization)
+        .filter(workflow_run=run, pk=task_run_id)
+        .values_list(Cast("output", TextField()), flat=True)[:1]
+    )
+    if not found:
+        raise Http404("no such task run")
+    response = HttpResponse(found[0] if found[0] is not None else "null", content_type="application/json")
+    response["Content-Disposition"] = f'inline; filename="{task_run_id}-output.json"'
+    return response
 
 
 def _authorize_operate(request: HttpRequest) -> None:

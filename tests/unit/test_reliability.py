@@ -275,10 +275,12 @@ def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_
                     " finished_at = clock_timestamp() WHERE id = ANY(%s)", [ids])
     params = {"ids": ids, "tokens": tokens, "outputs": ["null"] * 8, "lease": 60.0,
               "start_ids": ids, "start_tokens": tokens, "owners": ["w"] * 8, "worker_lease": 60.0,
-              "start_outbox": [None] * 8, "owner": "test", "queue": transitions.TASK_QUEUE, "reserve": 0.0}
+              "start_outbox": [None] * 8, "owner": "test", "queue": transitions.TASK_QUEUE, "reserve": 0.0,
+              "upstream_bytes": 1024 * 1024}
     types = {"ids": "uuid[]", "tokens": "bigint[]", "outputs": "text[]", "lease": "float8",
              "start_ids": "uuid[]", "start_tokens": "bigint[]", "owners": "text[]", "worker_lease": "float8",
-             "start_outbox": "uuid[]", "owner": "text", "queue": "text", "reserve": "float8"}
+             "start_outbox": "uuid[]", "owner": "text", "queue": "text", "reserve": "float8",
+             "upstream_bytes": "bigint"}
     for name, sql in (("start", transitions._START_SQL), ("succeed", transitions._SUCCEED_SQL),
                       ("start and succeed", transitions._START_SUCCEED_SQL),
                       ("promote and claim", transitions._PROMOTE_CLAIM_SQL),
