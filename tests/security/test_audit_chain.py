@@ -63,9 +63,8 @@ def sha256_of(row: dict) -> str:
     return hashlib.sha256(canonical(row)).hexdigest()
 
 
-ROW_FIELDS = ("id", "organization_id", "actor_type", "actor_user_id", "actor_email", "actor_api_key_id",
-              "actor_api_key_prefix", "action", "target_type", "target_id", "metadata", "ip_address",
-              "user_agent", "request_id", "created_at", "chain", "seq", "prev_hash", "row_hash", "key_id")
+# Every stored column (key_id included where it exists), as values() names them.
+ROW_FIELDS = tuple(f.attname for f in AuditLog._meta.concrete_fields)
 
 
 def chain_rows(org) -> list[dict]:
@@ -82,10 +81,11 @@ def rehash_forward(org, from_seq: int, *, unkeyed: bool = False) -> None:
         row["prev_hash"] = prev
         if unkeyed:
             row["key_id"] = None
+            as_owner_without_trigger("UPDATE core_auditlog SET key_id = NULL WHERE id = %s", [row["id"]])
         row["row_hash"] = sha256_of(row)
         as_owner_without_trigger(
-            "UPDATE core_auditlog SET metadata = %s, prev_hash = %s, row_hash = %s, key_id = %s WHERE id = %s",
-            [json.dumps(row["metadata"]), row["prev_hash"], row["row_hash"], row["key_id"], row["id"]])
+            "UPDATE core_auditlog SET metadata = %s, prev_hash = %s, row_hash = %s WHERE id = %s",
+            [json.dumps(row["metadata"]), row["prev_hash"], row["row_hash"], row["id"]])
         prev = row["row_hash"]
 
 
