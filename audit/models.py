@@ -3,8 +3,9 @@
 Every change made by a person, an API key or the system is recorded once, in the
 transaction of the change. Rows are chained: each carries the hash of the previous
 row of its chain (one chain per organization, one for account-level events) and its
-own hash over a canonical encoding of its content, so an edit or deletion that
-bypasses the trigger is detectable (``manage.py audit_verify``).
+own HMAC, under a key from the environment, over a canonical encoding of its content,
+so an edit, insertion or deletion that bypasses the trigger is detectable
+(``manage.py audit_verify``; docs/audit.md says what each check proves).
 
 Foreign keys are not enforced by the database (``db_constraint=False``) and never
 act on delete: deleting a user or a key must neither be blocked by its history nor
@@ -56,6 +57,9 @@ class AuditLog(models.Model):
     seq = models.BigIntegerField()
     prev_hash = models.CharField(max_length=64)
     row_hash = models.CharField(max_length=64)
+    # The id of the FLOWFORGE_AUDIT_KEYS key whose HMAC row_hash is; NULL for a legacy
+    # row (plain SHA-256, written before keys existed). See audit/chain.py.
+    key_id = models.CharField(max_length=32, null=True, blank=True)
 
     objects = OrganizationScopedManager()
 

@@ -11,8 +11,9 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.chain import ACCOUNT_CHAIN, GENESIS, row_hash
+from audit.chain import ACCOUNT_CHAIN, GENESIS, row_mac
 from audit.context import current_request
+from audit.keys import signing_key
 from audit.models import ActorType, AuditLog
 from engine.jsonb import strip_nul
 
@@ -69,7 +70,8 @@ def record(
     SecretInMetadata if a key may name a secret. Request metadata (IP, user agent,
     request id) comes from the current request, if any.
 
-    Appends to one chain are serialized with a transaction-scoped advisory lock, so
+    The row is signed with the current audit key (HMAC-SHA256, ``audit.chain.row_mac``;
+    its id in ``key_id``). Appends to one chain are serialized with a transaction-scoped advisory lock, so
     no two rows claim the same predecessor (``uniq_auditlog_chain_seq`` backs it up).
     """
     metadata = strip_nul(metadata or {})
@@ -88,6 +90,7 @@ def record(
     chain = str(org_id) if org_id else ACCOUNT_CHAIN
     target_type, target_id = _target(target)
     meta = current_request.get()
+    key_id, key = signing_key()
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"audit-chain:{chain}"])
@@ -111,10 +114,11 @@ def record(
             "chain": chain,
             "seq": (last["seq"] + 1) if last else 1,
             "prev_hash": last["row_hash"] if last else GENESIS,
+            "key_id": key_id,
         }
         entry = AuditLog(**{k: v for k, v in fields.items() if k != "id"})
         fields["id"] = entry.id
-        entry.row_hash = row_hash(fields)
+        entry.row_hash = row_mac(fields, key)
         entry.save(force_insert=True)
     return entry
 

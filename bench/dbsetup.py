@@ -16,6 +16,15 @@ def throwaway_secret_key() -> str:
     return os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 
 
+def audit_key_spec() -> str:
+    """A fresh FLOWFORGE_AUDIT_KEYS value ("bench:<base64 of 32 random bytes>") for a bench
+    run with DEBUG off (the format of audit/keys.py; stdlib only, importable before Django)."""
+    import base64
+    import secrets
+
+    return "bench:" + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
 def ensure_database(url: str) -> None:
     """Create the database of ``url`` when it does not exist (connecting to ``postgres``)."""
     import psycopg
@@ -35,7 +44,10 @@ def use_bench_database(default_url: str, **env_defaults: str) -> str:
     database; return its URL."""
     url = os.environ.get("BENCH_DATABASE_URL", default_url)
     os.environ["DATABASE_URL"] = url  # settings read it at import
-    for key, value in {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0", **env_defaults}.items():
+    defaults = {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0",
+                # DEBUG is off: the audit log needs a key (one per bench process is enough).
+                "FLOWFORGE_AUDIT_KEYS": audit_key_spec(), **env_defaults}
+    for key, value in defaults.items():
         os.environ.setdefault(key, value)
     throwaway_secret_key()
     ensure_database(url)

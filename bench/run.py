@@ -127,6 +127,9 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         # The API benches send thousands of requests a minute with one key.
         FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000000",
     )
+    from bench.dbsetup import audit_key_spec
+
+    env.setdefault("FLOWFORGE_AUDIT_KEYS", audit_key_spec())  # DEBUG is off: the audit log needs a key
     return env
 
 

@@ -13,11 +13,17 @@ class EngineConfig(AppConfig):
           ImproperlyConfigured naming it;
         - the egress policy (FLOWFORGE_EGRESS_ALLOW): a malformed entry raises
           ImproperlyConfigured naming it.
+
+        It also connects the engine's receivers of tenancy's signals (engine.signals: a
+        departed member's cron triggers are paused).
         """
         from django.conf import settings
         from django.core.exceptions import ImproperlyConfigured
 
-        from engine import egress
+        from engine import (
+            egress,
+            signals,  # noqa: F401  (connects the receivers of tenancy's hooks)
+        )
         from engine.handlers import callables
 
         callables.load(settings.FLOWFORGE_TASK_CALLABLES)

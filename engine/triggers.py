@@ -21,6 +21,7 @@ from audit import services as audit
 from engine.jsonb import strip_nul
 from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow
 from tenancy.actors import Actor
+from tenancy.models import Membership
 from tenancy.permissions import Action, require
 
 NAME_MAX = 200
@@ -197,6 +198,11 @@ def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, A
         update = list(fields)
         if {"cron_expression", "timezone", "enabled"} & set(fields):
             update += _schedule_fields(locked)
+        adopted = None
+        if locked.enabled and not before["enabled"]:
+            adopted = _adopt_if_orphaned(actor, locked)
+            if adopted is not None:
+                update.append("created_by")
         try:
             with transaction.atomic():
                 locked.save(update_fields=update)
@@ -207,8 +213,48 @@ def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, A
             action = "trigger.resumed" if locked.enabled else "trigger.paused"
         else:
             action = "trigger.changed"
+        if adopted is not None:
+            diff["created_by"] = adopted
         audit.record(action, actor=actor, target=locked, metadata={"changes": diff})
     return locked
+
+
+def _adopt_if_orphaned(actor: Actor, trigger: ScheduledTrigger) -> dict[str, Any] | None:
+    """On a resume: when the trigger's creator is no longer a member of its organization,
+    the resuming person (a key's creator for a key) becomes its creator, so it never
+    fires again on the authority of someone who left. Returns the change for the audit
+    record ({"before": email, "after": email}), or None when nothing changed."""
+    creator_id = trigger.created_by_id
+    # A trigger the system made (no creator) has no departed authority to replace.
+    if creator_id is None or Membership.objects.for_organization(trigger.organization_id).filter(
+            user_id=creator_id).exists():
+        return None
+    resumer = actor.user or getattr(actor.api_key, "created_by", None)
+    if resumer is None:
+        return None
+    before = trigger.created_by.email
+    trigger.created_by = resumer
+    return {"before": before, "after": resumer.email}
+
+
+def pause_triggers_of_departed_member(*, actor: Actor, organization_id, user) -> int:
+    """Pause every enabled trigger of ``organization_id`` created by ``user``, who has just
+    been removed or left (issue 14: a trigger must not keep firing on the authority of
+    someone who is gone). Each gets a ``trigger.paused`` record with reason
+    ``creator_removed``, actor = ``actor`` (who removed them). Runs inside the removal's
+    transaction; an owner or admin resumes a trigger (``set_enabled``) and becomes its
+    creator. Returns how many triggers were paused."""
+    paused = 0
+    triggers = (ScheduledTrigger.objects.for_organization(organization_id).select_for_update()
+                .filter(created_by_id=user.pk, enabled=True).order_by("name"))
+    for trigger in triggers:
+        trigger.enabled = False
+        trigger.save(update_fields=["enabled"])
+        audit.record("trigger.paused", actor=actor, organization=organization_id, target=trigger, metadata={
+            "reason": "creator_removed", "creator": user.email,
+            "changes": {"enabled": {"before": True, "after": False}}})
+        paused += 1
+    return paused
 
 
 def set_enabled(*, actor: Actor, trigger: ScheduledTrigger, enabled: bool) -> ScheduledTrigger:

@@ -438,3 +438,26 @@ FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW = int(os.environ.get("FLOWFORGE_MAX_DEPE
 FLOWFORGE_MAX_UPSTREAM_BYTES = int(os.environ.get("FLOWFORGE_MAX_UPSTREAM_BYTES", str(1024 * 1024)))
 # Outputs larger than this (bytes of JSON text) are summarized with a link in run details.
 FLOWFORGE_INLINE_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_INLINE_OUTPUT_BYTES", str(4 * 1024)))
+
+# --- audit chain keys (sec/authority helper: issue 14, finding 5; docs/audit.md) ---
+# FLOWFORGE_AUDIT_KEYS: "<id>:<base64 key>,..." HMAC keys of the audit chain; the first signs new rows, the rest verify older ones (rotation).
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+from audit.keys import AuditKeyError, dev_audit_keys, parse_audit_keys  # noqa: E402
+
+FLOWFORGE_AUDIT_KEYS = os.environ.get("FLOWFORGE_AUDIT_KEYS", "").strip()
+if not FLOWFORGE_AUDIT_KEYS:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "FLOWFORGE_AUDIT_KEYS is not set: with DEBUG off the audit log needs a key the database does not "
+            "hold. Set FLOWFORGE_AUDIT_KEYS='k1:<base64 of 32 random bytes>', e.g. the output of "
+            "python -c \"import base64,secrets; print('k1:' + base64.b64encode(secrets.token_bytes(32)).decode())\" "
+            "(docs/audit.md)"
+        )
+    FLOWFORGE_AUDIT_KEYS = dev_audit_keys(SECRET_KEY)  # DEBUG only, derived from SECRET_KEY: not for production
+try:
+    parse_audit_keys(FLOWFORGE_AUDIT_KEYS)
+except AuditKeyError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# FLOWFORGE_AUDIT_ACCEPT_LEGACY: audit_verify accepts unkeyed (plain SHA-256) rows written before keyed chains; off, so a chain rewritten as "legacy" fails.
+FLOWFORGE_AUDIT_ACCEPT_LEGACY = env_bool("FLOWFORGE_AUDIT_ACCEPT_LEGACY", False)

@@ -45,8 +45,9 @@ from django.utils import timezone
 
 from audit import services as audit
 from tenancy.actors import Actor
-from tenancy.models import ROLE_RANK, ApiKey, Membership, Organization, Role, User
-from tenancy.permissions import Action, Forbidden, min_role, require
+from tenancy.authority import cap_to_grantor
+from tenancy.models import ROLE_RANK, ApiKey, Organization, Role, User
+from tenancy.permissions import Action, Forbidden, require
 from tenancy.services import TenancyError
 
 log = logging.getLogger(__name__)
@@ -264,31 +265,21 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
 # --- authentication ------------------------------------------------------------------------------
 
 
-def _creator_membership(*, organization_id, creator_id) -> Membership | None:
-    """The creator's membership in the key's organization (with both), or None."""
-    if creator_id is None:
-        return None
-    return (
-        Membership.objects.for_organization(organization_id)
-        .select_related("organization", "user")
-        .filter(user_id=creator_id)
-        .first()
-    )
-
-
 def _authenticated(*, key_id, prefix, name, role, organization_id, creator_id,
                    expires_at) -> AuthenticatedKey | None:
-    membership = _creator_membership(organization_id=organization_id, creator_id=creator_id)
-    if membership is None or not membership.user.is_active:
+    # The same rule as an invitation's acceptance (tenancy.authority): at most the
+    # creator's current role, nothing once the creator is no longer an active member.
+    grant = cap_to_grantor(role, organization_id=organization_id, grantor_id=creator_id)
+    if grant is None:
         return None
     return AuthenticatedKey(
         id=key_id,
         prefix=prefix,
         name=name,
-        organization=membership.organization,
+        organization=grant.membership.organization,
         role=role,
-        effective_role=min_role(role, membership.role),
-        created_by=membership.user,
+        effective_role=grant.role,
+        created_by=grant.membership.user,
         expires_at=expires_at,
     )
 

@@ -19,8 +19,10 @@ from django.utils import timezone
 
 from audit import services as audit
 from tenancy.actors import Actor
-from tenancy.models import Invitation, Membership, Organization, Role, User
+from tenancy.authority import cap_to_grantor
+from tenancy.models import ROLE_RANK, Invitation, Membership, Organization, Role, User
 from tenancy.permissions import Action, Forbidden, require
+from tenancy.signals import member_departed
 
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 # Seconds an invitation stays acceptable.
@@ -98,7 +100,9 @@ def _owners(memberships: list[Membership]) -> int:
 
 def change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     """Set ``membership``'s role. Only an owner grants or removes the owner role; the
-    last owner cannot be demoted. Raises Forbidden or TenancyError."""
+    last owner cannot be demoted. A demotion revokes the member's pending invitations to
+    a role above the new one (``invitation.revoked``, reason ``sender_demoted``).
+    Raises Forbidden or TenancyError."""
     require(actor.role, Action.MEMBER_MANAGE)
     if role not in Role.values:
         raise TenancyError(f"role {role!r}: expected one of {', '.join(Role.values)}")
@@ -117,13 +121,21 @@ def change_role(*, actor: Actor, membership: Membership, role: str) -> Membershi
             current.save(update_fields=["role"])
             audit.record("member.role_changed", actor=actor, target=current, metadata={
                 "user": current.user.email, "role": {"before": before, "after": role}})
+            if ROLE_RANK[role] < ROLE_RANK[before]:
+                _revoke_invitations_sent_by(actor=actor, membership=current, reason="sender_demoted",
+                                            above=role)
     return current
 
 
 def remove_member(*, actor: Actor, membership: Membership) -> None:
     """Remove ``membership`` (another member, or the actor leaving). Managing others
     needs member.manage; removing an owner needs an owner; the last owner can neither
-    be removed nor leave."""
+    be removed nor leave.
+
+    In the same transaction: the member's pending invitations in the organization are
+    revoked (``invitation.revoked``, reason ``sender_removed``/``sender_left``, actor =
+    ``actor``), and ``tenancy.signals.member_departed`` is sent (the engine pauses the
+    member's cron triggers)."""
     leaving = actor.user is not None and membership.user_id == actor.user.pk
     if not leaving:
         require(actor.role, Action.MEMBER_MANAGE)
@@ -141,7 +153,37 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
                 )
         audit.record("member.left" if leaving else "member.removed", actor=actor, target=current,
                      metadata={"user": current.user.email, "role": current.role})
+        # The authority the member delegated leaves with them (issue 14, finding 4).
+        _revoke_invitations_sent_by(actor=actor, membership=current,
+                                    reason="sender_left" if leaving else "sender_removed")
         current.delete()
+        member_departed.send(sender=Membership, actor=actor, membership=current,
+                             reason="left" if leaving else "removed")
+
+
+def _revoke_invitations_sent_by(*, actor: Actor, membership: Membership, reason: str,
+                                above: str | None = None) -> int:
+    """Revoke the pending invitations ``membership.user`` sent in its organization — all of
+    them, or with ``above`` only those inviting to a role above it — each with an
+    ``invitation.revoked`` record (actor = ``actor``, ``reason`` stated). Called inside the
+    transaction of the removal or demotion, with the memberships locked. Returns the count.
+    """
+    pending = Invitation.objects.for_organization(membership.organization_id).select_for_update().filter(
+        invited_by_id=membership.user_id, accepted_at__isnull=True, revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+    ).order_by("created_at", "id")
+    now = timezone.now()
+    revoked = 0
+    for inv in pending:
+        if above is not None and ROLE_RANK[inv.role] <= ROLE_RANK[above]:
+            continue
+        inv.revoked_at = now
+        inv.save(update_fields=["revoked_at"])
+        audit.record("invitation.revoked", actor=actor, organization=membership.organization_id, target=inv,
+                     metadata={"email": inv.email, "role": inv.role, "reason": reason,
+                               "invited_by": membership.user.email})
+        revoked += 1
+    return revoked
 
 
 def _token_hash(token: str) -> str:
@@ -175,7 +217,9 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
             email=email,
             role=role,
             token_hash=_token_hash(token),
-            invited_by=actor.user,
+            # An API key invites on its creator's authority (as the mail says), so the
+            # acceptance is capped by that person's role, like the key itself.
+            invited_by=actor.user or getattr(actor.api_key, "created_by", None),
             expires_at=now + dt.timedelta(seconds=INVITATION_TTL_SECONDS),
         )
         audit.record("invitation.sent", actor=actor, target=invitation,
@@ -207,21 +251,28 @@ def find_invitation(token: str) -> Invitation | None:
 def accept_invitation(*, token: str, user: User) -> Membership:
     """Accept an invitation as ``user``: creates the membership and consumes the token.
 
+    The role given is the invitation's, capped at its sender's *current* role in the
+    organization (``tenancy.authority.cap_to_grantor``, the rule API keys follow): a
+    sender demoted since sending gives at most their new role; a sender who is no
+    longer a member gives nothing and the acceptance is refused. The sender's
+    membership is locked first, so a concurrent demotion or removal either happens
+    before (and is seen here) or waits until this acceptance has committed.
+
     Raises TenancyError when the token is unknown, expired, already used or revoked,
-    or the signed-in address is not the invited one (or not verified). A refused use
-    of a real invitation is itself recorded (``invitation.refused_use``, with the
-    reason), committed even though the acceptance is not.
+    the signed-in address is not the invited one (or not verified), or the sender is
+    no longer a member. A refused use of a real invitation is itself recorded
+    (``invitation.refused_use``, with the reason), committed even though the
+    acceptance is not.
     """
     refusal: tuple[Invitation, str, str] | None = None
     with transaction.atomic():
-        inv = (
-            Invitation.objects.unscoped()
-            .select_for_update()
-            .filter(token_hash=_token_hash(token))
-            .first()
-        )
-        if inv is None:
+        found = find_invitation(token)
+        if found is None:
             raise TenancyError("this invitation link is not valid")
+        # Lock order memberships -> invitation, as change_role and remove_member take them.
+        grant = cap_to_grantor(found.role, organization_id=found.organization_id,
+                               grantor_id=found.invited_by_id, lock=True)
+        inv = Invitation.objects.unscoped().select_for_update().select_related("organization").get(pk=found.pk)
         if inv.accepted_at is not None:
             refusal = (inv, "reused", "this invitation has already been used")
         elif inv.revoked_at is not None:
@@ -233,16 +284,21 @@ def accept_invitation(*, token: str, user: User) -> Membership:
                        f"this invitation is for {inv.email}; sign in with that address to accept it")
         elif not EmailAddress.objects.filter(user=user, email__iexact=inv.email, verified=True).exists():
             refusal = (inv, "unverified_address", f"verify {inv.email} before accepting this invitation")
+        elif grant is None:
+            refusal = (inv, "sender_not_a_member",
+                       f"the person who sent this invitation is no longer a member of {inv.organization.name}; "
+                       "ask for a new invitation")
         if refusal is None:
             membership, _created = Membership.objects.get_or_create(
-                organization_id=inv.organization_id, user=user, defaults={"role": inv.role}
+                organization_id=inv.organization_id, user=user, defaults={"role": grant.role}
             )
             inv.accepted_at = timezone.now()
             inv.accepted_by = user
             inv.save(update_fields=["accepted_at", "accepted_by"])
             audit.record(
                 "invitation.accepted", organization=inv.organization_id, user=user, target=inv,
-                metadata={"email": inv.email, "role": membership.role},
+                metadata={"email": inv.email, "role": membership.role, "invited_role": inv.role,
+                          "invited_by": grant.membership.user.email},
             )
             return membership
     inv, reason, message = refusal

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 
+from tenancy.authority import cap_to_grantor
 from tenancy.context import choose_organization
 from tenancy.models import Invitation
 from tenancy.services import TenancyError, accept_invitation, find_invitation
@@ -36,6 +37,10 @@ def _refusal(invitation: Invitation | None, user) -> str | None:
         return "this invitation has expired; ask for a new one"
     if user.is_authenticated and invitation.email != user.email.lower():
         return f"this invitation is for {invitation.email}; sign in with that address to accept it"
+    if cap_to_grantor(invitation.role, organization_id=invitation.organization_id,
+                      grantor_id=invitation.invited_by_id) is None:
+        return (f"the person who sent this invitation is no longer a member of {invitation.organization.name}; "
+                "ask for a new invitation")
     return None
 
 

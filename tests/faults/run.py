@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from audit.keys import generate_key_spec
 from flowforge.stack import BASE_DIR, Stack, worker_child_pids
 from tests.faults.servers import PrivatePostgres, PrivateRedis, free_port
 
@@ -93,6 +94,7 @@ def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> 
         FLOWFORGE_CLOCK_RELAY_SECONDS="1", FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000",
         FLOWFORGE_REPORT_DIR=str(report_dir), PYTHONUNBUFFERED="1",
     )
+    env.setdefault("FLOWFORGE_AUDIT_KEYS", generate_key_spec("faults"))  # DEBUG is off: the audit log needs a key
     return env
 
 

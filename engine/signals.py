@@ -1,0 +1,15 @@
+"""The engine's receivers of tenancy's hooks (tenancy never imports the engine)."""
+
+from __future__ import annotations
+
+from django.dispatch import receiver
+
+from engine.triggers import pause_triggers_of_departed_member
+from tenancy.signals import member_departed
+
+
+@receiver(member_departed, dispatch_uid="engine_pause_triggers_of_departed_member")
+def on_member_departed(sender, *, actor, membership, reason, **kwargs) -> None:
+    """A removed or departed member's cron triggers stop firing (paused, audited)."""
+    pause_triggers_of_departed_member(actor=actor, organization_id=membership.organization_id,
+                                      user=membership.user)

@@ -1,0 +1,46 @@
+"""Delegated authority: a role granted by someone is never more than the granter holds now.
+
+An API key and an invitation both carry a role chosen by the member who made them. The
+rule for both is one function, ``cap_to_grantor``: what the grant gives *now* is the
+lesser of its own role and the granter's **current** role in the grant's organization,
+and nothing at all once the granter is no longer an active member of it. A key reads
+it on every request; an invitation reads it when it is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tenancy.models import Membership
+from tenancy.permissions import min_role
+
+
+@dataclasses.dataclass(frozen=True)
+class Grant:
+    """What a grant of some role by ``membership.user`` gives now.
+
+    ``membership`` is the granter's current membership (organization and user loaded);
+    ``role`` the lesser of the requested role and ``membership.role``.
+    """
+
+    membership: Membership
+    role: str
+
+
+def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False) -> Grant | None:
+    """The role a grant of ``role`` made by user ``grantor_id`` in ``organization_id`` gives now.
+
+    Returns None when the granter is unknown (``grantor_id`` None: the user was deleted),
+    is not a member of that organization (removed, left; a membership elsewhere does not
+    count) or is deactivated. ``lock=True`` takes a row lock on the granter's membership
+    (inside a transaction), so a concurrent role change or removal waits for the caller.
+    """
+    if grantor_id is None:
+        return None
+    memberships = Membership.objects.for_organization(organization_id).select_related("organization", "user")
+    if lock:
+        memberships = memberships.select_for_update(of=("self",))
+    membership = memberships.filter(user_id=grantor_id).first()
+    if membership is None or not membership.user.is_active:
+        return None
+    return Grant(membership=membership, role=min_role(role, membership.role))
