@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet
+
 
 def ensure_database(url: str) -> None:
     """Create the database of ``url`` when it does not exist (connecting to ``postgres``)."""
@@ -29,5 +31,7 @@ def use_bench_database(default_url: str, **env_defaults: str) -> str:
     os.environ["DATABASE_URL"] = url  # settings read it at import
     for key, value in {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0", **env_defaults}.items():
         os.environ.setdefault(key, value)
+    # DEBUG off needs encryption keys (flowforge/crypto.py); a throwaway one (benches store no secrets).
+    os.environ.setdefault("FLOWFORGE_ENCRYPTION_KEYS", Fernet.generate_key().decode())
     ensure_database(url)
     return url

@@ -48,6 +48,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/flowforge_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/4"
@@ -124,6 +126,8 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         # The API benches send thousands of requests a minute with one key.
         FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000000",
     )
+    # DEBUG off needs encryption keys (flowforge/crypto.py); a throwaway one (benches store no secrets).
+    env.setdefault("FLOWFORGE_ENCRYPTION_KEYS", Fernet.generate_key().decode())
     return env
 
 

@@ -349,3 +349,15 @@ LOGGING["loggers"]["django.server"] = {
     "filters": ["redact_invitation_tokens"],
 }
 LOGGING["loggers"].setdefault("django.request", {}).setdefault("filters", []).append("redact_invitation_tokens")
+
+# --- issue 14, finding 7 (smalls helper): secrets at rest, mail in the log ---------------
+# Fernet keys encrypting secrets at rest (TOTP secrets, recovery-code seeds), comma-separated:
+# the first encrypts, all decrypt (rotation). Required with DEBUG off; with DEBUG on and none
+# set, a development key is derived from SECRET_KEY (not for production). flowforge/crypto.py.
+from flowforge.crypto import keys_from_environment as _encryption_keys  # noqa: E402
+
+FLOWFORGE_ENCRYPTION_KEYS = _encryption_keys(
+    os.environ.get("FLOWFORGE_ENCRYPTION_KEYS", ""), debug=DEBUG, secret_key=SECRET_KEY
+)
+# allauth stores MFA secrets through this adapter's encrypt/decrypt hooks (tenancy/mfa.py).
+MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from cryptography.fernet import Fernet
 
 from flowforge.stack import BASE_DIR, Stack, worker_child_pids
 from tests.faults.servers import PrivatePostgres, PrivateRedis, free_port
@@ -86,6 +87,8 @@ def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> 
         FLOWFORGE_CLOCK_RELAY_SECONDS="1", FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000",
         FLOWFORGE_REPORT_DIR=str(report_dir), PYTHONUNBUFFERED="1",
     )
+    # DEBUG off needs encryption keys (flowforge/crypto.py); a throwaway one for a throwaway database.
+    env.setdefault("FLOWFORGE_ENCRYPTION_KEYS", Fernet.generate_key().decode())
     return env
 
 
