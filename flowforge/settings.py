@@ -361,3 +361,7 @@ FLOWFORGE_ENCRYPTION_KEYS = _encryption_keys(
 )
 # allauth stores MFA secrets through this adapter's encrypt/decrypt hooks (tenancy/mfa.py).
 MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"
+# No EMAIL_HOST and DEBUG off: the console mailer redacts tokens in links (frontend/mail_backends.py),
+# and the web process warns at start-up (frontend.W001). With DEBUG on, links print whole.
+if not os.environ.get("EMAIL_HOST") and not DEBUG:
+    MAILERS = {"default": {"BACKEND": "frontend.mail_backends.RedactingConsoleEmailBackend"}}
