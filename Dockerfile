@@ -5,12 +5,13 @@ RUN apt-get update && apt-get install -y --no-install-recommends postgresql-clie
 COPY pyproject.toml README.md ./
 COPY . .
 # tests/, bench/, .git, .venv and var/ stay out of the image (.dockerignore).
-# collectstatic runs with DEBUG off, which refuses a short or default SECRET_KEY and a missing
-# audit key: these throwaway keys exist for the build only; every container gets the real ones
-# from its environment.
+# collectstatic runs with DEBUG off, which refuses a short or default SECRET_KEY, a missing
+# audit key and missing encryption keys: these throwaway keys exist for the build only (nothing
+# is signed or encrypted then); every container gets the real ones from its environment.
 RUN pip install --no-cache-dir -e . && \
     DEBUG=false SECRET_KEY=image-build-only-throwaway-key-never-used-by-a-running-service-0123456789 \
     FLOWFORGE_AUDIT_KEYS=build:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= \
+    FLOWFORGE_ENCRYPTION_KEYS="$(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')" \
     python manage.py collectstatic --noinput
 EXPOSE 8000
 CMD ["gunicorn", "flowforge.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "gthread", "--threads", "32"]

@@ -35,6 +35,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.utils.urls import replace_query_param
 
+from flowforge.instants import InstantError, storable_instant
+
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 CURSOR_MESSAGE = "is not a cursor this API issued; use the `next` link of a page"
@@ -61,13 +63,18 @@ def encode_cursor(created_at: dt.datetime, pk: uuid.UUID) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[dt.datetime, uuid.UUID]:
-    """Decode a (created_at, id) cursor; raise ValidationError({"cursor": ...}) when it is not one of ours."""
+    """Decode a (created_at, id) cursor into (created_at in UTC, id); raise
+    ValidationError({"cursor": ...}) when it is not one of ours (malformed, naive, or a
+    UTC offset PostgreSQL cannot take: flowforge.instants)."""
     data = _unb64(cursor)
     try:
         created_at = dt.datetime.fromisoformat(data["t"])
         if created_at.tzinfo is None:
             raise ValueError("naive timestamp")
-        return created_at, uuid.UUID(data["id"])
+        # Ours are UTC; a forged offset beyond ±15:59 would reach PostgreSQL and fail there (a 500).
+        return storable_instant(created_at), uuid.UUID(data["id"])
+    except InstantError as exc:
+        raise ValidationError({"cursor": [f"{CURSOR_MESSAGE} ({exc})"]}) from exc
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValidationError({"cursor": [CURSOR_MESSAGE]}) from exc
 

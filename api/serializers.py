@@ -18,6 +18,7 @@ from rest_framework import serializers
 
 from engine.models import RunState, TaskRun, TaskRunEvent, Workflow, WorkflowRun, WorkflowState
 from engine.outputs import output_or_summary
+from flowforge.instants import InstantError, storable_instant
 from tenancy.apikeys import NAME_MAX_LENGTH
 from tenancy.models import ApiKey, Role
 
@@ -56,6 +57,19 @@ def storable_json_problem(value: Any) -> str | None:
     except TypeError:
         return "is not JSON"
     return None
+
+
+class InstantField(serializers.DateTimeField):
+    """An ISO 8601 instant of a query filter, in UTC; 400 naming the field when its UTC
+    offset is beyond ±15:59 (PostgreSQL refuses those: flowforge.instants) or it leaves
+    the calendar once in UTC."""
+
+    def enforce_timezone(self, value):
+        try:  # before DRF converts it, so the offset as sent is what is checked
+            value = storable_instant(value)
+        except InstantError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return super().enforce_timezone(value)
 
 
 # --- workflows ----------------------------------------------------------------------------------
@@ -277,8 +291,8 @@ class RunFilterSerializer(serializers.Serializer):
 
     workflow = serializers.CharField(required=False, max_length=200)
     state = serializers.ChoiceField(choices=RunState.choices, required=False)
-    created_after = serializers.DateTimeField(required=False)
-    created_before = serializers.DateTimeField(required=False)
+    created_after = InstantField(required=False)
+    created_before = InstantField(required=False)
 
     def validate(self, attrs: dict) -> dict:
         after, before = attrs.get("created_after"), attrs.get("created_before")

@@ -15,6 +15,18 @@ EXPORT_COLUMNS = (
     "created_at", "organization_id", "actor_type", "actor_email", "actor_api_key_prefix", "action",
     "target_type", "target_id", "metadata", "ip_address", "user_agent", "request_id", "chain", "seq", "row_hash",
 )
+# A spreadsheet reads a cell starting with one of these as a formula (OWASP "CSV
+# Injection"): ``=HYPERLINK(...)`` from a user agent would become a live link in staff's
+# spreadsheet. Such a cell is written with a leading single quote, which makes it text.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value) -> str:
+    """``value`` as the text of one CSV cell that no spreadsheet evaluates: None is
+    empty, anything else its ``str()``, prefixed with ``'`` when it starts with
+    ``= + - @``, a tab or a carriage return (FORMULA_STARTS)."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 class _Echo:
@@ -58,7 +70,8 @@ class AuditLogAdmin(admin.ModelAdmin):
         ] + super().get_urls()
 
     def export_csv(self, request: HttpRequest):
-        """The changelist's current filter and search, as CSV (streamed)."""
+        """The changelist's current filter and search, as CSV (streamed); cells a
+        spreadsheet would evaluate are neutralized (``spreadsheet_safe``)."""
         if not self.has_view_permission(request):
             from django.core.exceptions import PermissionDenied
 
@@ -70,7 +83,8 @@ class AuditLogAdmin(admin.ModelAdmin):
         def stream():
             yield writer.writerow(EXPORT_COLUMNS)
             for row in rows.iterator(chunk_size=2000):
-                yield writer.writerow(row)
+                # Every cell: a user agent, an email, a target id or metadata may be the caller's text.
+                yield writer.writerow([spreadsheet_safe(value) for value in row])
 
         response = StreamingHttpResponse(stream(), content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import django
 
-from bench.dbsetup import throwaway_secret_key
+from bench.dbsetup import throwaway_production_keys
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "flowforge.settings")
-throwaway_secret_key()  # the gunicorn it starts runs with DEBUG off
+throwaway_production_keys()  # the gunicorn it starts runs with DEBUG off
 django.setup()
 
 from django.conf import settings  # noqa: E402

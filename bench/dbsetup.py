@@ -4,25 +4,27 @@ Imports nothing of Django, so it runs before ``django.setup()`` reads the settin
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from urllib.parse import urlsplit
 
-
-def throwaway_secret_key() -> str:
-    """Set SECRET_KEY in this process's environment to a random 50+ character key unless one
-    is set, and return it: benches run with DEBUG off, which refuses a missing or default key,
-    and the processes a bench starts inherit the same key (sessions made here verify there)."""
-    return os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
+from cryptography.fernet import Fernet
 
 
-def audit_key_spec() -> str:
-    """A fresh FLOWFORGE_AUDIT_KEYS value ("bench:<base64 of 32 random bytes>") for a bench
-    run with DEBUG off (the format of audit/keys.py; stdlib only, importable before Django)."""
-    import base64
-    import secrets
-
-    return "bench:" + base64.b64encode(secrets.token_bytes(32)).decode()
+def throwaway_production_keys() -> dict[str, str]:
+    """Set, in this process's environment where unset, the keys a process with DEBUG off
+    refuses to start without — SECRET_KEY (50+ random characters), FLOWFORGE_AUDIT_KEYS
+    ("bench:<base64 of 32 random bytes>", audit/keys.py's format) and FLOWFORGE_ENCRYPTION_KEYS
+    (one Fernet key) — and return them. They are made per bench run and never kept: a bench
+    database holds nothing worth signing or encrypting, and the processes a bench starts
+    inherit the same keys (sessions made here verify there)."""
+    fresh = {
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "FLOWFORGE_AUDIT_KEYS": "bench:" + base64.b64encode(secrets.token_bytes(32)).decode(),
+        "FLOWFORGE_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+    }
+    return {name: os.environ.setdefault(name, value) for name, value in fresh.items()}
 
 
 def ensure_database(url: str) -> None:
@@ -44,11 +46,8 @@ def use_bench_database(default_url: str, **env_defaults: str) -> str:
     database; return its URL."""
     url = os.environ.get("BENCH_DATABASE_URL", default_url)
     os.environ["DATABASE_URL"] = url  # settings read it at import
-    defaults = {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0",
-                # DEBUG is off: the audit log needs a key (one per bench process is enough).
-                "FLOWFORGE_AUDIT_KEYS": audit_key_spec(), **env_defaults}
-    for key, value in defaults.items():
+    for key, value in {"DJANGO_SETTINGS_MODULE": "flowforge.settings", "DEBUG": "0", **env_defaults}.items():
         os.environ.setdefault(key, value)
-    throwaway_secret_key()
+    throwaway_production_keys()  # DEBUG is off
     ensure_database(url)
     return url

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.dbsetup import throwaway_secret_key
+from bench.dbsetup import throwaway_production_keys
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/flowforge_bench"
@@ -121,15 +121,12 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         BROKER_NAMESPACE=NAMESPACE,
         DJANGO_SETTINGS_MODULE="flowforge.settings",
         DEBUG="0",
-        SECRET_KEY=throwaway_secret_key(),  # DEBUG off refuses a missing or default key
         PYTHONUNBUFFERED="1",
         FLOWFORGE_REPORT_DIR=str(BASE_DIR / "var" / "bench" / "reports"),
         # The API benches send thousands of requests a minute with one key.
         FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000000",
     )
-    from bench.dbsetup import audit_key_spec
-
-    env.setdefault("FLOWFORGE_AUDIT_KEYS", audit_key_spec())  # DEBUG is off: the audit log needs a key
+    env.update(throwaway_production_keys())  # DEBUG is off: it refuses to start without them
     return env
 
 

@@ -461,3 +461,18 @@ except AuditKeyError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # FLOWFORGE_AUDIT_ACCEPT_LEGACY: audit_verify accepts unkeyed (plain SHA-256) rows written before keyed chains; off, so a chain rewritten as "legacy" fails.
 FLOWFORGE_AUDIT_ACCEPT_LEGACY = env_bool("FLOWFORGE_AUDIT_ACCEPT_LEGACY", False)
+# --- issue 14, finding 7 (smalls helper): secrets at rest, mail in the log ---------------
+# Fernet keys encrypting secrets at rest (TOTP secrets, recovery-code seeds), comma-separated:
+# the first encrypts, all decrypt (rotation). Required with DEBUG off; with DEBUG on and none
+# set, a development key is derived from SECRET_KEY (not for production). flowforge/crypto.py.
+from flowforge.crypto import keys_from_environment as _encryption_keys  # noqa: E402
+
+FLOWFORGE_ENCRYPTION_KEYS = _encryption_keys(
+    os.environ.get("FLOWFORGE_ENCRYPTION_KEYS", ""), debug=DEBUG, secret_key=SECRET_KEY
+)
+# allauth stores MFA secrets through this adapter's encrypt/decrypt hooks (tenancy/mfa.py).
+MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"
+# No EMAIL_HOST and DEBUG off: the console mailer redacts tokens in links (frontend/mail_backends.py),
+# and the web process warns at start-up (frontend.W001). With DEBUG on, links print whole.
+if not os.environ.get("EMAIL_HOST") and not DEBUG:
+    MAILERS = {"default": {"BACKEND": "frontend.mail_backends.RedactingConsoleEmailBackend"}}

@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class FrontendConfig(AppConfig):
     name = "frontend"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from frontend import checks  # registers the system check frontend.W001
+
+        checks.warn_if_mail_goes_to_console()

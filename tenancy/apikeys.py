@@ -81,6 +81,9 @@ CACHE_WRITE_DEADLINE_SECONDS = 5.0
 # Seconds between two writes of last_used_at for one key.
 LAST_USED_RESOLUTION_SECONDS = 60
 _CACHE_FORMAT = 1
+# Failed authentications are counted per prefix per clock minute of this many seconds;
+# the 1st, 10th, 100th, ... of a window are audited (_record_failure).
+FAILURE_WINDOW_SECONDS = 60
 
 # The conditional write of last_used_at: at most once a minute per key, however many
 # requests and processes use it; the WHERE clause, not a lock, settles races.
@@ -317,12 +320,52 @@ def _cache_put(prefix: str, entry: dict, *, expires_at: dt.datetime | None) -> N
         log.warning("could not cache API key %s", prefix, exc_info=True)
 
 
+def failure_clock() -> float:
+    """Seconds since the epoch that place a failure in its window (a function so a test can pin it)."""
+    return time.time()
+
+
+def _count_failure(counter: str) -> int | None:
+    """Add one to this clock minute's failure counter ``counter`` (in the shared cache,
+    so every web process counts together) and return the new count; None when the cache
+    cannot be reached."""
+    key = f"{counter}:{int(failure_clock() // FAILURE_WINDOW_SECONDS)}"
+    try:
+        for _ in range(2):
+            cache.add(key, 0, timeout=2 * FAILURE_WINDOW_SECONDS)
+            try:
+                return cache.incr(key)
+            except ValueError:  # expired between add and incr: start it again
+                continue
+    except Exception as exc:  # noqa: BLE001 - any cache failure: audit every failure, loudly
+        log.warning("API key failure counter unavailable (%s); auditing the failure", type(exc).__name__)
+    return None
+
+
+def _audited_failure(counter: str) -> tuple[bool, int | None]:
+    """Count a failed authentication under ``counter``: (audit it?, failures of the window
+    so far). Audited: the 1st, 10th, 100th, ... failure of the window, and every failure
+    while the cache is unreachable (count None)."""
+    count = _count_failure(counter)
+    if count is None:
+        return True, None
+    return str(count).rstrip("0") == "1", count  # 1, 10, 100, ...: a power of ten
+
+
 def _record_failure(row: ApiKey, reason: str) -> None:
-    """Audit a failed authentication with a known prefix (``api_key.auth_failed``).
-    The request's transaction is kept for this record even though the request fails
-    (api.exceptions commits an authentication failure's transaction)."""
+    """Audit a failed authentication with a known prefix (``api_key.auth_failed``), at
+    most 1 + log10(N) records for N failures of one prefix in a clock minute (the 1st,
+    10th, 100th, ...), each naming the failures of the window so far
+    (``failures_this_minute``), so guessing at another organization's prefix cannot
+    grow that organization's audit chain without bound. The request's transaction is
+    kept for this record even though the request fails (api.exceptions commits an
+    authentication failure's transaction)."""
+    audited, count = _audited_failure(f"org:{row.organization_id}:api-key-auth-failed:{row.prefix}")
+    if not audited:
+        return
     actor = Actor(organization=row.organization_id, role=None, api_key=row, channel="api")
-    audit.record("api_key.auth_failed", actor=actor, target=row, metadata={"reason": reason, "prefix": row.prefix})
+    audit.record("api_key.auth_failed", actor=actor, target=row,
+                 metadata={"reason": reason, "prefix": row.prefix, "failures_this_minute": count})
 
 
 def authenticate(raw_key: str) -> AuthenticatedKey | None:
@@ -363,7 +406,11 @@ def authenticate(raw_key: str) -> AuthenticatedKey | None:
         _verify(_dummy_hash(), secret)
         # Recorded for staff (account-level chain), and so this path does the same work
         # as a known prefix's failure: the two take about the same time.
-        audit.record("api_key.auth_failed", metadata={"reason": "unknown_prefix", "prefix": prefix})
+        # Counted and sampled like a known prefix's failures (same work, bounded rows).
+        audited, count = _audited_failure(f"api-key-auth-failed:{prefix}")
+        if audited:
+            audit.record("api_key.auth_failed",
+                         metadata={"reason": "unknown_prefix", "prefix": prefix, "failures_this_minute": count})
         return None
     if not _verify(row.hashed_key, secret):
         _record_failure(row, "wrong_secret")

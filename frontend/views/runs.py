@@ -61,6 +61,7 @@ from engine.models import (
 )
 from engine.outputs import output_bytes_expression
 from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, retry_run
+from flowforge.instants import InstantError, storable_instant
 from frontend import live
 from frontend.dag import render_dag_svg, render_state_legend
 from frontend.organization import organization_required
@@ -237,7 +238,8 @@ def page_links(request: HttpRequest, page: Page) -> dict[str, str | None]:
 
 
 class DateBound(forms.Field):
-    """A date (``2025-06-01``) or a date and time (``2025-06-01T14:30``), in UTC."""
+    """A date (``2025-06-01``) or a date and time (``2025-06-01T14:30``), in UTC unless it
+    names its offset (``+02:00``, at most ±15:59: flowforge.instants); a form error otherwise."""
 
     def to_python(self, value: str | None) -> dt.datetime | dt.date | None:
         value = (value or "").strip()
@@ -246,8 +248,11 @@ class DateBound(forms.Field):
         try:
             if "T" in value or " " in value:
                 parsed = dt.datetime.fromisoformat(value)
-                return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+                # An offset beyond ±15:59 would reach PostgreSQL and fail there (a 500).
+                return storable_instant(parsed) if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
             return dt.date.fromisoformat(value)
+        except InstantError as exc:
+            raise forms.ValidationError(str(exc)) from None
         except ValueError:
             raise forms.ValidationError("Enter a date as YYYY-MM-DD.") from None
 

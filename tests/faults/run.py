@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from cryptography.fernet import Fernet
 
 from audit.keys import generate_key_spec
 from flowforge.stack import BASE_DIR, Stack, worker_child_pids
@@ -95,6 +96,8 @@ def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> 
         FLOWFORGE_REPORT_DIR=str(report_dir), PYTHONUNBUFFERED="1",
     )
     env.setdefault("FLOWFORGE_AUDIT_KEYS", generate_key_spec("faults"))  # DEBUG is off: the audit log needs a key
+    # DEBUG off needs encryption keys (flowforge/crypto.py); a throwaway one for a throwaway database.
+    env.setdefault("FLOWFORGE_ENCRYPTION_KEYS", Fernet.generate_key().decode())
     return env
 
 

@@ -473,7 +473,7 @@ def test_a_failed_authentication_by_a_known_prefix(api):
     # Kept although the request failed: the record is the whole point of the request's transaction.
     row = since.one("api_key.auth_failed")
     check(row, actor_type=API_KEY, api_key=api.key, organization=api.org, target=api.key)
-    assert row.metadata == {"reason": "wrong_secret", "prefix": api.key.prefix}
+    assert row.metadata == {"reason": "wrong_secret", "prefix": api.key.prefix, "failures_this_minute": 1}
 
 
 # --- workflows -----------------------------------------------------------------------------------

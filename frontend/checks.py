@@ -1,0 +1,49 @@
+"""Start-up warnings of the web process about unsafe mail configuration (issue 14, finding 7).
+
+With DEBUG off and no EMAIL_HOST, every email (invitations, password resets, address
+confirmations) goes to the process's standard output instead of its recipient: users
+receive nothing, and although the links' tokens are redacted there
+(frontend/mail_backends.py), the deployment is almost certainly misconfigured.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.checks import Tags, Warning, register
+
+logger = logging.getLogger("flowforge.mail")
+
+CONSOLE_BACKENDS = ("django.core.mail.backends.console.EmailBackend",
+                    "frontend.mail_backends.RedactingConsoleEmailBackend")
+MAIL_TO_CONSOLE_ID = "frontend.W001"
+MAIL_TO_CONSOLE_MESSAGE = (
+    "DEBUG is off and EMAIL_HOST is not set: emails (invitations, password resets, address "
+    "confirmations) are printed to the web log, with their links' tokens redacted, and never delivered."
+)
+MAIL_TO_CONSOLE_HINT = "Set EMAIL_HOST (and EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS)."
+
+
+def mail_goes_to_console() -> bool:
+    """True when DEBUG is off and the default mailer prints to the console."""
+    mailers = getattr(settings, "MAILERS", None) or {}
+    backend = mailers.get("default", {}).get("BACKEND", "")
+    return not settings.DEBUG and backend in CONSOLE_BACKENDS
+
+
+@register(Tags.security)
+def check_mail_delivery(app_configs=None, **kwargs) -> list[Warning]:
+    """System check ``frontend.W001`` (``manage.py check``, runserver, migrate): mail goes to the console in production."""
+    if not mail_goes_to_console():
+        return []
+    return [Warning(MAIL_TO_CONSOLE_MESSAGE, hint=MAIL_TO_CONSOLE_HINT, id=MAIL_TO_CONSOLE_ID)]
+
+
+def warn_if_mail_goes_to_console() -> bool:
+    """Log MAIL_TO_CONSOLE_MESSAGE at WARNING (gunicorn runs no system checks, so the web
+    process says it at start-up too). Returns True when it warned."""
+    if not mail_goes_to_console():
+        return False
+    logger.warning("%s %s (%s)", MAIL_TO_CONSOLE_MESSAGE, MAIL_TO_CONSOLE_HINT, MAIL_TO_CONSOLE_ID)
+    return True
