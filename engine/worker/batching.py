@@ -89,9 +89,11 @@ class InlineCompleter:
     threads, no queue; the same statements and results as BatchCompleter)."""
 
     def start(self, request: transitions.StartRequest) -> transitions.StartedAttempt | None:
+        """``Completer.start``, in its own transaction."""
         return record_batch([Start(request)])[0]
 
     def complete(self, completion: Success | Failure) -> Recorded | None:
+        """``Completer.complete``, in its own transaction (never None: nothing is queued)."""
         if isinstance(completion, Failure):
             return record_failure(completion)
         return record_batch([completion])[0]
@@ -106,9 +108,12 @@ class BatchCompleter:
         self.combiner: Combiner = Combiner(run_batch or record_batch, max_batch=max_batch)
 
     def start(self, request: transitions.StartRequest) -> transitions.StartedAttempt | None:
+        """``Completer.start``, batched with the process's other starts and successes."""
         return self.combiner.submit(Start(request))
 
     def complete(self, completion: Success | Failure) -> Recorded | None:
+        """``Completer.complete``: a success is batched (written behind when it has no
+        dependents); a failure is its own transaction."""
         if isinstance(completion, Failure):
             return record_failure(completion)
         if completion.request.has_dependents:
