@@ -68,8 +68,8 @@ def housekeeping() -> None:
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
 def execute_task_run(task_run_id: str, fencing_token: int) -> None:
-    """Run one generation of one task run (see ``engine.runtime.execute``)."""
-    from engine.runtime import execute
+    """Run one generation of one task run (see ``engine.worker.execute.execute``)."""
+    from engine.worker.execute import execute
 
     execute(task_run_id, fencing_token, continue_inline=True)
 
@@ -77,7 +77,7 @@ def execute_task_run(task_run_id: str, fencing_token: int) -> None:
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
 def execute_task_runs(dispatches: list[list]) -> None:
     """Run several generations, [[task_run_id, fencing_token], ...], in turn (a message of
-    a claim burst: ``engine.relay.group_rows``; see ``engine.runtime.execute_many``)."""
-    from engine.runtime import execute_many
+    a claim burst: ``engine.relay.group_rows``; see ``engine.worker.execute.execute_many``)."""
+    from engine.worker.execute import execute_many
 
     execute_many([(task_run_id, int(token)) for task_run_id, token in dispatches])

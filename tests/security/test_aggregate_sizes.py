@@ -178,11 +178,12 @@ def test_a_handler_failing_with_a_1_mb_message_stores_and_serves_a_bounded_error
     """An exception's message is the other unbounded thing a task hands back: it is stored
     on the task run and in its event's detail, which the run detail, the event pages and
     the event stream all serve. A task raising 1 MB leaves at most MAX_ERROR_CHARS."""
-    from engine import runtime
     from engine.handlers import REGISTRY
+    from engine.worker import heartbeat
+    from engine.worker.output import MAX_ERROR_CHARS
     from tests.unit.test_runtime_inprocess import drive
 
-    monkeypatch.setattr(runtime, "_heartbeater", runtime.Heartbeater(interval_seconds=3600, lease_seconds=30))
+    monkeypatch.setattr(heartbeat, "_heartbeater", heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30))
 
     def explode(context):
         raise RuntimeError("y" * 1_000_000)
@@ -193,7 +194,7 @@ def test_a_handler_failing_with_a_1_mb_message_stores_and_serves_a_bounded_error
     drive(run.pk)
     (task_run,) = TaskRun.objects.for_organization(api.org).filter(workflow_run=run)
     assert task_run.state == "failed"
-    assert len(task_run.error) <= runtime.MAX_ERROR_CHARS and task_run.error.startswith("RuntimeError: yyy")
+    assert len(task_run.error) <= MAX_ERROR_CHARS and task_run.error.startswith("RuntimeError: yyy")
     assert "more characters cut)" in task_run.error
     detail = api.get(f"/api/v1/runs/{run.pk}/", role=Role.VIEWER)
     events = api.get(f"/api/v1/runs/{run.pk}/events/", role=Role.VIEWER)

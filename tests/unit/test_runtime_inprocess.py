@@ -1,7 +1,7 @@
 """The scheduler and the worker runtime, driven in the pytest process.
 
 ``engine.scheduler.schedule_once()`` claims and publishes (to real Redis, in this
-checkout's broker namespace); ``engine.runtime.execute()`` runs one generation the
+checkout's broker namespace); ``engine.worker.execute.execute()`` runs one generation the
 way the ``execute_task_run`` actor would. No worker process is involved: each
 generation to execute is read back from its OutboxMessage row.
 """
@@ -15,12 +15,14 @@ import dramatiq
 import pytest
 from django.db import connection
 
-from engine import runtime
 from engine.handlers import TaskContext
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
 from engine.reaper import reap_once
 from engine.scheduler import schedule_once
 from engine.services import start_run
+from engine.worker import batching, heartbeat
+from engine.worker import execute as worker
+from engine.worker.combiner import Combiner, _Slot
 
 TASK_QUEUE = "flowforge.tasks"
 
@@ -29,8 +31,8 @@ TASK_QUEUE = "flowforge.tasks"
 def quiet_heartbeater(monkeypatch):
     """A heartbeater whose background thread never beats during a test (so it never holds
     a database connection); tests call ``beat()`` themselves."""
-    hb = runtime.Heartbeater(interval_seconds=3600, lease_seconds=30)
-    monkeypatch.setattr(runtime, "_heartbeater", hb)
+    hb = heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30)
+    monkeypatch.setattr(heartbeat, "_heartbeater", hb)
     return hb
 
 
@@ -77,7 +79,7 @@ def drive(run_id, *, max_rounds: int = 30):
         ]
         for tr_id, token in todo:
             executed.add((tr_id, token))
-            outcomes.append((keys[uuid.UUID(tr_id)], token, runtime.execute(tr_id, token)))
+            outcomes.append((keys[uuid.UUID(tr_id)], token, worker.execute(tr_id, token)))
         if WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal:
             return outcomes
     raise AssertionError(f"run {run_id} did not finish: {outcomes}")
@@ -147,7 +149,7 @@ def test_diamond_of_noop_tasks_runs_to_success_in_process(org, make_workflow, br
     assert published_task_messages(broker) == sorted((str(r.pk), 1) for r in rows.values())
 
     # A second delivery of a finished generation is ignored.
-    assert runtime.execute(rows["a"].pk, 1) == "ignored"
+    assert worker.execute(rows["a"].pk, 1) == "ignored"
     assert event_kinds(run.pk)[-1] == "duplicate_delivery_ignored"
     assert schedule_once() == 0
 
@@ -221,7 +223,7 @@ def test_message_of_reaped_generation_is_ignored_and_new_generation_runs(org, ma
     row.refresh_from_db()
     assert (row.state, row.attempt, row.fencing_token) == ("ready", 1, 2)
 
-    assert runtime.execute(row.pk, 1) == "ignored"  # the late first delivery
+    assert worker.execute(row.pk, 1) == "ignored"  # the late first delivery
     assert event_kinds(run.pk, "lost")[-1] == "stale_dispatch_ignored"
     outcomes = drive(run.pk)
     assert outcomes == [("lost", 1, "ignored"), ("lost", 3, "succeeded")]
@@ -291,7 +293,7 @@ def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_wor
     )
     run = start_run(workflow=wf)
 
-    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     assert {k: rows[k].state for k in "abcde"} == {
@@ -304,10 +306,10 @@ def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_wor
     for key in "bc":
         assert event_kinds(run.pk, key) == ["promoted", "claimed", "started", "succeeded"]
     # A late broker delivery of a continued generation is a duplicate: ignored.
-    assert runtime.execute(rows["b"].pk, 1) == "ignored"
+    assert worker.execute(rows["b"].pk, 1) == "ignored"
 
     for key in "de":
-        assert runtime.execute(rows[key].pk, 1, continue_inline=True) == "succeeded"
+        assert worker.execute(rows[key].pk, 1, continue_inline=True) == "succeeded"
     run.refresh_from_db()
     assert run.state == "succeeded"
     assert_gap_free(run.pk)
@@ -322,7 +324,7 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
     )
     run = start_run(workflow=wf)
 
-    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     done = sorted(k for k, r in rows.items() if r.state == "succeeded")
@@ -336,7 +338,7 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
 def test_without_continue_inline_every_dependent_goes_through_the_broker(org, make_workflow, broker):
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
-    assert runtime.execute(dispatched_root(run, broker), 1) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1) == "succeeded"
     rows = task_runs(run.pk)
     assert rows["b"].state == "running" and rows["b"].started_at is None
     assert published_task_messages(broker) == [(str(rows["b"].pk), 1)]
@@ -401,12 +403,13 @@ def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time
     assert len(generations) == 6
 
     def slow_starts(items):
-        if any(isinstance(i, runtime._Start) for i in items):
+        if any(isinstance(i, batching.Start) for i in items):
             time.sleep(0.05)
-        return runtime._transition_batch(items)
+        return batching.record_batch(items)
 
-    combiner = runtime.Combiner(slow_starts)
-    monkeypatch.setattr(runtime, "_transitions", combiner)
+    completer = batching.BatchCompleter(slow_starts)
+    combiner = completer.combiner
+    monkeypatch.setattr(worker, "completer", completer)
     queued = []
     submit = combiner.submit
 
@@ -422,7 +425,7 @@ def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time
     def work(tr_id, token, delay):
         time.sleep(delay)
         try:
-            outcomes.append(runtime.execute(tr_id, token))
+            outcomes.append(worker.execute(tr_id, token))
         finally:
             connection.close()
 
@@ -486,10 +489,10 @@ def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_ever
     assert not OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk, published_at__isnull=True).exists()
 
     for m in messages:  # what the execute_task_runs actor does with each
-        assert runtime.execute_many([(t, token) for t, token in m.args[0]]) == ["succeeded"] * len(m.args[0])
+        assert worker.execute_many([(t, token) for t, token in m.args[0]]) == ["succeeded"] * len(m.args[0])
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
     # A redelivered message (its worker died before the ack) starts nothing again.
-    assert runtime.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
+    assert worker.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
         messages[0].args[0])
     assert event_kinds(run.pk).count("started") == 7
     assert_gap_free(run.pk)
@@ -506,7 +509,7 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
     by_key = {key: (str(t.pk), t.fencing_token) for key, t in task_runs(run.pk).items()}
     broker.flush_all()
 
-    outcomes = runtime.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
+    outcomes = worker.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
 
     assert outcomes == ["succeeded"]  # only the slow one ran here
     messages = queued_messages(broker)
@@ -519,7 +522,7 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
     assert all(m.message_timestamp < finished_ms - 500 for m in messages), (finished_ms, messages)
     for key in ("a", "b"):  # claimed, not started: the next thread to take the message starts it
         assert rows[key].state == "running" and rows[key].started_fencing_token is None
-        assert runtime.execute(*by_key[key]) == "succeeded"
+        assert worker.execute(*by_key[key]) == "succeeded"
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
 
 
@@ -546,7 +549,7 @@ def test_generations_the_broker_refuses_to_take_back_are_run_by_their_own_thread
 
     monkeypatch.setattr(flowforge.broker, "enqueue_many", refuse)
 
-    assert runtime.execute_many([by_key["slow"], by_key["a"]]) == ["succeeded", "succeeded"]
+    assert worker.execute_many([by_key["slow"], by_key["a"]]) == ["succeeded", "succeeded"]
     assert tried == [[("execute_task_run", *by_key["a"])]]  # tried once, while "slow" ran
     assert queued_messages(broker) == []
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
@@ -603,13 +606,13 @@ def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(
     good, bad = started
     # A success whose output is not JSON text makes the shared statement fail.
     items = [
-        runtime._Success(transitions.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
+        batching.Success(transitions.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
                                                     output_json='{"ok": true}'), run.pk, False),
-        runtime._Success(transitions.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
+        batching.Success(transitions.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
                                                     output_json="{not json"), run.pk, False),
     ]
-    combiner = runtime.Combiner(runtime._transition_batch)
-    slots = [runtime._Slot(item) for item in items]
+    combiner = Combiner(batching.record_batch)
+    slots = [_Slot(item) for item in items]
     combiner._run(slots)
 
     assert slots[0].error is None and slots[0].value[0].accepted
