@@ -17,7 +17,7 @@
 
 
 -- name: task_run_insert_for_run
--- A new run's task runs, roots ready and the rest pending (attempt 1, token 0); reads core_task by idx of its workflow.
+-- A new run's task runs, one per task of its workflow: roots ready, the rest pending (attempt 1, token 0); uniq_task_workflow_key (the workflow's tasks, by key).
 INSERT INTO core_taskrun
     (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at)
 SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id,
