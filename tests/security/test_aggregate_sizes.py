@@ -21,6 +21,7 @@ from engine.models import TaskRun
 from engine.repositories import transitions
 from engine.services import apply_definition, start_run
 from tenancy.models import Role
+from tests import engine_helpers
 from tests.unit.test_api_auth import assert_problem
 from tests.unit.test_api_workflows import Api, new_api_factory
 from tests.unit.test_web_workflows import add_member, client_for
@@ -139,7 +140,7 @@ def test_a_task_with_20_dependencies_of_255_kb_receives_at_most_the_upstream_cap
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [sink.pk])
     # The real claim and start statements, as a worker runs them.
     (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[sink.pk])
-    started = transitions.start_attempt(task_run_id=sink.pk, fencing_token=claimed.fencing_token, owner="w",
+    started = engine_helpers.start_attempt(task_run_id=sink.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     assert started is not None
     upstream = started.upstream
@@ -167,7 +168,7 @@ def test_the_upstream_cap_is_a_setting(org, settings):
                     " WHERE workflow_run_id = %s AND id <> %s", [run.pk, c.pk])
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [c.pk])
     (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[c.pk])
-    started = transitions.start_attempt(task_run_id=c.pk, fencing_token=claimed.fencing_token, owner="w",
+    started = engine_helpers.start_attempt(task_run_id=c.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     # "[1, 2]" is 6 bytes: a fits (6 <= 10), b does not (12 > 10).
     assert started.upstream == {"a": [1, 2], "b": {"$ref": "task_output", "task": "b", "bytes": 6, "truncated": True}}

@@ -22,6 +22,7 @@ from engine.models import TaskRun, TaskRunEvent, WorkflowRun
 from engine.repositories import transitions
 from engine.services import apply_definition, start_run
 from tenancy.models import Role
+from tests import engine_helpers
 from tests.unit.test_api_auth import assert_problem, bearer, data_queries
 from tests.unit.test_api_workflows import Api, new_api_factory
 
@@ -53,9 +54,9 @@ def step(run_id) -> bool:
             transitions.claim_ready(limit=len(ready), lease_seconds=30, owner=OWNER, task_run_ids=ready)
     for tr in TaskRun.objects.unscoped().filter(workflow_run_id=run_id, state="running").select_related("task"):
         with transaction.atomic():
-            transitions.start_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, owner=OWNER, lease_seconds=30)
+            engine_helpers.start_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, owner=OWNER, lease_seconds=30)
         with transaction.atomic():
-            transitions.complete_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, succeeded=True,
+            engine_helpers.complete_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, succeeded=True,
                                          output={"key": tr.task.key}, lease_seconds=30, owner=OWNER)
     return WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal
 

@@ -24,6 +24,8 @@ from engine.worker import batching, heartbeat
 from engine.worker import execute as worker
 from engine.worker.combiner import Combiner, _Slot
 
+from tests import engine_helpers
+
 TASK_QUEUE = "flowforge.tasks"
 
 
@@ -239,12 +241,10 @@ def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_work
     rows = task_runs(run.pk)
     from django.db import transaction
 
-    from engine.repositories import transitions
-
     contexts = {}
     for key in ("x", "y"):
         with transaction.atomic():
-            started = transitions.start_attempt(
+            started = engine_helpers.start_attempt(
                 task_run_id=rows[key].pk, fencing_token=1, owner="w", lease_seconds=5
             )
         contexts[key] = TaskContext(
@@ -573,7 +573,7 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
     run = start_run(workflow=wf, run_input={})
     claimed = {d.task_run_id: d for d in transitions.claim_ready(limit=10, lease_seconds=60, owner="o")}
     rows = task_runs(run.pk)
-    started = transitions.start_attempts(
+    started = engine_helpers.start_attempts(
         [transitions.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
         lease_seconds=30)
     assert all(s is not None for s in started)
@@ -585,7 +585,7 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
         s.task_run_id for s in started}
 
     a = started[0]
-    result = transitions.complete_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, succeeded=False,
+    result = engine_helpers.complete_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, succeeded=False,
                                           error="boom", lease_seconds=60, owner="o")
     assert result.state == "ready"
     delay = (task_runs(run.pk)["a"].not_before - db_now()).total_seconds()
@@ -601,7 +601,7 @@ def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
     claimed = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    started = transitions.start_attempts(
+    started = engine_helpers.start_attempts(
         [transitions.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
     good, bad = started
     # A success whose output is not JSON text makes the shared statement fail.
@@ -661,7 +661,7 @@ def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as
                               "max_attempts": 1}])
     run = start_run(workflow=wf, run_input={})
     (d,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    (s,) = transitions.start_attempts([transitions.StartRequest(d.task_run_id, d.fencing_token, "w")],
+    (s,) = engine_helpers.start_attempts([transitions.StartRequest(d.task_run_id, d.fencing_token, "w")],
                                       lease_seconds=30)
     row = task_runs(run.pk)["a"]
     assert (row.lease_expires_at - row.started_at).total_seconds() == 0.25

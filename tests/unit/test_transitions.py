@@ -16,8 +16,10 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import driver, transitions
 from engine.repositories.transitions import TASK_QUEUE
+from engine.sql import queries
+from tests import engine_helpers
 
 LEASE = 30.0
 OWNER = "test-scheduler"
@@ -62,12 +64,12 @@ def claim(limit=100, ids=None, owner=OWNER, lease=LEASE):
 
 def start_attempt(tr_id, token, lease=LEASE, owner=WORKER):
     with transaction.atomic():
-        return transitions.start_attempt(task_run_id=tr_id, fencing_token=token, owner=owner, lease_seconds=lease)
+        return engine_helpers.start_attempt(task_run_id=tr_id, fencing_token=token, owner=owner, lease_seconds=lease)
 
 
 def complete(tr_id, token, succeeded=True, output=None, error=""):
     with transaction.atomic():
-        return transitions.complete_attempt(
+        return engine_helpers.complete_attempt(
             task_run_id=tr_id,
             fencing_token=token,
             succeeded=succeeded,
@@ -957,23 +959,23 @@ def test_a_success_of_a_task_nothing_depends_on_skips_the_promote_statement(org,
     def prepared_promotes() -> int:
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
-                        [transitions._prepared_form(transitions._PROMOTE_CLAIM_SQL)[0]])
+                        [driver.prepared_form(queries["task_run_promote_and_claim_dependents"])[0]])
             return cur.fetchone()[0]
 
     (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
-    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (started_a,) = engine_helpers.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                               lease_seconds=60)
     assert started_a.task_key == "a" and started_a.has_dependents is True
-    results, (b,) = transitions.complete_successes(
+    results, (b,) = engine_helpers.complete_successes(
         [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
         lease_seconds=60, owner="test")
     assert results[0].accepted and results[0].run_state is None
     assert prepared_promotes() == 1
     connection.close()
-    (started_b,) = transitions.start_attempts([transitions.StartRequest(b.task_run_id, b.fencing_token, "w")],
+    (started_b,) = engine_helpers.start_attempts([transitions.StartRequest(b.task_run_id, b.fencing_token, "w")],
                                               lease_seconds=60)
     assert started_b.task_key == "b" and started_b.has_dependents is False
-    results, claimed = transitions.complete_successes(
+    results, claimed = engine_helpers.complete_successes(
         [transitions.SuccessRequest(b.task_run_id, b.fencing_token, {"n": 1}, started_b.has_dependents)],
         lease_seconds=60, owner="test")
     assert claimed == ()
@@ -994,9 +996,9 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
                              {"key": "c", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
     (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
-    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (started_a,) = engine_helpers.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                               lease_seconds=60)
-    _results, claimed = transitions.complete_successes(
+    _results, claimed = engine_helpers.complete_successes(
         [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
         lease_seconds=60, owner="test", reserve_seconds=5.0)
     b, c = sorted(claimed, key=lambda d: TaskRun.objects.unscoped().get(pk=d.task_run_id).task.key)
@@ -1004,7 +1006,7 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
                                                                       pk__in=[b.outbox_id, c.outbox_id])}
     assert all(m.published_at is None and m.next_attempt_at is not None for m in rows.values())
 
-    started = transitions.start_attempts(
+    started = engine_helpers.start_attempts(
         [transitions.StartRequest(b.task_run_id, b.fencing_token, "w", outbox_id=b.outbox_id),
          transitions.StartRequest(c.task_run_id, c.fencing_token + 1, "w", outbox_id=c.outbox_id)],  # stale
         lease_seconds=60)
@@ -1018,7 +1020,7 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
 @pytest.mark.django_db(transaction=True)
 def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_workflow):
     """The hot transactions send their parameters as literals in one query string
-    (``_run_prepared``): an output full of quoting hazards is stored as given."""
+    (``driver.run_prepared``): an output full of quoting hazards is stored as given."""
     from engine.services import start_run
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}])
@@ -1026,9 +1028,9 @@ def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_w
     tricky = {"q": "it's \\ \"x\"; COMMIT; DROP TABLE core_taskrun; --", "e": "E'\\x00'", "u": "ü 😀 $1 %(ids)s",
               "n": [1.5, None, True], "nested": {"'": "''"}}
     (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="te'st")
-    transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w'; --")],
+    engine_helpers.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w'; --")],
                                lease_seconds=60)
-    results, _ = transitions.complete_successes(
+    results, _ = engine_helpers.complete_successes(
         [transitions.SuccessRequest(a.task_run_id, a.fencing_token, tricky, False)], lease_seconds=60, owner="t")
     assert results[0].accepted and results[0].run_state == "succeeded"
     row = TaskRun.objects.unscoped().get(pk=a.task_run_id)
@@ -1039,12 +1041,12 @@ def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_w
 
 @pytest.mark.django_db
 def test_the_hot_path_literals_read_back_as_the_values_they_render():
-    """``transitions._literal`` (the EXECUTE arguments of ``_run_prepared``) renders what
+    """``driver._literal`` (the EXECUTE arguments of ``driver.run_prepared``) renders what
     PostgreSQL reads back as the same value, quoting hazards included; kinds it does not
     render itself go through psycopg's mogrify."""
     import psycopg
 
-    from engine.repositories.transitions import _literal
+    from engine.repositories.driver import _literal
 
     u = uuid.uuid4()
     cases = [
@@ -1090,9 +1092,9 @@ def test_the_hot_path_renders_its_own_arguments_without_mogrify(org, make_workfl
 
     monkeypatch.setattr(psycopg.ClientCursor, "mogrify", refuse)
     (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    (started,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (started,) = engine_helpers.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                             lease_seconds=60)
-    results, _ = transitions.complete_successes(
+    results, _ = engine_helpers.complete_successes(
         [transitions.SuccessRequest(a.task_run_id, a.fencing_token, {"x": "it's"}, False)], lease_seconds=60,
         owner="o")
     assert started is not None and results[0].accepted and results[0].run_state == "succeeded"

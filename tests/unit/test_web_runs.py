@@ -28,6 +28,7 @@ from frontend import live
 from frontend.views import runs as run_views
 from tenancy.actors import Actor
 from tenancy.models import Membership, Role, User
+from tests import engine_helpers
 from tests.unit.test_identity import fresh_client, unique_email
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -111,12 +112,12 @@ def drive_run(run: WorkflowRun, *, steps: int | None = None, fail: Iterable[str]
         if not pending:
             break
         for task_run_id, token in pending:
-            att = transitions.start_attempt(task_run_id=task_run_id, fencing_token=token, owner="test",
+            att = engine_helpers.start_attempt(task_run_id=task_run_id, fencing_token=token, owner="test",
                                             lease_seconds=30)
             if att is None:
                 continue
             bad = att.task_key in fail or (att.task_key in flaky and att.attempt == 1)
-            transitions.complete_attempt(
+            engine_helpers.complete_attempt(
                 task_run_id=att.task_run_id, fencing_token=att.fencing_token, succeeded=not bad,
                 output=None if bad else {"task": att.task_key, "rows": list(range(40))},
                 error=f"{att.task_key} failed <b>on purpose</b>" if bad else "", lease_seconds=30, owner="test",
