@@ -23,7 +23,6 @@ from engine.services import start_run
 from engine.worker import batching, heartbeat
 from engine.worker import execute as worker
 from engine.worker.combiner import Combiner, _Slot
-
 from tests import engine_helpers
 
 TASK_QUEUE = "flowforge.tasks"
