@@ -49,8 +49,8 @@ from audit.models import AuditLog
 from audit.services import SecretInMetadata
 from engine import triggers
 from engine.models import ScheduledTrigger
-from frontend.mail import send_invitation_email
 from tenancy.apikeys import create_api_key, revoke_api_key
+from tenancy.mail import send_invitation_email
 from tenancy.models import ApiKey, Invitation, Membership
 from tenancy.permissions import Action
 from tenancy.services import TenancyError, change_role, invite_member, remove_member, revoke_invitation
@@ -358,19 +358,6 @@ class MemberDetailView(_MemberView):
 # --- invitations -----------------------------------------------------------------------------------
 
 
-class _OnBehalfOf:
-    """The request as frontend.mail sees it, with ``user`` the person the invitation
-    is from: the signed-in user, or for an API key the key's creator, on whose behalf
-    the key acts (``request.user`` is then an ApiKeyPrincipal, which has no email)."""
-
-    def __init__(self, request, user):
-        self._wrapped = request
-        self.user = user
-
-    def __getattr__(self, name):
-        return getattr(self._wrapped, name)
-
-
 def _invitation_field(exc: TenancyError) -> str:
     return "role" if str(exc).startswith("role") else "email"
 
@@ -427,11 +414,12 @@ class InvitationListView(_InvitationView):
             raise ValidationError({field: [str(exc)]}) from None
         inviter = self.actor.user or self.actor.api_key.created_by
         # After the commit: no mail for an invitation that was rolled back. robust: a
-        # failing mailer is logged (by frontend.mail or Django), not turned into a 500
-        # for an invitation that exists.
+        # failing mailer is logged (by tenancy.mail or Django), not turned into a 500
+        # for an invitation that exists. The email is from the user, or for an API key
+        # from the key's creator, on whose behalf the key acts.
         transaction.on_commit(
-            functools.partial(send_invitation_email, _OnBehalfOf(request._request, inviter),
-                              invitation=invitation, token=token),
+            functools.partial(send_invitation_email, request._request, invitation=invitation, token=token,
+                              inviter=inviter),
             robust=True,
         )
         return Response(InvitationSerializer(self.get_queryset().get(pk=invitation.pk)).data,

@@ -59,7 +59,7 @@ from engine import services as engine_services  # noqa: E402
 from engine.models import TaskRun, Workflow, WorkflowRun  # noqa: E402
 from engine.repositories import transitions  # noqa: E402
 from engine.services import apply_definition, start_run  # noqa: E402
-from frontend.views import runs as run_views  # noqa: E402
+from frontend.presenters import run_page as run_views  # noqa: E402  (the DAG cache is the run page presenter's)
 from tenancy.context import actor_for_membership  # noqa: E402
 from tenancy.models import Membership, Organization, Role  # noqa: E402
 from tenancy.services import create_organization  # noqa: E402
