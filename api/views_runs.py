@@ -270,7 +270,8 @@ class RunRetryView(_RunView):
     )
     def post(self, request, pk):
         try:
-            new = retry_run(actor=self.actor, run=_run_detail(self.actor, pk))
+            new = retry_run(actor=self.actor, run=access_run(self.actor, pk, shape=lambda qs: qs.select_related(
+                "workflow")))
         except (RunNotFinished, WorkflowNotStartable) as exc:
             raise Conflict(str(exc)) from exc
         return Response(RunSerializer(_run_detail(self.organization, new.pk), context={"request": request}).data,

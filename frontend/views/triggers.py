@@ -23,7 +23,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from engine.access import access_trigger
 from engine.models import ScheduledTrigger, Workflow
 from engine.triggers import TriggerError, create_trigger, delete_trigger, preview, set_enabled, update_trigger
-from frontend.forms_workflows import TriggerForm, describe_cron
+from frontend.cron_words import describe_cron
+from frontend.forms_workflows import TriggerForm
 from frontend.organization import organization_required
 from frontend.views.workflows import authorize
 from tenancy.permissions import Action, Forbidden, can
