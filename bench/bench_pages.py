@@ -60,7 +60,7 @@ from engine.models import TaskRun, Workflow, WorkflowRun  # noqa: E402
 from engine.repositories import task_runs  # noqa: E402
 from engine.repositories.types import StartRequest, SuccessRequest  # noqa: E402
 from engine.services import apply_definition, start_run  # noqa: E402
-from frontend.views import runs as run_views  # noqa: E402
+from frontend.presenters import run_page as run_views  # noqa: E402  (the DAG cache is the run page presenter's)
 from tenancy.context import actor_for_membership  # noqa: E402
 from tenancy.models import Membership, Organization, Role  # noqa: E402
 from tenancy.services import create_organization  # noqa: E402

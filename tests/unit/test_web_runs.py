@@ -25,6 +25,8 @@ from engine.models import TaskRun, TaskRunEvent, WorkflowRun
 from engine.repositories import transitions
 from engine.services import apply_definition, start_run
 from frontend import live
+from frontend.presenters import run_page, timeline
+from frontend.presenters import text as run_text
 from frontend.views import runs as run_views
 from tenancy.actors import Actor
 from tenancy.models import Membership, Role, User
@@ -335,7 +337,7 @@ def test_run_page_query_count_does_not_grow_with_tasks_or_events(org):
     assert resp.status_code == 200
     assert len(many) == len(few), "\n".join(many)
     # The log keeps the latest EVENT_LOG_LIMIT events and links to the full log.
-    assert resp.content.decode().count("<tr data-seq=") == run_views.EVENT_LOG_LIMIT
+    assert resp.content.decode().count("<tr data-seq=") == run_page.EVENT_LOG_LIMIT
     assert f'href="/runs/{big.pk}/events/"' in resp.content.decode()
 
 
@@ -376,7 +378,7 @@ def test_live_fragment_query_count_is_constant(org):
 
 
 def test_fragment_replaces_the_log_when_more_events_are_new_than_it_keeps(org, monkeypatch):
-    monkeypatch.setattr(run_views, "EVENT_LOG_LIMIT", 5)
+    monkeypatch.setattr(run_page, "EVENT_LOG_LIMIT", 5)
     run = drive_run(make_run(org, 6))
     body = client_for(owner_of(org)).get(f"/runs/{run.pk}/live/?after=1").content.decode()
     assert 'data-mode="replace"' in body
@@ -473,18 +475,18 @@ def test_attempts_are_paired_from_started_to_the_event_that_ended_them():
         (c, "cancelled", at(6), 1, "cancelled", None),  # never started: no attempt
         (c, "started", at(7), 1, "running", None),
     ]
-    got = run_views.attempts_from_events(events)
+    got = timeline.attempts_from_events(events)
     assert [(x.number, x.outcome, x.error) for x in got[a]] == [(1, "retried", "boom"), (2, "succeeded", "")]
     assert [(x.outcome, x.end) for x in got[b]] == [("lease_expired", at(4))]
     assert [(x.outcome, x.end) for x in got[c]] == [("running", None)]
 
 
 def test_human_durations():
-    assert run_views.human_duration(0.34) == "340 ms"
-    assert run_views.human_duration(12.44) == "12.4 s"
-    assert run_views.human_duration(185) == "3 m 05 s"
-    assert run_views.human_duration(7620) == "2 h 07 m"
-    assert run_views.human_duration(None) == ""
+    assert run_text.human_duration(0.34) == "340 ms"
+    assert run_text.human_duration(12.44) == "12.4 s"
+    assert run_text.human_duration(185) == "3 m 05 s"
+    assert run_text.human_duration(7620) == "2 h 07 m"
+    assert run_text.human_duration(None) == ""
 
 
 # --- the event stream (LISTEN/NOTIFY) -----------------------------------------------------------
