@@ -40,6 +40,17 @@ def _shown(text: str, limit: int = 200) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
+def malformed_header(headers: dict[str, str]) -> str | None:
+    """What is wrong with the first malformed header of ``headers`` (a name that is not an
+    RFC 9110 token — pseudo-headers included —, a value holding CR, LF or NUL), or None."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            return f"'headers': {_shown(name)} is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+        if any(c in value for c in "\r\n\0"):
+            return f"'headers': the value of {name!r} may not contain CR, LF or NUL"
+    return None
+
+
 class HttpStatusError(RuntimeError):
     """The response's status code is not one of ``expected_status``."""
 
@@ -95,12 +106,8 @@ class HttpHandler(TaskHandler):
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("'headers' must be an object of string to string")
-        for name, value in headers.items():
-            if not _HEADER_NAME.fullmatch(name):
-                raise ConfigError(f"'headers': {_shown(name)} is not a valid header name (letters, digits and "
-                                  "!#$%&'*+-.^_`|~ only)")
-            if any(c in value for c in "\r\n\0"):
-                raise ConfigError(f"'headers': the value of {name!r} may not contain CR, LF or NUL")
+        if (problem := malformed_header(headers)) is not None:
+            raise ConfigError(problem)
         refused = reserved_headers(headers)
         if refused:
             raise ConfigError(
@@ -134,12 +141,8 @@ class HttpHandler(TaskHandler):
         cfg = context.config
         headers = cfg.get("headers") or {}
         # A definition stored before these headers were refused at validation.
-        for name, value in headers.items():
-            if not _HEADER_NAME.fullmatch(name):
-                raise ConfigError(f"'headers': {_shown(name)} is not a valid header name (letters, digits and "
-                                  "!#$%&'*+-.^_`|~ only)")
-            if any(c in value for c in "\r\n\0"):
-                raise ConfigError(f"'headers': the value of {name!r} may not contain CR, LF or NUL")
+        if (problem := malformed_header(headers)) is not None:
+            raise ReservedHeaderError(problem)
         refused = reserved_headers(headers)
         if refused:
             raise ReservedHeaderError(f"'headers' may not set {', '.join(repr(h) for h in refused)}")
