@@ -10,7 +10,7 @@ COPY . .
 # is signed or encrypted then); every container gets the real ones from its environment.
 RUN pip install --no-cache-dir -e . && \
     DEBUG=false SECRET_KEY=image-build-only-throwaway-key-never-used-by-a-running-service-0123456789 \
-    FLOWFORGE_AUDIT_KEYS=build:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= \
+    FLOWFORGE_AUDIT_KEYS="build:$(python -c 'import base64,secrets; print(base64.b64encode(secrets.token_bytes(32)).decode())')" \
     FLOWFORGE_ENCRYPTION_KEYS="$(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')" \
     python manage.py collectstatic --noinput
 EXPOSE 8000

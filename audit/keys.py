@@ -31,6 +31,9 @@ import secrets
 KEY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 # Bytes of key material at least (HMAC-SHA256's block is 64; its output 32).
 MIN_KEY_BYTES = 32
+# Distinct byte values at least: 32 random bytes have fewer than 16 with a chance below 1e-9.
+MIN_DISTINCT_BYTES = 16
+GENERATE_HINT = "python -c \"import base64,secrets; print(base64.b64encode(secrets.token_bytes(32)).decode())\""
 DEV_KEY_ID = "dev"
 ENV_NAME = "FLOWFORGE_AUDIT_KEYS"
 
@@ -69,6 +72,11 @@ def _parse(raw: str) -> tuple[tuple[str, bytes], ...]:
         if len(key) < MIN_KEY_BYTES:
             raise AuditKeyError(
                 f"{ENV_NAME} entry {n} ({key_id}): the key is {len(key)} bytes; at least {MIN_KEY_BYTES}")
+        if len(set(key)) < MIN_DISTINCT_BYTES:
+            # Random bytes are almost never this repetitive; a hand-made or placeholder key is.
+            raise AuditKeyError(
+                f"{ENV_NAME} entry {n} ({key_id}): the key has {len(set(key))} distinct byte values, "
+                f"not random: generate one with {GENERATE_HINT}")
         out.append((key_id, key))
     return tuple(out)
 

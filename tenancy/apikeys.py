@@ -46,7 +46,7 @@ from django.utils import timezone
 from audit import services as audit
 from tenancy.actors import Actor
 from tenancy.authority import cap_to_grantor
-from tenancy.models import ROLE_RANK, ApiKey, Organization, Role, User
+from tenancy.models import ROLE_RANK, ApiKey, Invitation, Organization, Role, User
 from tenancy.permissions import Action, Forbidden, require
 from tenancy.services import TenancyError
 
@@ -242,7 +242,8 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
     must work while Redis is down (an entry there could then survive at most
     CACHE_TTL_SECONDS).
 
-    ``revoked_by`` is the acting user, or for an API key its creator.
+    ``revoked_by`` is the acting user, or for an API key its creator. The key's pending
+    invitations are revoked with it (``invitation.revoked``, reason ``api_key_revoked``).
     Raises Forbidden without apikey.manage, ApiKey.DoesNotExist when the key is not
     the actor's organization's.
     """
@@ -260,6 +261,15 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
         row.revoked_by = revoker
         row.save(update_fields=["revoked_at", "revoked_by"])
         audit.record("api_key.revoked", actor=actor, target=row, metadata={"name": row.name, "prefix": row.prefix})
+        # Invitations it sent leave with it: a leaked key must not keep minting members.
+        pending = Invitation.objects.for_organization(actor.organization).select_for_update().filter(
+            invited_by_api_key=row, accepted_at__isnull=True, revoked_at__isnull=True).order_by("created_at", "id")
+        for inv in pending:
+            inv.revoked_at = row.revoked_at
+            inv.save(update_fields=["revoked_at"])
+            audit.record("invitation.revoked", actor=actor, target=inv,
+                         metadata={"email": inv.email, "role": inv.role, "reason": "api_key_revoked",
+                                   "key_prefix": row.prefix})
         prefix = row.prefix
         transaction.on_commit(lambda: _forget(prefix), robust=True)
     return row

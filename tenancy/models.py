@@ -123,6 +123,9 @@ class Invitation(models.Model):
     role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
     token_hash = models.CharField(max_length=64)
     invited_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
+    # The API key it was sent with, if any: revoking the key withdraws its pending invitations.
+    invited_by_api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
+                                           related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     accepted_at = models.DateTimeField(null=True, blank=True)

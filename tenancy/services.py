@@ -20,8 +20,8 @@ from django.utils import timezone
 from audit import services as audit
 from tenancy.actors import Actor
 from tenancy.authority import cap_to_grantor
-from tenancy.models import ROLE_RANK, Invitation, Membership, Organization, Role, User
-from tenancy.permissions import Action, Forbidden, require
+from tenancy.models import ROLE_RANK, ApiKey, Invitation, Membership, Organization, Role, User
+from tenancy.permissions import Action, Forbidden, can, require
 from tenancy.signals import member_departed
 
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -101,7 +101,8 @@ def _owners(memberships: list[Membership]) -> int:
 def change_role(*, actor: Actor, membership: Membership, role: str) -> Membership:
     """Set ``membership``'s role. Only an owner grants or removes the owner role; the
     last owner cannot be demoted. A demotion revokes the member's pending invitations to
-    a role above the new one (``invitation.revoked``, reason ``sender_demoted``).
+    a role above the new one, or all of them when the new role cannot invite
+    (``invitation.revoked``, reason ``sender_demoted``).
     Raises Forbidden or TenancyError."""
     require(actor.role, Action.MEMBER_MANAGE)
     if role not in Role.values:
@@ -122,8 +123,10 @@ def change_role(*, actor: Actor, membership: Membership, role: str) -> Membershi
             audit.record("member.role_changed", actor=actor, target=current, metadata={
                 "user": current.user.email, "role": {"before": before, "after": role}})
             if ROLE_RANK[role] < ROLE_RANK[before]:
+                # A role that can no longer invite withdraws every pending invitation; one
+                # that still can withdraws those above it.
                 _revoke_invitations_sent_by(actor=actor, membership=current, reason="sender_demoted",
-                                            above=role)
+                                            above=role if can(role, Action.MEMBER_MANAGE) else None)
     return current
 
 
@@ -186,6 +189,14 @@ def _revoke_invitations_sent_by(*, actor: Actor, membership: Membership, reason:
     return revoked
 
 
+def _key_still_usable(api_key_id) -> bool:
+    """True when the API key ``api_key_id`` is neither revoked nor expired (read from the
+    database, never the verified-key cache)."""
+    now = timezone.now()
+    return ApiKey.objects.unscoped().filter(pk=api_key_id, revoked_at__isnull=True).exclude(
+        expires_at__lte=now).exists()
+
+
 def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -220,6 +231,7 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
             # An API key invites on its creator's authority (as the mail says), so the
             # acceptance is capped by that person's role, like the key itself.
             invited_by=actor.user or getattr(actor.api_key, "created_by", None),
+            invited_by_api_key_id=getattr(actor.api_key, "id", None),
             expires_at=now + dt.timedelta(seconds=INVITATION_TTL_SECONDS),
         )
         audit.record("invitation.sent", actor=actor, target=invitation,
@@ -259,8 +271,9 @@ def accept_invitation(*, token: str, user: User) -> Membership:
     before (and is seen here) or waits until this acceptance has committed.
 
     Raises TenancyError when the token is unknown, expired, already used or revoked,
-    the signed-in address is not the invited one (or not verified), or the sender is
-    no longer a member. A refused use of a real invitation is itself recorded
+    the signed-in address is not the invited one (or not verified), the sender is no
+    longer a member or may no longer invite members, or the API key it was sent with
+    was revoked or has expired. A refused use of a real invitation is itself recorded
     (``invitation.refused_use``, with the reason), committed even though the
     acceptance is not.
     """
@@ -287,6 +300,14 @@ def accept_invitation(*, token: str, user: User) -> Membership:
         elif grant is None:
             refusal = (inv, "sender_not_a_member",
                        f"the person who sent this invitation is no longer a member of {inv.organization.name}; "
+                       "ask for a new invitation")
+        elif not can(grant.membership.role, Action.MEMBER_MANAGE):
+            refusal = (inv, "sender_cannot_invite",
+                       f"the person who sent this invitation can no longer invite members to "
+                       f"{inv.organization.name}; ask for a new invitation")
+        elif inv.invited_by_api_key_id is not None and not _key_still_usable(inv.invited_by_api_key_id):
+            refusal = (inv, "sender_key_revoked",
+                       "the API key this invitation was sent with has been revoked or has expired; "
                        "ask for a new invitation")
         if refusal is None:
             membership, _created = Membership.objects.get_or_create(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+import httpx
 
 from engine import egress
 from engine.handlers.base import (
@@ -26,6 +29,26 @@ RESERVED_HEADERS = frozenset({
     "host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade", "content-length",
 })
+
+
+# RFC 9110's token: what a field name may be made of (no ':' pseudo-headers, no spaces).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}")
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """``text`` as repr, cut to ``limit`` characters, for an error message."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+
+
+def malformed_header(headers: dict[str, str]) -> str | None:
+    """What is wrong with the first malformed header of ``headers`` (a name that is not an
+    RFC 9110 token — pseudo-headers included —, a value holding CR, LF or NUL), or None."""
+    for name, value in headers.items():
+        if not _HEADER_NAME.fullmatch(name):
+            return f"'headers': {_shown(name)} is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+        if any(c in value for c in "\r\n\0"):
+            return f"'headers': the value of {name!r} may not contain CR, LF or NUL"
+    return None
 
 
 class HttpStatusError(RuntimeError):
@@ -55,21 +78,26 @@ class HttpHandler(TaskHandler):
         url = config.get("url")
         if not isinstance(url, str) or not url:
             raise ConfigError("'url' is required")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"'url' must be an absolute http(s) URL, got {url!r}")
+        shown = _shown(url)
         try:
-            host = parts.hostname
+            parts = urlsplit(url)
+            host, _port = parts.hostname, parts.port  # .port raises for a port outside 0-65535
         except ValueError as exc:
-            raise ConfigError(f"'url' has an invalid host ({exc}), got {url!r}") from exc
+            raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"'url' must be an absolute http(s) URL, got {shown}")
         if not host:
-            raise ConfigError(f"'url' must name a host, got {url!r}")
+            raise ConfigError(f"'url' must name a host, got {shown}")
         # Only a numeric host is checked here (no DNS lookup in the web process); a host
         # name is resolved and checked by the worker at connect time, every hop.
         try:
             egress.check_literal_host(unquote(host))
         except egress.EgressDenied as exc:
             raise ConfigError(f"'url': {exc}") from None
+        try:
+            httpx.URL(url)  # what the worker will parse: refuses control characters, bad hosts
+        except httpx.InvalidURL as exc:
+            raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
         method = str(config.get("method", "GET")).upper()
         if method not in METHODS:
             raise ConfigError(f"'method' must be one of {', '.join(sorted(METHODS))}, got {config.get('method')!r}")
@@ -78,6 +106,8 @@ class HttpHandler(TaskHandler):
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise ConfigError("'headers' must be an object of string to string")
+        if (problem := malformed_header(headers)) is not None:
+            raise ConfigError(problem)
         refused = reserved_headers(headers)
         if refused:
             raise ConfigError(
@@ -111,6 +141,8 @@ class HttpHandler(TaskHandler):
         cfg = context.config
         headers = cfg.get("headers") or {}
         # A definition stored before these headers were refused at validation.
+        if (problem := malformed_header(headers)) is not None:
+            raise ReservedHeaderError(problem)
         refused = reserved_headers(headers)
         if refused:
             raise ReservedHeaderError(f"'headers' may not set {', '.join(repr(h) for h in refused)}")

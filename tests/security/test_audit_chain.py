@@ -278,6 +278,9 @@ def test_legacy_rows_verify_only_when_the_deployment_accepts_them_and_never_afte
     (None, "FLOWFORGE_AUDIT_KEYS is not set: with DEBUG off"),
     ("k1:bm90LWJhc2U2NA", "FLOWFORGE_AUDIT_KEYS entry 1 (k1): the key is not valid base64"),
     (f"k1:{base64.b64encode(b'short').decode()}", "FLOWFORGE_AUDIT_KEYS entry 1 (k1): the key is 5 bytes; at least 32"),
+    # 32 zero bytes (a placeholder, as an image build once used): long enough, but not a secret.
+    (f"k1:{base64.b64encode(bytes(32)).decode()}",
+     "FLOWFORGE_AUDIT_KEYS entry 1 (k1): the key has 1 distinct byte values, not random"),
 ])
 def test_a_production_start_without_usable_audit_keys_is_refused(keys, message):
     env = {k: v for k, v in os.environ.items() if k != "FLOWFORGE_AUDIT_KEYS"}

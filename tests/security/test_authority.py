@@ -19,6 +19,7 @@ from allauth.account.models import EmailAddress
 from django.core import mail
 from django.core.cache import cache
 from django.test import Client
+from django.utils import timezone
 
 from audit.models import AuditLog
 from engine.cron import fire_due_triggers, process_trigger
@@ -27,7 +28,7 @@ from engine.triggers import create_trigger
 from tenancy import apikeys
 from tenancy.apikeys import create_api_key
 from tenancy.context import actor_for_membership
-from tenancy.models import Invitation, Membership, Role, User
+from tenancy.models import ApiKey, Invitation, Membership, Role, User
 from tenancy.services import TenancyError, accept_invitation
 
 pytestmark = pytest.mark.django_db
@@ -187,41 +188,107 @@ def test_an_invitation_sent_with_an_admins_api_key_is_revoked_when_the_admin_is_
     assert_refused_everywhere(org, token, invitee, WITHDRAWN)
 
 
-def test_demoting_the_sender_revokes_the_admin_invitation_and_keeps_the_member_one(org, keys):
+def test_demoting_the_sender_revokes_the_invitations_above_their_new_role_and_keeps_the_rest(org, keys):
+    owner = owner_of(org)
+    co_owner = member_of(org, Role.OWNER, "co-owner")
+    would_be_owner, would_be_admin = verified_user("x"), verified_user("y")
+    owner_token = invite_on_the_page(co_owner, would_be_owner.email, Role.OWNER)
+    admin_token = invite_on_the_page(co_owner, would_be_admin.email, Role.ADMIN)
+
+    resp = Client().patch(f"/api/v1/members/{co_owner.pk}/", {"role": Role.ADMIN},
+                          content_type="application/json", headers=keys(owner, Role.OWNER))
+    assert resp.status_code == 200, resp.content
+
+    revoked = Invitation.objects.for_organization(org).get(email=would_be_owner.email)
+    (record,) = revocations(org, revoked)
+    assert record.metadata["reason"] == "sender_demoted" and record.actor_type == "api_key"
+    assert_refused_everywhere(org, owner_token, would_be_owner, WITHDRAWN)
+
+    kept = Invitation.objects.for_organization(org).get(email=would_be_admin.email)
+    assert kept.revoked_at is None and revocations(org, kept) == []
+    resp = browser(would_be_admin).post(f"/invitations/{admin_token}/")
+    assert resp.status_code == 302, text(resp)[:500]
+    assert Membership.objects.for_organization(org).get(user=would_be_admin).role == Role.ADMIN
+
+
+def test_an_admin_demoted_to_member_loses_every_pending_invitation(org, keys):
     owner = owner_of(org)
     admin = member_of(org, Role.ADMIN, "admin-a")
-    would_be_admin, would_be_member = verified_user("x"), verified_user("y")
-    admin_token = invite_on_the_page(admin, would_be_admin.email, Role.ADMIN)
+    would_be_member, would_be_viewer = verified_user("x"), verified_user("y")
     member_token = invite_on_the_page(admin, would_be_member.email, Role.MEMBER)
+    viewer_token = invite_on_the_page(admin, would_be_viewer.email, Role.VIEWER)
 
     resp = Client().patch(f"/api/v1/members/{admin.pk}/", {"role": Role.MEMBER},
                           content_type="application/json", headers=keys(owner, Role.OWNER))
     assert resp.status_code == 200, resp.content
 
-    revoked = Invitation.objects.for_organization(org).get(email=would_be_admin.email)
-    (record,) = revocations(org, revoked)
-    assert record.metadata["reason"] == "sender_demoted" and record.actor_type == "api_key"
-    assert_refused_everywhere(org, admin_token, would_be_admin, WITHDRAWN)
-
-    kept = Invitation.objects.for_organization(org).get(email=would_be_member.email)
-    assert kept.revoked_at is None and revocations(org, kept) == []
-    resp = browser(would_be_member).post(f"/invitations/{member_token}/")
-    assert resp.status_code == 302, text(resp)[:500]
-    assert Membership.objects.for_organization(org).get(user=would_be_member).role == Role.MEMBER
+    # A member cannot invite anyone, so nothing they sent as an admin survives.
+    for invitee, token in ((would_be_member, member_token), (would_be_viewer, viewer_token)):
+        invitation = Invitation.objects.for_organization(org).get(email=invitee.email)
+        assert [r.metadata["reason"] for r in revocations(org, invitation)] == ["sender_demoted"]
+        assert_refused_everywhere(org, token, invitee, WITHDRAWN)
 
 
 def test_a_sender_demoted_without_the_hook_gives_at_most_their_current_role(org):
-    admin = member_of(org, Role.ADMIN, "admin-a")
+    co_owner = member_of(org, Role.OWNER, "co-owner")
     invitee = verified_user("x")
-    token = invite_on_the_page(admin, invitee.email, Role.ADMIN)
+    token = invite_on_the_page(co_owner, invitee.email, Role.OWNER)
     # The race: the demotion lands between sending and accepting, and no hook ran.
-    Membership.objects.for_organization(org).filter(pk=admin.pk).update(role=Role.VIEWER)
+    Membership.objects.for_organization(org).filter(pk=co_owner.pk).update(role=Role.ADMIN)
 
     resp = browser(invitee).post(f"/invitations/{token}/")
     assert resp.status_code == 302, text(resp)[:500]
-    assert Membership.objects.for_organization(org).get(user=invitee).role == Role.VIEWER
+    assert Membership.objects.for_organization(org).get(user=invitee).role == Role.ADMIN
     accepted = AuditLog.objects.for_organization(org).get(action="invitation.accepted")
-    assert (accepted.metadata["role"], accepted.metadata["invited_role"]) == (Role.VIEWER, Role.ADMIN)
+    assert (accepted.metadata["role"], accepted.metadata["invited_role"]) == (Role.ADMIN, Role.OWNER)
+
+
+def test_a_sender_who_can_no_longer_invite_makes_the_acceptance_refused(org):
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    invitee = verified_user("x")
+    token = invite_on_the_page(admin, invitee.email, Role.VIEWER)
+    # Demoted to viewer without the hook: a viewer cannot invite, so the invitation gives nothing.
+    Membership.objects.for_organization(org).filter(pk=admin.pk).update(role=Role.VIEWER)
+
+    message = f"the person who sent this invitation can no longer invite members to {org.name}"
+    assert_refused_everywhere(org, token, invitee, message)
+
+
+def test_an_invitation_sent_with_an_api_key_is_withdrawn_when_the_key_is_revoked(
+        org, keys, django_capture_on_commit_callbacks):
+    owner = owner_of(org)
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    invitee = verified_user("x")
+    admin_key = keys(admin, Role.ADMIN)
+    with django_capture_on_commit_callbacks(execute=True):  # the mail goes out on commit
+        resp = Client().post("/api/v1/invitations/", {"email": invitee.email, "role": Role.ADMIN},
+                             content_type="application/json", headers=admin_key)
+    assert resp.status_code == 201, resp.content
+    (token,) = ACCEPT_LINK_RE.findall(mail.outbox[-1].body)
+    invitation = Invitation.objects.for_organization(org).get(email=invitee.email)
+    key_id = invitation.invited_by_api_key_id
+    assert key_id is not None
+
+    resp = Client().post(f"/api/v1/api-keys/{key_id}/revoke/", headers=keys(owner, Role.OWNER))
+    assert resp.status_code == 200, resp.content
+    assert [r.metadata["reason"] for r in revocations(org, invitation)] == ["api_key_revoked"]
+    assert_refused_everywhere(org, token, invitee, WITHDRAWN)
+
+
+def test_an_invitation_whose_key_was_revoked_without_the_hook_is_refused(org, keys, django_capture_on_commit_callbacks):
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    invitee = verified_user("x")
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = Client().post("/api/v1/invitations/", {"email": invitee.email, "role": Role.MEMBER},
+                             content_type="application/json", headers=keys(admin, Role.ADMIN))
+    assert resp.status_code == 201, resp.content
+    (token,) = ACCEPT_LINK_RE.findall(mail.outbox[-1].body)
+    invitation = Invitation.objects.for_organization(org).get(email=invitee.email)
+    # The key is revoked behind the service's back (e.g. by staff in the admin).
+    ApiKey.objects.for_organization(org).filter(pk=invitation.invited_by_api_key_id).update(revoked_at=timezone.now())
+
+    message = "the API key this invitation was sent with has been revoked or has expired"
+    assert_refused_everywhere(org, token, invitee, message)
 
 
 def test_a_sender_gone_without_the_hook_makes_the_acceptance_refused(org):

@@ -27,6 +27,7 @@ from cryptography.fernet import Fernet
 from django.core.management import call_command
 from django.test import Client, override_settings
 
+from audit import keys as audit_keys
 from tenancy.models import Role
 from tests import secret_registry
 from tests.unit.test_api_org import acme, org_factory, post  # noqa: F401 (fixtures)
@@ -40,7 +41,8 @@ def production_mailers() -> dict:
     """MAILERS as settings.py computes it with DEBUG off and no EMAIL_HOST."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMAIL_")}
     env.update(DEBUG="false", SECRET_KEY="a-production-secret-key-" + "y" * 50,
-               FLOWFORGE_ENCRYPTION_KEYS=Fernet.generate_key().decode(), DJANGO_SETTINGS_MODULE="flowforge.settings")
+               FLOWFORGE_ENCRYPTION_KEYS=Fernet.generate_key().decode(), DJANGO_SETTINGS_MODULE="flowforge.settings",
+               FLOWFORGE_AUDIT_KEYS=audit_keys.generate_key_spec("k1"))
     code = "import json, flowforge.settings as s; print(json.dumps(s.MAILERS))"
     out = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True,
                          timeout=120, check=True)

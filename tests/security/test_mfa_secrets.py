@@ -21,6 +21,7 @@ from allauth.mfa.models import Authenticator
 from cryptography.fernet import Fernet, InvalidToken
 from django.apps import apps
 
+from audit import keys as audit_keys
 from tests.unit.test_audit_actions import verified_user
 from tests.unit.test_identity import (
     PASSWORD,
@@ -118,7 +119,8 @@ def test_clear_secrets_of_earlier_versions_are_encrypted_by_a_reversible_migrati
 def test_a_production_start_without_encryption_keys_is_refused():
     env = {k: v for k, v in os.environ.items() if k != "FLOWFORGE_ENCRYPTION_KEYS"}
     env.update(DEBUG="false", SECRET_KEY="a-real-looking-production-secret-" + "x" * 40,
-               DJANGO_SETTINGS_MODULE="flowforge.settings")
+               DJANGO_SETTINGS_MODULE="flowforge.settings",
+               FLOWFORGE_AUDIT_KEYS=audit_keys.generate_key_spec("k1"))  # valid: only the encryption keys decide
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=BASE_DIR, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
