@@ -41,7 +41,7 @@ def send_execute_messages(pairs: Sequence[tuple[str, int]]) -> list[BaseExceptio
     """Send each (task_run_id, fencing_token) as its own ``execute_task_run`` message, in
     one broker round trip; returns, per pair, None or the error the broker refused it with."""
     from engine.relay import dispatch_message
-    from engine.repositories.transitions import TASK_QUEUE
+    from engine.repositories.types import TASK_QUEUE
     from flowforge.broker import enqueue_many
 
     return enqueue_many([dispatch_message([pair], TASK_QUEUE) for pair in pairs])

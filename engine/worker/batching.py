@@ -6,8 +6,8 @@ talks to a ``Completer`` and does not know whether its requests share a transact
 - ``Completer.start(request)`` starts a delivered generation: StartedAttempt, or None
   when the message is stale or a duplicate (recorded as an event).
 - ``Completer.complete(completion)`` is the one way to record how an attempt ended. A
-  ``Success`` goes to ``transitions.start_and_complete`` with the process's other starts
-  and successes; a ``Failure`` is its own transaction (``transitions.complete_attempt``).
+  ``Success`` goes to ``task_runs.start_and_complete_many`` with the process's other starts
+  and successes; a ``Failure`` is its own transaction (``task_runs.fail_attempt``).
   Returns (CompletionResult, Dispatch to continue with or None), or None when a success
   without dependents was queued behind a batch in flight (write-behind, below).
 
@@ -34,21 +34,21 @@ from django.conf import settings
 
 from engine import metrics
 from engine.db import atomic_retry
-from engine.repositories import transitions
+from engine.repositories import task_runs, types
 from engine.worker._up import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner, publish_dispatches
 from engine.worker.combiner import Combiner
 
 log = logging.getLogger(__name__)
 
 # (CompletionResult, the dependent this thread continues with or None)
-Recorded = tuple[transitions.CompletionResult, transitions.Dispatch | None]
+Recorded = tuple[types.CompletionResult, types.Dispatch | None]
 
 
 @dataclasses.dataclass(frozen=True)
 class Start:
     """A delivered execute message to start."""
 
-    request: transitions.StartRequest
+    request: types.StartRequest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Success:
     """A successful attempt to record; ``may_continue``: its thread can run one of the
     dependents this completion claims itself, instead of sending it through the broker."""
 
-    request: transitions.SuccessRequest
+    request: types.SuccessRequest
     workflow_run_id: uuid.UUID
     may_continue: bool
 
@@ -75,7 +75,7 @@ class Failure:
 class Completer(Protocol):
     """Records the starts and completions of a worker process's attempts."""
 
-    def start(self, request: transitions.StartRequest) -> transitions.StartedAttempt | None:
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
         """Start a delivered generation; None for a stale or duplicate message."""
         ...
 
@@ -88,7 +88,7 @@ class InlineCompleter:
     """Each request recorded at once, alone, in the calling thread (for tests: no
     threads, no queue; the same statements and results as BatchCompleter)."""
 
-    def start(self, request: transitions.StartRequest) -> transitions.StartedAttempt | None:
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
         """``Completer.start``, in its own transaction."""
         return record_batch([Start(request)])[0]
 
@@ -107,7 +107,7 @@ class BatchCompleter:
     def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64):
         self.combiner: Combiner = Combiner(run_batch or record_batch, max_batch=max_batch)
 
-    def start(self, request: transitions.StartRequest) -> transitions.StartedAttempt | None:
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
         """``Completer.start``, batched with the process's other starts and successes."""
         return self.combiner.submit(Start(request))
 
@@ -129,12 +129,12 @@ class BatchCompleter:
 
 def record_batch(items: list[Start | Success]) -> list:
     """Record a batch of starts and successes in one transaction and one round trip
-    (``transitions.start_and_complete``), then publish the dependents the successes
+    (``task_runs.start_and_complete_many``), then publish the dependents the successes
     claimed (``_publish_claimed``). Returns, per item, a start's StartedAttempt or None,
     or a success's (CompletionResult, Dispatch or None). Raises what the statement raises
     (after its connection retries)."""
     successes = [item for item in items if isinstance(item, Success)]
-    started, results, dispatches = transitions.start_and_complete(
+    started, results, dispatches = task_runs.start_and_complete_many(
         starts=[item.request for item in items if isinstance(item, Start)],
         successes=[item.request for item in successes],
         worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
@@ -150,7 +150,7 @@ def record_batch(items: list[Start | Success]) -> list:
 
 
 def _publish_claimed(
-    items: list[Success], results: list[transitions.CompletionResult], dispatches: tuple[transitions.Dispatch, ...]
+    items: list[Success], results: list[types.CompletionResult], dispatches: tuple[types.Dispatch, ...]
 ) -> list[Recorded]:
     """After the commit of a batch of successes: publish the dependents they claimed,
     keeping back at most one per thread that may continue (same run first), returned
@@ -159,7 +159,7 @@ def _publish_claimed(
     transaction of its own; if the thread dies first, the relay publishes the row once
     the claim's reservation has passed (``INLINE_PUBLISH_RESERVATION_SECONDS``)."""
     free = [d for d in dispatches if d.outbox_id is not None]
-    continuations: dict[int, transitions.Dispatch] = {}
+    continuations: dict[int, types.Dispatch] = {}
     for i, (item, result) in enumerate(zip(items, results, strict=True)):
         if not (free and item.may_continue and result.accepted):
             continue
@@ -177,14 +177,11 @@ def record_failure(failure: Failure) -> Recorded:
     connection), then publish the generations its advance claimed (``result.dispatches``,
     through the relay). Returns (CompletionResult, None): a failure never continues."""
     result = atomic_retry(
-        lambda: transitions.complete_attempt(
+        lambda: task_runs.fail_attempt(
             task_run_id=failure.task_run_id,
             fencing_token=failure.fencing_token,
-            succeeded=False,
             error=failure.error,
             retryable=failure.retryable,
-            lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-            owner=process_owner("scheduler"),
         ),
         connection_attempts=8,
     )
@@ -192,7 +189,7 @@ def record_failure(failure: Failure) -> Recorded:
     return result, None
 
 
-def count_completion(result: transitions.CompletionResult) -> str:
+def count_completion(result: types.CompletionResult) -> str:
     """Count a recorded completion in the metrics; returns its outcome ("rejected",
     "retrying" or the task run's new state)."""
     if not result.accepted:

@@ -48,7 +48,7 @@ from django.conf import settings
 
 from engine import metrics
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
-from engine.repositories import transitions
+from engine.repositories import types
 from engine.worker._up import process_owner, send_retry_tick
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
 from engine.worker.handoff import Group, hand_off_watchdog
@@ -114,7 +114,7 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
 def _execute(
     task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False,
     outbox_id: uuid.UUID | None = None,
-) -> tuple[str, transitions.Dispatch | None]:
+) -> tuple[str, types.Dispatch | None]:
     """Run generation ``fencing_token`` of a task run to completion in this thread
     (``outbox_id``: its outbox row, when it is a continuation no message was sent for).
 
@@ -127,7 +127,7 @@ def _execute(
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
     # One round trip and one commit, shared with the process's other threads' starts and successes.
-    started = completer.start(transitions.StartRequest(task_run_id, fencing_token, owner, outbox_id))
+    started = completer.start(types.StartRequest(task_run_id, fencing_token, owner, outbox_id))
     if started is None:
         return "ignored", None
     # Every log line of this attempt names its organization, run and attempt too.
@@ -181,7 +181,7 @@ def _execute(
         # Without dependents there is nothing to continue with: may_continue must stay False,
         # or the batch's continuation pick could hand this thread another success's dependent.
         recorded = completer.complete(Success(
-            transitions.SuccessRequest(task_run_id, fencing_token, None, has_dependents, output_json=output_json),
+            types.SuccessRequest(task_run_id, fencing_token, None, has_dependents, output_json=output_json),
             started.workflow_run_id, may_continue and has_dependents,
         ))
         if recorded is None:  # written behind: counted and logged by the thread that records it

@@ -2,7 +2,7 @@
 
 An attempt registers its TaskContext when its handler starts and unregisters it when the
 handler returns. Every FLOWFORGE_HEARTBEAT_SECONDS the thread extends every registered
-lease in one UPDATE (``transitions.heartbeat``); an attempt whose lease could not be
+lease in one UPDATE (``task_runs.heartbeat_many``); an attempt whose lease could not be
 extended (reaped, cancelled, superseded by a newer generation) gets ``context.lost`` set,
 which a handler sees as ``context.cancelled`` and stops for.
 """
@@ -17,7 +17,7 @@ from django import db
 from django.conf import settings
 
 from engine.handlers import TaskContext
-from engine.repositories import transitions
+from engine.repositories import task_runs
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Heartbeater:
     be extended (reaped, cancelled, superseded) has ``context.lost`` set.
 
     ``interval_seconds``: time between beats; ``lease_seconds``: how far each beat
-    extends a lease (never past the attempt's timeout, see ``transitions.heartbeat``).
+    extends a lease (never past the attempt's timeout, see ``task_runs.heartbeat_many``).
     The thread starts with the first ``register``."""
 
     def __init__(self, *, interval_seconds: float, lease_seconds: float):
@@ -57,7 +57,7 @@ class Heartbeater:
             items = list(self._active.items())
         if not items:
             return
-        alive = transitions.heartbeat(leases=[k for k, _ in items], lease_seconds=self.lease_seconds)
+        alive = task_runs.heartbeat_many(leases=[k for k, _ in items], lease_seconds=self.lease_seconds)
         for (task_run_id, token), ctx in items:
             if task_run_id not in alive:
                 log.warning("task run %s generation %s lost its lease", task_run_id, token)

@@ -1,7 +1,7 @@
 """What an attempt leaves behind: its output encoded once as JSON text, or its error cut short.
 
 ``encode_output`` is the only place a handler's return value becomes stored text; the
-completion (``transitions.SuccessRequest.output_json``) carries that text as it is.
+completion (``types.SuccessRequest.output_json``) carries that text as it is.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def encode_output(output: Any) -> str:
     that dependents would misread, and OutputNotJson for a value JSON cannot encode
     (NaN and Infinity included); both fail the task without retries, since another
     attempt returns the same. The text goes to the completion as it is, so an output is
-    encoded once (``transitions.SuccessRequest.output_json``).
+    encoded once (``types.SuccessRequest.output_json``).
     """
     try:
         encoded = json.dumps(strip_nul(output), allow_nan=False)
