@@ -292,11 +292,11 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
     try:
         # Nobody subscribed to the run: its events are not announced (no commit serialization).
         with transaction.atomic():
-            transitions.record_run_event(workflow_run_id=run.pk, kind="unwatched")
+            transitions.record_run_event(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
         assert list(listener.notifies(timeout=0.5)) == []
         live.subscribe(listener, organization_id=org.pk, run_id=run.pk)
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note", detail={"big": "x" * 20_000})
+            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="duplicate_delivery_ignored", detail={"big": "x" * 20_000})
             assert list(listener.notifies(timeout=0.3)) == []  # nothing before the commit
         (notify,) = list(listener.notifies(timeout=2, stop_after=1))
         assert (notify.channel, notify.payload) == (streaming.CHANNEL, f"{run.pk}:{seq}")
@@ -305,7 +305,7 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
             pass
 
         with pytest.raises(Boom), transaction.atomic():
-            transitions.record_run_event(workflow_run_id=run.pk, kind="doomed")
+            transitions.record_run_event(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
             raise Boom
         assert list(listener.notifies(timeout=0.5)) == []
     finally:

@@ -54,7 +54,7 @@ def test_the_hub_reconnects_after_its_connection_is_killed_and_its_streams_stay_
         assert wait_for(lambda: len(pids := hub_pids()) == 1 and pids[0] != old), hub_pids()
         assert wait_for(lambda: subscriptions_of(run) == 1)
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note")
+            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
         assert wait_for(lambda: all(f"id: {seq}\n" in c.text() for c in consumers), timeout=5), [
             c.text() for c in consumers]
     finally:
