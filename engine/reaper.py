@@ -5,11 +5,14 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
+from django.db import connection
 
 from engine import metrics
 from engine.db import atomic_retry
+from engine.dispatch import process_owner
+from engine.relay import publish_dispatches
 from engine.repositories import transitions
-from engine.scheduler import process_owner, publish_dispatches
+from engine.states import TaskRunState
 
 log = logging.getLogger(__name__)
 
@@ -19,13 +22,14 @@ def reap_once(*, limit: int = 500) -> int:
     transaction so one run's advance never waits for another's. Returns how many
     leases were taken back."""
     owner = process_owner("reaper")
+    # The lease of a retry this expiry claims: a dispatch lease, until a worker starts it.
+    dispatch_lease_seconds = settings.FLOWFORGE_DISPATCH_LEASE_SECONDS
     reaped = 0
     for task_run_id, token in transitions.expired_leases(limit=limit):
         try:
             result = atomic_retry(
                 lambda tr=task_run_id, tok=token: transitions.expire_lease(
-                    task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-                    owner=owner
+                    task_run_id=tr, fencing_token=tok, lease_seconds=dispatch_lease_seconds, owner=owner
                 )
             )
         except Exception:
@@ -36,7 +40,8 @@ def reap_once(*, limit: int = 500) -> int:
             continue
         if result.accepted:
             reaped += 1
-            metrics.incr("flowforge_lease_reaps_total", {"ready": "requeued", "failed": "failed"}.get(result.state or "", "other"))
+            metrics.incr("flowforge_lease_reaps_total",
+                         {TaskRunState.READY: "requeued", TaskRunState.FAILED: "failed"}.get(result.state or "", "other"))
             if result.run_state is not None:
                 metrics.incr("flowforge_runs_finished_total", result.run_state)
             log.info("reaped lease of task run %s generation %s -> %s", task_run_id, token, result.state)
@@ -50,8 +55,6 @@ def fail_dead_letters(*, limit: int = 200) -> int:
     (seed 001's outbox: kept and replayable, but the task must not wait forever on a
     message the broker never took). Partial index ``idx_outbox_dead_letter`` keeps the
     scan to dead-lettered rows. Returns how many task runs were failed."""
-    from django.db import connection
-
     with connection.cursor() as cur:
         cur.execute(
             """
@@ -66,13 +69,14 @@ def fail_dead_letters(*, limit: int = 200) -> int:
         )
         rows = cur.fetchall()
     owner = process_owner("reaper")
+    dispatch_lease_seconds = settings.FLOWFORGE_DISPATCH_LEASE_SECONDS
     failed = 0
     for task_run_id, token, attempts, last_error in rows:
         error = f"dispatch dead-lettered: the broker refused it {attempts} times (last error: {last_error})"
         result = atomic_retry(
             lambda tr=task_run_id, tok=token, err=error: transitions.fail_undelivered(
                 task_run_id=tr, fencing_token=tok, error=err,
-                lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS, owner=owner,
+                lease_seconds=dispatch_lease_seconds, owner=owner,
             )
         )
         if result.accepted:

@@ -19,11 +19,18 @@ from django.conf import settings
 
 from engine import metrics
 from engine.db import atomic_retry
+from engine.dispatch import (
+    INLINE_PUBLISH_RESERVATION_SECONDS,
+    dispatch_message,
+    enqueue_many,
+    nudge_scheduler,
+    process_owner,
+)
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.jsonb import strip_nul
-from engine.relay import INLINE_PUBLISH_RESERVATION_SECONDS
+from engine.relay import publish_dispatches
 from engine.repositories import transitions
-from engine.scheduler import process_owner, publish_dispatches
+from engine.states import TASK_QUEUE
 from flowforge import logs
 
 log = logging.getLogger(__name__)
@@ -267,7 +274,7 @@ def _transition_batch(items: list[_Start | _Success]) -> list:
         worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
         # The lease of dependents these completions claim: until a worker starts them.
         dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-        owner=process_owner("scheduler"),
+        owner=process_owner("worker"),
         connection_attempts=8,
         reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
     )
@@ -476,10 +483,6 @@ def hand_off_watchdog() -> HandOff:
 def _hand_off(dispatches: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """Send each generation as its own ``execute_task_run`` message, in one broker round
     trip; returns the ones the broker refused (logged)."""
-    from engine.relay import dispatch_message
-    from engine.repositories.transitions import TASK_QUEUE
-    from flowforge.broker import enqueue_many
-
     messages = [dispatch_message([pair], TASK_QUEUE) for pair in dispatches]
     refused = []
     for pair, error in zip(dispatches, enqueue_many(messages), strict=True):
@@ -548,7 +551,7 @@ def _execute(
     finally:
         hb.unregister(context)
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
-    if not succeeded and context.cancelled:
+    if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
         # the right reason ("attempt timed out", "lease expired"); a completion here
@@ -589,7 +592,7 @@ def _execute(
                 error=error,
                 retryable=retryable,
                 lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-                owner=process_owner("scheduler"),
+                owner=process_owner("worker"),
             ),
             connection_attempts=8,
         )
@@ -597,9 +600,7 @@ def _execute(
     if _count_completion(result) == "rejected":
         return "rejected", None
     if result.retry_in_seconds is not None:
-        from engine.actors import schedule_tick
-
-        schedule_tick.send_with_options(delay=int(result.retry_in_seconds * 1000) + 20)
+        nudge_scheduler(delay_ms=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
     return result.state or "unknown", following
 
