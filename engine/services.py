@@ -20,6 +20,7 @@ from engine.definitions import DefinitionError, validate_document
 from engine.jsonb import strip_nul
 from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
 from engine.repositories import transitions
+from engine.states import RUN_OPEN_STATES
 from tenancy.actors import Actor
 from tenancy.permissions import Action, require
 
@@ -60,7 +61,7 @@ def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -
             wf.save(update_fields=["state"])
         cancelled = 0
         running = WorkflowRun.objects.for_organization(actor.organization).filter(
-            workflow=wf, state__in=["pending", "running"]
+            workflow=wf, state__in=RUN_OPEN_STATES
         ).values_list("pk", flat=True)
         for run_id in list(running):
             run = WorkflowRun.objects.for_organization(actor.organization).get(pk=run_id)

@@ -20,6 +20,7 @@ from django.db import connection
 from engine import metrics
 from engine.db import atomic_retry
 from engine.repositories import transitions
+from engine.states import RunState
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ def sweep_runs(*, limit: int = 200) -> dict[str, int]:
     ):
         reason = f"run timed out: still running after its workflow's timeout of {timeout:g} s"
         if atomic_retry(lambda rid=run_id, why=reason: transitions.cancel_run(
-                workflow_run_id=rid, reason=why, final_state="failed")):
+                workflow_run_id=rid, reason=why, final_state=RunState.FAILED.value)):
             timed_out += 1
-            metrics.incr("flowforge_runs_finished_total", "failed")
+            metrics.incr("flowforge_runs_finished_total", RunState.FAILED.value)
             log.warning("sweep failed run %s: %s", run_id, reason)
     return {"finished": finished, "timed_out": timed_out}
 

@@ -9,7 +9,7 @@ from engine.management.commands._common import get_organization
 from engine.models import Workflow, WorkflowRun
 from engine.reporting import state_counts
 from engine.services import WorkflowNotStartable, resolve_workflow, start_run
-from engine.states import TASK_TERMINAL_STATES
+from engine.states import TASK_TERMINAL_STATES, RunState
 
 
 class Command(BaseCommand):
@@ -50,7 +50,7 @@ class Command(BaseCommand):
                 f"manage.py show_run {run.pk}). If nothing moved, no worker may be consuming tasks: start one with "
                 "`dramatiq flowforge.worker` and the clock with `manage.py run_clock`."
             )
-        if state != "succeeded":
+        if state != RunState.SUCCEEDED:
             raise CommandError(f"run {run.pk} ended {state}; see: manage.py show_run {run.pk}")
 
 
