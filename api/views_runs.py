@@ -228,6 +228,17 @@ class RunCancelView(_RunView):
 
     required_action = {"POST": Action.RUN_OPERATE}
 
+    @classmethod
+    def as_view(cls, **initkwargs):
+        # Outside ATOMIC_REQUESTS: cancel_run owns its transaction (durable, retried on a deadlock).
+        return transaction.non_atomic_requests(super().as_view(**initkwargs))
+
+    def handle_exception(self, exc):
+        # An error's rollback (DRF's set_rollback) stays inside a transaction of its own,
+        # as in a request transaction: it never reaches one the caller holds.
+        with transaction.atomic():
+            return super().handle_exception(exc)
+
     @extend_schema(
         operation_id="runs_cancel",
         summary="Cancel a run",

@@ -36,9 +36,9 @@ import uuid
 
 from django.db import connection, transaction
 
-from engine.repositories.types import TASK_QUEUE
 from engine.services import apply_definition
 from engine.sql import queries
+from engine.states import TASK_QUEUE
 
 HISTORY_TASKS = 10  # task runs per historical run
 CHUNK_TASK_RUNS = 100_000

@@ -28,6 +28,7 @@ from engine.models import (
     Workflow,
     WorkflowState,
 )
+from engine.services import WorkflowNotStartable, start_run
 from engine.triggers import next_instant
 from tenancy.actors import Actor
 
@@ -67,8 +68,6 @@ def choose(instants: list[dt.datetime], policy: str, now: dt.datetime) -> list[d
 def _fire(trigger: ScheduledTrigger, instant: dt.datetime) -> str:
     """Fire one instant: claim it (unique firing row) and start the run, in one transaction.
     Returns "started", "duplicate" (another clock fired it), or "failed"."""
-    from engine.services import WorkflowNotStartable, start_run
-
     org = trigger.organization
     try:
         with transaction.atomic():

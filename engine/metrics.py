@@ -25,6 +25,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from engine.states import RUN_OPEN_STATES
+
 log = logging.getLogger(__name__)
 
 # Histogram buckets, in seconds.
@@ -154,7 +156,7 @@ def _db_gauges() -> list[str]:
         cur.execute("SELECT state, count(*) FROM core_workflowrun WHERE state IN ('pending', 'running') GROUP BY state")
         active = dict(cur.fetchall())
         lines += ["# HELP flowforge_runs_active Runs not yet finished, by state.", "# TYPE flowforge_runs_active gauge"]
-        lines += [f'flowforge_runs_active{{state="{s}"}} {active.get(s, 0)}' for s in ("pending", "running")]
+        lines += [f'flowforge_runs_active{{state="{s}"}} {active.get(s, 0)}' for s in RUN_OPEN_STATES]
         # idx_taskrun_state_age serves both counts.
         cur.execute("SELECT count(*) FROM core_taskrun WHERE state = 'ready'")
         ready = cur.fetchone()[0]

@@ -5,6 +5,9 @@ A row is stamped ``published_at`` only after the broker accepted the message
 LOCKED`` while being published, so several relays never publish the same row at
 once; a crash between publish and stamp publishes the row again later, which the
 worker's at-most-once start per generation absorbs.
+
+Below the scheduler, the reaper and the worker, which publish what their claims wrote
+through ``publish_dispatches``; above ``engine.dispatch``, which builds the messages.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
 
-from engine.jsonb import strip_nul
+from engine.dispatch import dispatch_message, enqueue_many
+from engine.states import TASK_QUEUE
+from flowforge.jsonb import strip_nul
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +49,6 @@ UPDATE core_outboxmessage
 SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
 WHERE id = ANY(%(ok)s) AND published_at IS NULL
 """
-
-# How long a claimer's own publish has the outbox rows of its claim to itself (see
-# publish_claimed): the relay's drain skips them until then.
-INLINE_PUBLISH_RESERVATION_SECONDS = 5.0
 
 _STAMP_FAILED_SQL = """
 UPDATE core_outboxmessage o
@@ -76,27 +77,12 @@ def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
     return [list(rows[i::fanout]) for i in range(fanout)]
 
 
-def dispatch_message(pairs: Sequence[tuple[str, int]], queue_name: str) -> dramatiq.Message:
-    """One broker message for (task_run_id, fencing_token) generations: ``execute_task_run``
-    for one, ``execute_task_runs`` (run in that order by one worker thread) for more."""
-    from engine import actors  # noqa: F401  (declares the execute actors on the broker)
-
-    broker = dramatiq.get_broker()
-    if len(pairs) == 1:
-        return broker.get_actor("execute_task_run").message_with_options(args=tuple(pairs[0]), queue_name=queue_name)
-    return broker.get_actor("execute_task_runs").message_with_options(
-        args=([list(p) for p in pairs],), queue_name=queue_name
-    )
-
-
 def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
     """Publish (outbox_id, routing_key, payload) rows, oldest first, as execute messages
     (several generations per message when there are more rows than
     FLOWFORGE_DISPATCH_FANOUT: ``group_rows``), in one pipelined broker round trip;
     returns (published ids, [(failed id, error)]). A message the broker refused fails
     every row it carried."""
-    from flowforge.broker import enqueue_many
-
     # Grouped per queue (every execute row names the task queue today).
     by_queue: dict[str, list[tuple[uuid.UUID, tuple[str, int]]]] = {}
     for outbox_id, routing_key, payload in rows:
@@ -143,7 +129,7 @@ def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[st
 
 
 def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
-    """Publish the generations a claim just committed (``transitions.Dispatch``, claimed
+    """Publish the generations a claim just committed (``types.Dispatch``, claimed
     with ``reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS``), then stamp their rows.
     Returns (published, failed).
 
@@ -156,8 +142,6 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     if this caller dies before publishing, the drain sends the row once the reservation
     has passed.
     """
-    from engine.repositories.transitions import TASK_QUEUE
-
     rows = [
         (d.outbox_id, TASK_QUEUE, {"task_run_id": d.task_run_id, "fencing_token": d.fencing_token})
         for d in dispatches
@@ -228,6 +212,30 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
                 log.debug("ROLLBACK after a failed relay batch failed", exc_info=True)
             raise
     return (len(ok), len(failed))
+
+
+def publish_dispatches(dispatches: Sequence, *, reserved: bool = False) -> bool:
+    """Publish the outbox rows of freshly claimed generations (``types.Dispatch``,
+    after their claim committed): the scheduler's claims, the dependents a worker's
+    completion claimed, the retries a reaper's expiry claimed.
+
+    ``reserved``: the claim reserved the rows for this publish (``reserve_seconds``), so
+    they are published straight from the claim's result; otherwise they are taken
+    through the relay (locked, read, published, stamped).
+    Returns False when the publish or the stamp failed (logged, never raised: the rows
+    stay unpublished and the relay's drain sends them)."""
+    ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
+    if ids:
+        try:
+            if reserved:
+                publish_claimed(dispatches)
+            else:
+                relay_batch(limit=len(ids), outbox_ids=ids)
+        except Exception:
+            # The rows are committed and unpublished: the relay's periodic drain sends them.
+            log.exception("inline publish of %d outbox rows failed; the relay will retry", len(ids))
+            return False
+    return True
 
 
 def relay_pending(*, limit: int | None = None, max_batches: int = 50) -> int:

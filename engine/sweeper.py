@@ -19,7 +19,8 @@ from django.db import connection
 
 from engine import metrics
 from engine.db import atomic_retry
-from engine.repositories import transitions
+from engine.repositories import runs
+from engine.states import RunState
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def sweep_runs(*, limit: int = 200) -> dict[str, int]:
         """,
         [SETTLE_SECONDS, limit],
     ):
-        state = atomic_retry(lambda rid=run_id: transitions.finish_run_if_done(workflow_run_id=rid))
+        state = atomic_retry(lambda rid=run_id: runs.finish_if_done(workflow_run_id=rid))
         if state:
             finished += 1
             metrics.incr("flowforge_runs_finished_total", state)
@@ -65,10 +66,10 @@ def sweep_runs(*, limit: int = 200) -> dict[str, int]:
         [limit],
     ):
         reason = f"run timed out: still running after its workflow's timeout of {timeout:g} s"
-        if atomic_retry(lambda rid=run_id, why=reason: transitions.cancel_run(
-                workflow_run_id=rid, reason=why, final_state="failed")):
+        if atomic_retry(lambda rid=run_id, why=reason: runs.cancel(
+                workflow_run_id=rid, reason=why, final_state=RunState.FAILED.value)):
             timed_out += 1
-            metrics.incr("flowforge_runs_finished_total", "failed")
+            metrics.incr("flowforge_runs_finished_total", RunState.FAILED.value)
             log.warning("sweep failed run %s: %s", run_id, reason)
     return {"finished": finished, "timed_out": timed_out}
 

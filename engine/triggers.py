@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
-from engine.jsonb import strip_nul
 from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow
+from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
 from tenancy.permissions import Action, require

@@ -135,7 +135,7 @@ DATABASES = {
 DATABASES["default"]["ATOMIC_REQUESTS"] = True
 # A session idle inside a transaction (a frozen process) must not hold row locks forever.
 DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c idle_in_transaction_session_timeout=60000"
-# Server-side prepared statements for the engine's hot path (engine.repositories.transitions
+# Server-side prepared statements for the engine's hot path (engine.repositories.driver
 # runs it through psycopg cursors with prepare=True): without a threshold psycopg disables
 # preparing altogether, and PostgreSQL parses and plans every transition again. Django's
 # own queries bind parameters client-side and are never prepared.

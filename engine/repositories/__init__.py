@@ -20,9 +20,8 @@ module                 operations
                        transaction, prepared once per connection), ``fetch``,
                        ``autocommit_retry``, ``in_own_transaction``
 ``types``              the requests and results (``StartRequest``, ``SuccessRequest``,
-                       ``Dispatch``, ``StartedAttempt``, ``CompletionResult``),
-                       ``TERMINAL``, ``TASK_QUEUE``
-``transitions``        the old names, until their callers move (then deleted)
+                       ``Dispatch``, ``StartedAttempt``, ``CompletionResult``); the
+                       vocabulary (states, ``TASK_QUEUE``) is ``engine.states``
 =====================  =====================================================================
 
 The outbox rows are written by the claims (``task_runs``); the relay's statements are in

@@ -11,9 +11,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from engine.jsonb import jsonb_safe
 from engine.repositories.driver import fetch
 from engine.sql import queries
+from flowforge.jsonb import jsonb_safe
 
 
 def append(

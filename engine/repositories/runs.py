@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from engine.jsonb import jsonb_safe
 from engine.repositories import events
 from engine.repositories.driver import fetch
 from engine.sql import queries
+from flowforge.jsonb import jsonb_safe
 
 
 def create_with_task_runs(

@@ -38,12 +38,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from engine.jsonb import strip_nul
 from engine.repositories import events, runs
 from engine.repositories.driver import fetch, in_own_transaction, run_prepared
 from engine.repositories.types import (
-    TASK_QUEUE,
-    TERMINAL,
     CompletionResult,
     Dispatch,
     StartedAttempt,
@@ -51,6 +48,8 @@ from engine.repositories.types import (
     SuccessRequest,
 )
 from engine.sql import queries
+from engine.states import TASK_QUEUE, TASK_TERMINAL_STATES
+from flowforge.jsonb import strip_nul
 
 # Characters of a failure's error kept on the task run and its event.
 _MAX_ERROR_CHARS = 10_000
@@ -383,7 +382,7 @@ def _advance_after_failure(row: tuple) -> CompletionResult:
     elif state == "ready" and not_before is not None:
         now = fetch(queries["database_now"], {})[0][0]
         retry_in = max(0.0, (not_before - now).total_seconds())
-    run_state = runs.finish_if_done(workflow_run_id=run_id) if state in TERMINAL else None
+    run_state = runs.finish_if_done(workflow_run_id=run_id) if state in TASK_TERMINAL_STATES else None
     return CompletionResult(accepted=True, state=state, run_state=run_state, retry_in_seconds=retry_in)
 
 

@@ -1,17 +1,11 @@
 """What the repositories take and return: requests, claimed generations, started
-attempts, completion outcomes; and the two constants they share."""
+attempts, completion outcomes."""
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
 from typing import Any
-
-# Terminal task-run states (a task run in one of them never changes again).
-TERMINAL = ("succeeded", "failed", "skipped", "cancelled")
-
-# Queue the execute messages go to (OutboxMessage.routing_key).
-TASK_QUEUE = "flowforge.tasks"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,7 @@ Read in this order:
 - ``heartbeat`` — the thread that keeps running attempts' leases alive and flags lost ones.
 - ``handoff``   — the thread that hands a slow message's waiting generations back to the broker.
 - ``output``    — a handler's output as stored JSON text (size and JSON checks), error text cut short.
-- ``_up``       — every reference up to the scheduler, relay, actors and broker, in one place.
 
-Nothing here imports ``engine.actors``, ``engine.relay``, ``engine.scheduler`` or
-``flowforge.broker`` except ``_up``.
+The worker sits above the relay (``publish_dispatches``) and ``engine.dispatch`` (messages by
+actor name, the lease owner string) and below ``engine.actors``, which it never imports.
 """

@@ -34,8 +34,9 @@ from django.conf import settings
 
 from engine import metrics
 from engine.db import atomic_retry
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
+from engine.relay import publish_dispatches
 from engine.repositories import task_runs, types
-from engine.worker._up import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner, publish_dispatches
 from engine.worker.combiner import Combiner
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def record_batch(items: list[Start | Success]) -> list:
         worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
         # The lease of dependents these completions claim: until a worker starts them.
         dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-        owner=process_owner("scheduler"),
+        owner=process_owner("worker"),
         connection_attempts=8,
         reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
     )

@@ -11,7 +11,7 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │   a continuation's start stamps its outbox row)
       ▼
     heartbeat.register ── every beat extends the lease; a lease that could not be
-      │                   extended sets context.lost (context.cancelled)
+      │                   extended sets context.lost (context.lease_lost)
       ▼
     handler.run(context) ──▶ output.encode_output (size and JSON checks) / error_text
       │
@@ -23,7 +23,7 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
     completer.complete(Success | Failure)
       │  Success, no dependents, batch in flight ──▶ "succeeded" (write-behind: next batch)
       │  Success with dependents: waits; claims them, publishes all but one
-      │  Failure: own transaction; a retry sends a delayed schedule_tick ──▶ "retrying"
+      │  Failure: own transaction; a retry sends a delayed schedule_tick (dispatch.nudge_scheduler) ──▶ "retrying"
       │  completion lost to a newer generation or a cancellation ──▶ "rejected"
       ▼
     "succeeded" / "failed" ── a dependent kept back for this thread (continue_inline,
@@ -47,9 +47,9 @@ import uuid
 from django.conf import settings
 
 from engine import metrics
+from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.repositories import types
-from engine.worker._up import process_owner, send_retry_tick
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
 from engine.worker.handoff import Group, hand_off_watchdog
 from engine.worker.heartbeat import heartbeater
@@ -170,7 +170,7 @@ def _execute(
     finally:
         hb.unregister(context)
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
-    if not succeeded and context.cancelled:
+    if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
         # the right reason ("attempt timed out", "lease expired"); a completion here
@@ -192,6 +192,6 @@ def _execute(
     if count_completion(result) == "rejected":
         return "rejected", None
     if result.retry_in_seconds is not None:
-        send_retry_tick(delay_ms=int(result.retry_in_seconds * 1000) + 20)
+        nudge_scheduler(delay_ms=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
     return result.state or "unknown", following

@@ -19,7 +19,8 @@ import time
 
 from django.conf import settings
 
-from engine.worker import _up
+from engine.dispatch import dispatch_message, enqueue_many
+from engine.states import TASK_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def _hand_off(dispatches: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """Send each generation as its own ``execute_task_run`` message, in one broker round
     trip; returns the ones the broker refused (logged)."""
     refused = []
-    for pair, error in zip(dispatches, _up.send_execute_messages(dispatches), strict=True):
+    for pair, error in zip(dispatches, enqueue_many([dispatch_message([pair], TASK_QUEUE) for pair in dispatches]), strict=True):
         if error is not None:
             log.warning("handing task run %s generation %s back to the broker failed (%s); running it here",
                         pair[0], pair[1], error)

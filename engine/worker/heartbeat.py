@@ -4,7 +4,7 @@ An attempt registers its TaskContext when its handler starts and unregisters it 
 handler returns. Every FLOWFORGE_HEARTBEAT_SECONDS the thread extends every registered
 lease in one UPDATE (``task_runs.heartbeat_many``); an attempt whose lease could not be
 extended (reaped, cancelled, superseded by a newer generation) gets ``context.lost`` set,
-which a handler sees as ``context.cancelled`` and stops for.
+which a handler sees as ``context.lease_lost`` and stops for.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from engine.handlers import PermanentTaskError
-from engine.jsonb import strip_nul
+from flowforge.jsonb import strip_nul
 
 # Characters of a failed attempt's error kept (the task run's ``error`` and its event's
 # detail): a handler's exception message is unbounded, and every run detail, event page

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection
 
 from engine.models import TaskRun
-from engine.repositories import transitions
+from engine.repositories import task_runs
 from engine.services import apply_definition, start_run
 from tenancy.models import Role
 from tests import engine_helpers
@@ -139,7 +139,7 @@ def test_a_task_with_20_dependencies_of_255_kb_receives_at_most_the_upstream_cap
             " WHERE workflow_run_id = %s AND id <> %s", [BLOB_CHARS, run.pk, sink.pk])
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [sink.pk])
     # The real claim and start statements, as a worker runs them.
-    (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[sink.pk])
+    (claimed,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test", task_run_ids=[sink.pk])
     started = engine_helpers.start_attempt(task_run_id=sink.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     assert started is not None
@@ -167,7 +167,7 @@ def test_the_upstream_cap_is_a_setting(org, settings):
         cur.execute("UPDATE core_taskrun SET state = 'succeeded', output = '[1, 2]'::jsonb"
                     " WHERE workflow_run_id = %s AND id <> %s", [run.pk, c.pk])
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [c.pk])
-    (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[c.pk])
+    (claimed,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test", task_run_ids=[c.pk])
     started = engine_helpers.start_attempt(task_run_id=c.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     # "[1, 2]" is 6 bytes: a fits (6 <= 10), b does not (12 > 10).

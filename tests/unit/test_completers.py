@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection
 
-from engine.repositories import transitions
+from engine.repositories import types
 from engine.scheduler import schedule_once
 from engine.services import start_run
 from engine.worker.batching import BatchCompleter, Completer, Failure, InlineCompleter, Success, record_batch
@@ -42,7 +42,7 @@ def _held_batches(release: threading.Event, entered: threading.Event, sizes: lis
     return run_batch
 
 
-def _start_all(completer: Completer, requests: dict[str, transitions.StartRequest], *, together: bool) -> dict:
+def _start_all(completer: Completer, requests: dict[str, types.StartRequest], *, together: bool) -> dict:
     """Start each request; with ``together``, the first runs alone (held) and the others,
     submitted from their own threads meanwhile, as one batch."""
     if not together:
@@ -79,13 +79,13 @@ def record_with(completer: Completer, org, make_workflow, *, together: bool = Fa
     rows = task_runs(run.pk)
     key_of = {row.pk: key for key, row in rows.items()}
     tok = {key: rows[key].fencing_token for key in CLAIMED}
-    requests = {key: transitions.StartRequest(rows[key].pk, tok[key], f"w-{key}") for key in CLAIMED}
-    requests["stale"] = transitions.StartRequest(rows["d"].pk, tok["d"] + 5, "w-stale")
+    requests = {key: types.StartRequest(rows[key].pk, tok[key], f"w-{key}") for key in CLAIMED}
+    requests["stale"] = types.StartRequest(rows["d"].pk, tok["d"] + 5, "w-stale")
     started = _start_all(completer, requests, together=together)
-    started["duplicate"] = completer.start(transitions.StartRequest(rows["a"].pk, tok["a"], "w-again"))
+    started["duplicate"] = completer.start(types.StartRequest(rows["a"].pk, tok["a"], "w-again"))
 
     def success(key, output_json, *, token=None, continues=False):
-        return Success(transitions.SuccessRequest(rows[key].pk, token or tok[key], None, key == "a",
+        return Success(types.SuccessRequest(rows[key].pk, token or tok[key], None, key == "a",
                                                   output_json=output_json), run.pk, continues)
 
     recorded = {

@@ -18,9 +18,10 @@ from django.db import connection, transaction
 from bench import hot_queries
 from engine.models import TaskRun
 from engine.repositories import driver, task_runs
-from engine.repositories.types import TASK_QUEUE, StartRequest, SuccessRequest
+from engine.repositories.types import StartRequest, SuccessRequest
 from engine.services import start_run
 from engine.sql import descriptions, queries
+from engine.states import TASK_QUEUE
 from tests import engine_helpers
 
 # The SQL type of each parameter the hot statements take.

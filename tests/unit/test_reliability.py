@@ -11,9 +11,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import driver, transitions
+from engine.repositories import driver, runs, task_runs
+from engine.repositories import types as repo_types
 from engine.services import start_run
 from engine.sql import queries
+from engine.states import TASK_QUEUE
 from engine.sweeper import sweep_runs
 from tests import engine_helpers
 
@@ -22,7 +24,7 @@ LEASE = 30.0
 
 def claim_and_start(run, key: str = "a"):
     with transaction.atomic():
-        (d,) = transitions.claim_ready(limit=1, lease_seconds=LEASE, owner="test",
+        (d,) = task_runs.claim_ready_many(limit=1, lease_seconds=LEASE, owner="test",
                                        task_run_ids=[TaskRun.objects.for_organization(run.organization_id)
                                                      .get(workflow_run=run, task__key=key).pk])
     with transaction.atomic():
@@ -71,7 +73,7 @@ def test_a_run_past_its_workflow_timeout_is_failed_and_its_tasks_cancelled(org):
     assert states == {"a": "cancelled", "b": "cancelled"}
     # The worker still running "a" finds its lease gone and its completion is refused.
     with transaction.atomic():
-        assert transitions.heartbeat(leases=[(d.task_run_id, d.fencing_token)], lease_seconds=LEASE) == set()
+        assert task_runs.heartbeat_many(leases=[(d.task_run_id, d.fencing_token)], lease_seconds=LEASE) == set()
     young.refresh_from_db()
     assert young.state == "running"
 
@@ -105,7 +107,7 @@ def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(o
                 from engine.db import atomic_retry
 
                 results["cancel"] = atomic_retry(
-                    lambda: transitions.cancel_run(workflow_run_id=run.pk, reason="race"))
+                    lambda: runs.cancel(workflow_run_id=run.pk, reason="race"))
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
             finally:
@@ -178,7 +180,7 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
     start_run(workflow=wf)
     start_run(workflow=wf)
     for _ in range(2):
-        claimed = transitions.claim_ready(limit=1, lease_seconds=60, owner="test")
+        claimed = task_runs.claim_ready_many(limit=1, lease_seconds=60, owner="test")
         assert len(claimed) == 1
     with connection.cursor() as cur:
         cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
@@ -219,9 +221,9 @@ def test_a_failed_hot_transaction_is_rolled_back_and_the_connection_stays_usable
     run = start_run(workflow=wf)
     connection.close()
     with pytest.raises(DataError):
-        transitions.claim_ready(limit=-1, lease_seconds=60, owner="test")  # LIMIT must not be negative
+        task_runs.claim_ready_many(limit=-1, lease_seconds=60, owner="test")  # LIMIT must not be negative
     assert connection.connection.info.transaction_status == 0  # idle, not in a failed transaction
-    (claimed,) = transitions.claim_ready(limit=5, lease_seconds=60, owner="test")
+    (claimed,) = task_runs.claim_ready_many(limit=5, lease_seconds=60, owner="test")
     assert claimed.workflow_run_id == run.pk
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM core_taskrunevent WHERE workflow_run_id = %s AND kind = 'claimed'",
@@ -267,18 +269,18 @@ def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_
         cur.execute("ANALYZE core_taskrun")
     wide = make_workflow(org, [{"key": f"t{i:04d}", "type": "noop"} for i in range(1500)], name="wide")
     start_run(workflow=wide)
-    claimed = transitions.claim_ready(limit=2000, lease_seconds=60, owner="test")
+    claimed = task_runs.claim_ready_many(limit=2000, lease_seconds=60, owner="test")
     assert len(claimed) == 1501
     batch = claimed[:8]
     ids, tokens = [d.task_run_id for d in batch], [d.fencing_token for d in batch]
-    engine_helpers.start_attempts([transitions.StartRequest(i, t, "w") for i, t in zip(ids, tokens, strict=True)],
+    engine_helpers.start_attempts([repo_types.StartRequest(i, t, "w") for i, t in zip(ids, tokens, strict=True)],
                                lease_seconds=60)
     with connection.cursor() as cur:
         cur.execute("UPDATE core_taskrun SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,"
                     " finished_at = clock_timestamp() WHERE id = ANY(%s)", [ids])
     params = {"ids": ids, "tokens": tokens, "outputs": ["null"] * 8, "lease": 60.0,
               "start_ids": ids, "start_tokens": tokens, "owners": ["w"] * 8, "worker_lease": 60.0,
-              "start_outbox": [None] * 8, "owner": "test", "queue": transitions.TASK_QUEUE, "reserve": 0.0,
+              "start_outbox": [None] * 8, "owner": "test", "queue": TASK_QUEUE, "reserve": 0.0,
               "upstream_bytes": 1024 * 1024}
     types = {"ids": "uuid[]", "tokens": "bigint[]", "outputs": "text[]", "lease": "float8",
              "start_ids": "uuid[]", "start_tokens": "bigint[]", "owners": "text[]", "worker_lease": "float8",

@@ -18,6 +18,8 @@ from django.db import connection
 from engine.handlers import TaskContext
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
 from engine.reaper import reap_once
+from engine.repositories import task_runs as task_run_ops
+from engine.repositories import types
 from engine.scheduler import schedule_once
 from engine.services import start_run
 from engine.worker import batching, heartbeat
@@ -265,8 +267,8 @@ def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_work
     finally:
         for ctx in contexts.values():
             hb.unregister(ctx)
-    assert not contexts["x"].cancelled
-    assert contexts["y"].cancelled
+    assert not contexts["x"].lease_lost
+    assert contexts["y"].lease_lost
     x = TaskRun.objects.unscoped().get(pk=rows["x"].pk)
     assert x.lease_expires_at >= before + dt.timedelta(seconds=119)
     y = TaskRun.objects.unscoped().get(pk=rows["y"].pk)
@@ -348,7 +350,6 @@ def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, 
     transaction. The success claims its dependent, the start starts its own task run, a
     stale start and a stale completion in the same batch change nothing and are recorded;
     the run's history stays gap-free and in order."""
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
                              {"key": "c", "type": "noop", "depends_on": ["a"]}])
@@ -356,15 +357,15 @@ def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, 
     schedule_once()
     trs = task_runs(run.pk)
     a, b = trs["a"], trs["b"]
-    started, _, _ = transitions.start_and_complete(
-        starts=[transitions.StartRequest(a.pk, a.fencing_token, "w1")], successes=[],
+    started, _, _ = task_run_ops.start_and_complete_many(
+        starts=[types.StartRequest(a.pk, a.fencing_token, "w1")], successes=[],
         worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
     assert started[0] is not None and started[0].task_key == "a" and started[0].has_dependents
-    started, results, dispatched = transitions.start_and_complete(
-        starts=[transitions.StartRequest(b.pk, b.fencing_token, "w2"),
-                transitions.StartRequest(b.pk, b.fencing_token + 5, "w3")],          # stale generation
-        successes=[transitions.SuccessRequest(a.pk, a.fencing_token, {"rows": 3}),
-                   transitions.SuccessRequest(b.pk, b.fencing_token + 5, None)],      # stale completion
+    started, results, dispatched = task_run_ops.start_and_complete_many(
+        starts=[types.StartRequest(b.pk, b.fencing_token, "w2"),
+                types.StartRequest(b.pk, b.fencing_token + 5, "w3")],          # stale generation
+        successes=[types.SuccessRequest(a.pk, a.fencing_token, {"rows": 3}),
+                   types.SuccessRequest(b.pk, b.fencing_token + 5, None)],      # stale completion
         worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
     assert [s is not None for s in started] == [True, False]
     assert started[0].task_key == "b" and started[0].attempt == 1 and not started[0].has_dependents
@@ -561,7 +562,6 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
     """Definitions stored before the limits existed (or written around them): the engine
     bounds the lease, the retry delay, the timeout checks and the run timeout itself
     instead of failing on 'timestamp out of range' (and failing what shares its batch)."""
-    from engine.repositories import transitions
     from engine.sweeper import sweep_runs
 
     wf = make_workflow(org, [{"key": "a", "type": "fail", "max_attempts": 3}, {"key": "b", "type": "noop"}])
@@ -570,17 +570,17 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
                     [wf.pk])
         cur.execute("UPDATE core_workflow SET run_timeout_seconds = 1e20 WHERE id = %s", [wf.pk])
     run = start_run(workflow=wf, run_input={})
-    claimed = {d.task_run_id: d for d in transitions.claim_ready(limit=10, lease_seconds=60, owner="o")}
+    claimed = {d.task_run_id: d for d in task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")}
     rows = task_runs(run.pk)
     started = engine_helpers.start_attempts(
-        [transitions.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
+        [types.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
         lease_seconds=30)
     assert all(s is not None for s in started)
     now = db_now()
     for key in ("a", "b"):  # the worker's lease: the timeout is longer
         lease_left = (task_runs(run.pk)[key].lease_expires_at - now).total_seconds()
         assert 25 < lease_left <= 30, (key, lease_left)
-    assert transitions.heartbeat(leases=[(s.task_run_id, s.fencing_token) for s in started], lease_seconds=30) == {
+    assert task_run_ops.heartbeat_many(leases=[(s.task_run_id, s.fencing_token) for s in started], lease_seconds=30) == {
         s.task_run_id for s in started}
 
     a = started[0]
@@ -595,19 +595,18 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
 
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(org, make_workflow, broker):
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
-    claimed = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    claimed = task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
     started = engine_helpers.start_attempts(
-        [transitions.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
+        [types.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
     good, bad = started
     # A success whose output is not JSON text makes the shared statement fail.
     items = [
-        batching.Success(transitions.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
+        batching.Success(types.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
                                                     output_json='{"ok": true}'), run.pk, False),
-        batching.Success(transitions.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
+        batching.Success(types.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
                                                     output_json="{not json"), run.pk, False),
     ]
     combiner = Combiner(batching.record_batch)
@@ -624,23 +623,22 @@ def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(
 @pytest.mark.django_db(transaction=True)
 def test_a_lease_that_cannot_be_reaped_does_not_keep_the_others_from_expiring(org, make_workflow, broker,
                                                                                monkeypatch):
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
-    transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
     with connection.cursor() as cur:  # both dispatch leases ran out, "a" first
         cur.execute("UPDATE core_taskrun SET lease_expires_at = clock_timestamp() - interval '1 minute' "
                     "WHERE workflow_run_id = %s", [run.pk])
     rows = task_runs(run.pk)
-    real = transitions.expire_lease
+    real = task_run_ops.expire_lease
 
     def broken_for_a(**kwargs):
         if kwargs["task_run_id"] == rows["a"].pk:
             raise RuntimeError("this row cannot be reaped")
         return real(**kwargs)
 
-    monkeypatch.setattr(transitions, "expire_lease", broken_for_a)
+    monkeypatch.setattr(task_run_ops, "expire_lease", broken_for_a)
     assert reap_once() == 1
     after = task_runs(run.pk)
     assert after["a"].state == "running" and after["b"].state == "ready"  # "b" went back, "a" waits for the next pass
@@ -654,13 +652,12 @@ def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as
     timeout_seconds ends exactly at started_at + timeout and the reaper says so."""
     import time
 
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "sleep", "config": {"seconds": 5}, "timeout_seconds": 0.25,
                               "max_attempts": 1}])
     run = start_run(workflow=wf, run_input={})
-    (d,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    (s,) = engine_helpers.start_attempts([transitions.StartRequest(d.task_run_id, d.fencing_token, "w")],
+    (d,) = task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
+    (s,) = engine_helpers.start_attempts([types.StartRequest(d.task_run_id, d.fencing_token, "w")],
                                       lease_seconds=30)
     row = task_runs(run.pk)["a"]
     assert (row.lease_expires_at - row.started_at).total_seconds() == 0.25

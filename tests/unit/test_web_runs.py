@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit.models import AuditLog
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import task_runs
 from engine.services import apply_definition, start_run
 from frontend import live
 from frontend.presenters import run_page, timeline
@@ -102,7 +102,7 @@ def drive_run(run: WorkflowRun, *, steps: int | None = None, fail: Iterable[str]
             TaskRun.objects.for_organization(org).filter(workflow_run=run, state="ready").values_list("id", flat=True)
         )
         if ready:
-            transitions.claim_ready(limit=len(ready), lease_seconds=30, owner="test", task_run_ids=ready)
+            task_runs.claim_ready_many(limit=len(ready), lease_seconds=30, owner="test", task_run_ids=ready)
         # Every claimed generation that no worker has started yet.
         pending = list(
             TaskRun.objects.for_organization(org)
