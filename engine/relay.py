@@ -21,6 +21,7 @@ import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
 
+from engine import sql
 from engine.dispatch import dispatch_message, enqueue_many
 from engine.states import TASK_QUEUE
 from flowforge.jsonb import strip_nul
@@ -33,33 +34,8 @@ MAX_PUBLISH_ATTEMPTS = 10
 PUBLISH_BACKOFF_BASE_SECONDS = 0.5
 PUBLISH_BACKOFF_MAX_SECONDS = 60.0
 
-_PENDING_SQL = """
-SELECT id, routing_key, payload FROM core_outboxmessage
-WHERE published_at IS NULL AND dead_lettered_at IS NULL
-  AND (next_attempt_at IS NULL OR next_attempt_at <= clock_timestamp())
-  {id_filter}
-ORDER BY created_at                          -- idx_outbox_pending (partial: published_at IS NULL)
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
-
-
-_STAMP_OK_SQL = """
-UPDATE core_outboxmessage
-SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
-WHERE id = ANY(%(ok)s) AND published_at IS NULL
-"""
-
-_STAMP_FAILED_SQL = """
-UPDATE core_outboxmessage o
-SET publish_attempts = o.publish_attempts + 1, last_error = f.err,
-    next_attempt_at = clock_timestamp() + make_interval(
-        secs => LEAST(%(cap)s, %(base)s * power(2, o.publish_attempts))),
-    dead_lettered_at = CASE WHEN o.publish_attempts + 1 >= %(max)s
-                            THEN clock_timestamp() ELSE NULL END
-FROM unnest(%(failed)s::uuid[], %(errs)s::text[]) AS f(id, err)
-WHERE o.id = f.id
-"""
+# The relay's statements, whole and by name, are in engine/sql/outbox.sql.
+_Q = sql.queries
 
 
 def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
@@ -109,15 +85,10 @@ def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.U
     return ok, failed
 
 
-def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[str, dict]:
-    """The statements that record a batch's outcome, and their parameters."""
-    statements = []
-    params: dict = {}
-    if ok:
-        statements.append(_STAMP_OK_SQL)
-        params["ok"] = ok
+def _stamp_params(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> dict:
+    """The parameters of the stamp statements for a batch's outcome."""
+    params: dict = {"ok": ok}
     if failed:
-        statements.append(_STAMP_FAILED_SQL)
         params.update(
             failed=[f[0] for f in failed],
             errs=[f[1] for f in failed],
@@ -125,7 +96,29 @@ def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[st
             base=PUBLISH_BACKOFF_BASE_SECONDS,
             max=MAX_PUBLISH_ATTEMPTS,
         )
-    return ";\n".join(statements), params
+    return params
+
+
+def _stamp_in_transaction(cur, ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> None:
+    """Record a batch's outcome inside the transaction ``cur`` is in (one statement per
+    outcome present)."""
+    params = _stamp_params(ok, failed)
+    if ok:
+        cur.execute(_Q["outbox_stamp_published"], params)
+    if failed:
+        cur.execute(_Q["outbox_stamp_failed"], params)
+
+
+def _stamp_and_commit(cur, ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> None:
+    """Record a batch's outcome and commit the relay's own transaction: one round trip,
+    two when some rows were published and others failed."""
+    params = _stamp_params(ok, failed)
+    if failed:
+        if ok:
+            cur.execute(_Q["outbox_stamp_published"], params)
+        cur.execute(_Q["outbox_stamp_failed_commit"], params)
+    else:
+        cur.execute(_Q["outbox_stamp_published_commit"], params)
 
 
 def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
@@ -150,12 +143,13 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     if not rows:
         return (0, 0)
     ok, failed = _publish_rows(rows)
-    sql, params = _stamp(ok, failed)
-    with connection.cursor() as cur:
-        if connection.in_atomic_block or not connection.get_autocommit():
-            cur.execute(sql, params)
-        else:
-            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + sql + ";\nCOMMIT", params)
+    if connection.in_atomic_block or not connection.get_autocommit() or failed:
+        # Inside a caller's transaction, or the rare failed publish (a plain transaction).
+        with transaction.atomic(), connection.cursor() as cur:
+            _stamp_in_transaction(cur, ok, failed)
+    else:
+        with connection.cursor() as cur:
+            cur.execute(_Q["outbox_stamp_published_async"], _stamp_params(ok, failed))
     return (len(ok), len(failed))
 
 
@@ -171,23 +165,20 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
     backoff; after MAX_PUBLISH_ATTEMPTS the row is dead-lettered.
     """
     params: dict = {"limit": limit}
-    id_filter = ""
-    if outbox_ids is not None:
+    among = outbox_ids is not None
+    if among:
         if not outbox_ids:
             return (0, 0)
-        id_filter = "AND id = ANY(%(ids)s)"
         params["ids"] = list(outbox_ids)
-    select = _PENDING_SQL.format(id_filter=id_filter)
     if connection.in_atomic_block or not connection.get_autocommit():
         with transaction.atomic():
             with connection.cursor() as cur:
-                cur.execute(select, params)
+                cur.execute(_Q["outbox_get_pending_among" if among else "outbox_get_pending"], params)
                 rows = cur.fetchall()
                 if not rows:
                     return (0, 0)
                 ok, failed = _publish_rows(rows)
-                sql, stamp_params = _stamp(ok, failed)
-                cur.execute(sql, stamp_params)
+                _stamp_in_transaction(cur, ok, failed)
         return (len(ok), len(failed))
     with connection.cursor() as cur:
         # Autocommit mode: an explicit transaction that spans the publish, in two round trips.
@@ -195,16 +186,15 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
             # The stamp need not survive a crash: a row stamped but lost is published
             # again, and a worker starts each generation at most once. So no WAL flush
             # is waited for (the claim that wrote the row was flushed).
-            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + select, params)
-            cur.nextset()
+            cur.execute(_Q["outbox_begin_get_pending_among" if among else "outbox_begin_get_pending"], params)
+            cur.nextset()  # past BEGIN and SET LOCAL to the SELECT's rows
             cur.nextset()
             rows = cur.fetchall()
             if not rows:
                 cur.execute("COMMIT")
                 return (0, 0)
             ok, failed = _publish_rows(rows)
-            sql, stamp_params = _stamp(ok, failed)
-            cur.execute(sql + ";\nCOMMIT", stamp_params)
+            _stamp_and_commit(cur, ok, failed)
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
