@@ -11,7 +11,6 @@ one's (bench/bench_pages.py). ``started_by`` reads the run's ``run.started`` aud
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import hashlib
 import uuid
 from collections import defaultdict
@@ -34,7 +33,7 @@ from frontend.presenters.run_rows import EventRow, render_event_rows, render_tas
 from frontend.presenters.text import cut, event_detail_text, human_duration, seconds_between
 from frontend.presenters.timeline import (
     TIMELINE_KINDS,
-    Attempt,
+    TaskRow,
     Timeline,
     attempts_from_events,
     build_timeline,
@@ -48,36 +47,6 @@ OUTPUT_PREVIEW_CHARS = 120
 ERROR_PREVIEW_CHARS = 300
 # Retries of a run linked from its header.
 RETRY_LINKS_LIMIT = 20
-
-
-@dataclasses.dataclass
-class TaskRow:
-    """One task of the run, as the DAG, the timeline and the task table show it."""
-
-    id: uuid.UUID  # the task run's
-    task_id: uuid.UUID
-    key: str
-    type: str
-    state: str
-    max_attempts: int
-    position_x: int | None
-    position_y: int | None
-    started_at: dt.datetime | None
-    finished_at: dt.datetime | None
-    depth: int
-    attempts: list[Attempt]
-    output_preview: str
-    error_preview: str
-    output_bytes: int | None = None  # size of the output's JSON text
-    output_url: str = ""  # the whole output, when the preview is cut
-
-    @property
-    def duration(self) -> str:
-        if self.started_at is None:
-            return ""
-        if self.finished_at is None:
-            return human_duration(seconds_between(self.started_at, timezone.now())) if self.state == "running" else ""
-        return human_duration(seconds_between(self.started_at, self.finished_at))
 
 
 def depth_of(task_ids: Iterable[uuid.UUID], edges: Iterable[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, int]:

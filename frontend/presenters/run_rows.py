@@ -13,15 +13,11 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from html import escape as html_escape
-from typing import TYPE_CHECKING
 
 from django.utils.safestring import SafeString, mark_safe
 
 from frontend.presenters.text import human_bytes
-from frontend.presenters.timeline import TL_BAR, TL_ROW, Timeline
-
-if TYPE_CHECKING:  # annotations only: run_page builds the rows and imports this module
-    from frontend.presenters.run_page import TaskRow
+from frontend.presenters.timeline import TL_BAR, TL_ROW, TaskRow, Timeline
 
 
 @dataclasses.dataclass

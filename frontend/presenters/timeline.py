@@ -11,13 +11,11 @@ import datetime as dt
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+
+from django.utils import timezone
 
 from engine.models import WorkflowRun
 from frontend.presenters.text import compact_json, human_duration, seconds_between
-
-if TYPE_CHECKING:  # annotations only: run_page builds the rows and imports this module
-    from frontend.presenters.run_page import TaskRow
 
 # Event kinds that open and close one attempt of a task run, for the timeline.
 ATTEMPT_START_KINDS = ("started",)
@@ -182,3 +180,33 @@ def build_timeline(run: WorkflowRun, rows: Sequence[TaskRow], *, now: dt.datetim
         span_label=human_duration(span),
         has_attempts=bool(starts),
     )
+
+
+@dataclasses.dataclass
+class TaskRow:
+    """One task of the run, as the DAG, the timeline and the task table show it."""
+
+    id: uuid.UUID  # the task run's
+    task_id: uuid.UUID
+    key: str
+    type: str
+    state: str
+    max_attempts: int
+    position_x: int | None
+    position_y: int | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    depth: int
+    attempts: list[Attempt]
+    output_preview: str
+    error_preview: str
+    output_bytes: int | None = None  # size of the output's JSON text
+    output_url: str = ""  # the whole output, when the preview is cut
+
+    @property
+    def duration(self) -> str:
+        if self.started_at is None:
+            return ""
+        if self.finished_at is None:
+            return human_duration(seconds_between(self.started_at, timezone.now())) if self.state == "running" else ""
+        return human_duration(seconds_between(self.started_at, self.finished_at))
