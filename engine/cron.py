@@ -20,6 +20,7 @@ import uuid
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from engine import sql
 from engine.models import (
     CatchUpPolicy,
     ScheduledTrigger,
@@ -130,9 +131,6 @@ def fire_due_triggers(*, now: dt.datetime | None = None, limit: int = 500) -> in
     """Fire every enabled trigger that is due (``idx_trigger_due``). Returns runs started."""
     now = now or timezone.now()
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id FROM core_scheduledtrigger WHERE enabled AND next_fire_at <= %s ORDER BY next_fire_at LIMIT %s",
-            [now, limit],
-        )
+        cur.execute(sql.queries["trigger_list_due"], {"now": now, "limit": limit})
         ids = [r[0] for r in cur.fetchall()]
     return sum(process_trigger(tid, now) for tid in ids)

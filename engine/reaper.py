@@ -6,7 +6,7 @@ import logging
 
 from django.db import connection
 
-from engine import metrics
+from engine import metrics, sql
 from engine.db import atomic_retry
 from engine.relay import publish_dispatches
 from engine.repositories import task_runs
@@ -50,17 +50,7 @@ def fail_dead_letters(*, limit: int = 200) -> int:
     message the broker never took). Partial index ``idx_outbox_dead_letter`` keeps the
     scan to dead-lettered rows. Returns how many task runs were failed."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT o.task_run_id, o.fencing_token_snapshot, o.publish_attempts, o.last_error
-            FROM core_outboxmessage o JOIN core_taskrun t ON t.id = o.task_run_id
-            WHERE o.dead_lettered_at IS NOT NULL AND t.state = 'running'
-              AND t.fencing_token = o.fencing_token_snapshot
-              AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
-            LIMIT %s
-            """,
-            [limit],
-        )
+        cur.execute(sql.queries["outbox_list_dead_lettered_undelivered"], {"limit": limit})
         rows = cur.fetchall()
     failed = 0
     for task_run_id, token, attempts, last_error in rows:

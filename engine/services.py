@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit import services as audit
-from engine import dispatch, metrics
+from engine import dispatch, metrics, sql
 from engine.db import retry_transient
 from engine.definitions import DefinitionError, validate_document
 from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
@@ -131,10 +131,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     normalized = validate_document(document)
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                [f"workflow-version:{organization.pk}:{normalized['name']}"],
-            )
+            cur.execute(sql.queries["workflow_version_lock"],
+                        {"key": f"workflow-version:{organization.pk}:{normalized['name']}"})
         latest = (
             Workflow.objects.for_organization(organization)
             .filter(name=normalized["name"])
@@ -320,39 +318,21 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
     with transaction.atomic():
         for _attempt in range(3):
             with connection.cursor() as cur:
-                cur.execute(
-                    """
-                    INSERT INTO core_idempotencykey
-                        (id, organization_id, user_id, api_key_id, key, request_hash, workflow_run_id,
-                         created_at, expires_at)
-                    VALUES (%s, %s, %s, %s, %s, %s, NULL, now(), now() + make_interval(secs => %s))
-                    ON CONFLICT ON CONSTRAINT uniq_idempotency_org_user_key DO NOTHING
-                    RETURNING id
-                    """,
-                    [uuid.uuid4(), org_id, user_id, api_key_id, stored_key, request_hash,
-                     IDEMPOTENCY_TTL_SECONDS],
-                )
+                cur.execute(sql.queries["idempotency_key_claim"],
+                            {"id": uuid.uuid4(), "org": org_id, "user": user_id, "api_key": api_key_id,
+                             "key": stored_key, "request_hash": request_hash, "ttl": IDEMPOTENCY_TTL_SECONDS})
                 claimed = cur.fetchone()
                 if claimed is not None:
                     run = start_run(workflow=workflow, run_input=run_input, actor=actor)
-                    cur.execute("UPDATE core_idempotencykey SET workflow_run_id = %s WHERE id = %s",
-                                [run.pk, claimed[0]])
+                    cur.execute(sql.queries["idempotency_key_set_run"], {"run": run.pk, "id": claimed[0]})
                     return run, True
-                # The same columns as uniq_idempotency_org_user_key (NULLs equal, like the constraint).
-                cur.execute(
-                    """
-                    SELECT id, request_hash, workflow_run_id, expires_at < now()
-                    FROM core_idempotencykey
-                    WHERE organization_id = %s AND user_id IS NOT DISTINCT FROM %s AND key = %s
-                    """,
-                    [org_id, user_id, stored_key],
-                )
+                cur.execute(sql.queries["idempotency_key_get"], {"org": org_id, "user": user_id, "key": stored_key})
                 existing = cur.fetchone()
                 if existing is None:
                     continue  # purged between the two statements: insert again
                 row_id, stored_hash, run_id, expired = existing
                 if expired:
-                    cur.execute("DELETE FROM core_idempotencykey WHERE id = %s AND expires_at < now()", [row_id])
+                    cur.execute(sql.queries["idempotency_key_delete_expired"], {"id": row_id})
                     continue
             if stored_hash != request_hash:
                 raise IdempotencyConflict(
@@ -375,14 +355,7 @@ def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int =
     total = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(
-                """
-                DELETE FROM core_idempotencykey WHERE id IN (
-                    SELECT id FROM core_idempotencykey WHERE expires_at < now()
-                    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                """,
-                [batch_size],
-            )
+            cur.execute(sql.queries["idempotency_key_purge_expired_batch"], {"limit": batch_size})
             deleted = cur.rowcount
         total += deleted
         if deleted < batch_size:

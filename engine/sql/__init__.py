@@ -1,9 +1,11 @@
 """Every SQL statement the engine's repositories run, by name (after procrastinate's
 ``procrastinate/sql/__init__.py``).
 
-The ``.sql`` files beside this module are grouped by what their statements write
-(``task_runs.sql``, ``runs.sql``, ``events.sql``, ``outbox.sql``; ``driver.sql`` holds the
-prepared-statement driver's own). Each statement is written out whole under a header::
+The ``.sql`` files beside this module are grouped by the table their statements write
+or read (``task_runs.sql``, ``runs.sql``, ``events.sql``, ``outbox.sql``,
+``subscriptions.sql``, ``idempotency_keys.sql``, ``triggers.sql``, ``workflows.sql``;
+``metrics.sql`` holds the /metrics gauges, ``driver.sql`` the prepared-statement driver's
+own). Each statement is written out whole under a header::
 
     -- name: task_run_claim_ready
     -- <one line: what it does; the seed index or key it relies on>

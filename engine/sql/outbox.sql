@@ -1,4 +1,5 @@
--- Statements of the outbox relay (core_outboxmessage), run by engine/relay.py.
+-- Statements of the outbox relay (core_outboxmessage), run by engine/relay.py (and the
+-- reaper's scan of dead letters, outbox_list_dead_lettered_undelivered, engine/reaper.py).
 -- The outbox rows themselves are written by the claims in task_runs.sql.
 -- Parameters are psycopg's: %(name)s.
 --
@@ -103,3 +104,13 @@ UPDATE core_outboxmessage
 SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
 WHERE id = ANY(%(ok)s) AND published_at IS NULL;
 COMMIT;
+
+
+-- name: outbox_list_dead_lettered_undelivered
+-- Up to limit dead-lettered outbox rows whose generation is still claimed and never started (task run id, token, publish attempts, last error), for the reaper to fail; idx_outbox_dead_letter (partial: dead_lettered_at IS NOT NULL), then core_taskrun_pkey.
+SELECT o.task_run_id, o.fencing_token_snapshot, o.publish_attempts, o.last_error
+FROM core_outboxmessage o JOIN core_taskrun t ON t.id = o.task_run_id
+WHERE o.dead_lettered_at IS NOT NULL AND t.state = 'running'
+  AND t.fencing_token = o.fencing_token_snapshot
+  AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+LIMIT %(limit)s;

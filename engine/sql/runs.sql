@@ -115,3 +115,22 @@ SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_
        %(final)s, NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
 FROM fin f
 RETURNING id;
+
+
+-- name: run_list_settled_open
+-- The ids of up to limit runs still running, older than settle seconds, whose task runs have all finished, oldest first (the sweeper closes them); idx_wfrun_state_age, then idx_taskrun_run_state per run.
+SELECT r.id FROM core_workflowrun r
+WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(secs => %(settle)s)
+  AND NOT EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id
+                  AND t.state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled'))
+ORDER BY r.created_at LIMIT %(limit)s;
+
+
+-- name: run_list_timed_out
+-- Up to limit running runs older than their workflow's run_timeout_seconds, with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
+SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
+JOIN core_workflow w ON w.id = r.workflow_id
+WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
+  -- As seconds, not as a timestamp: no run timeout can compute one out of range.
+  AND EXTRACT(EPOCH FROM clock_timestamp() - r.created_at) > w.run_timeout_seconds
+ORDER BY r.created_at LIMIT %(limit)s;
