@@ -26,9 +26,6 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         every statement that writes runs, task runs and events: runs, task_runs, events
         (operations named <table>.<verb>[_many]), driver (prepared statements, one
         message per transaction, retries), types (the requests and results they pass).
-    sql/
-        the statements themselves, whole and named, in *.sql files (one per table
-        written), each with the index it relies on; loaded by name (``sql.queries``).
     live_stream.py
         the one live-event loop of the API's event stream and the web run page.
     definitions.py | triggers.py | reporting.py | live_hub.py | outputs.py | live_limits.py | access.py
@@ -41,6 +38,10 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).
+    sql/
+        every statement the engine runs, whole and named, in *.sql files (one per table,
+        metrics.sql for the /metrics gauges), each with the index it relies on; loaded
+        by name (``sql.queries``).
     states.py
         the vocabulary: run and task-run states, event kinds, terminal and open sets,
         queue names.
