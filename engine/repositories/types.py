@@ -84,6 +84,6 @@ class SuccessRequest:
     # False when no task depends on this one (``StartedAttempt.has_dependents``): a batch
     # of such successes skips the promote-and-claim statement.
     has_dependents: bool = True
-    # ``output`` already encoded as JSON text (``engine.runtime.encode_output``): stored
+    # ``output`` already encoded as JSON text (``engine.worker.output.encode_output``): stored
     # as it is instead of encoding ``output`` again.
     output_json: str | None = None

@@ -1,5 +1,5 @@
 """Small helpers shared by the fault and dispatch integration tests: database reads,
-worker-process lookup, and two writers that go through ``transitions`` like the
+worker-process lookup, and two writers that go through ``engine.repositories`` like the
 engine does (a run created without the scheduler nudge, an in-process claim)."""
 
 from __future__ import annotations

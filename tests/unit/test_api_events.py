@@ -2,7 +2,7 @@
 server-sent event stream (resume from Last-Event-ID or ?after=, live through LISTEN/
 NOTIFY, heartbeat, ends at run_finished, stops watching so the process's listener hub
 closes its LISTEN connection) and the NOTIFY
-trigger itself. Runs are driven with engine.repositories.transitions, in process."""
+trigger itself. Runs are driven with engine.repositories (task_runs, runs), in process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""engine.repositories.transitions against real PostgreSQL.
+"""The task-run and run transitions of engine.repositories (task_runs, runs) against real PostgreSQL.
 
 Every function is called directly inside ``transaction.atomic()``; tests that need
 real commits (threads, each with its own connection) use
