@@ -19,7 +19,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
 	@echo "make demo   set up, run the example to its end with real workers, print a summary"
-	@echo "make test   lint, migration check and the whole test suite"
+	@echo "make test   lint, import contracts, migration check and the whole test suite"
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.12 found (see above)"; exit 1; }
@@ -47,6 +47,7 @@ demo: bootstrap
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 check-migrations: install
 	$(PY) manage.py makemigrations --check --dry-run
@@ -64,6 +65,7 @@ browser:
 test: install browser
 	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
 	$(TEST_ENV) $(VENV)/bin/pytest
 

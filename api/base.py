@@ -8,8 +8,10 @@ action the view declares for the HTTP method, before any handler runs. Subclasse
   ``Model.objects.for_organization(self.organization)``;
 - declare ``required_action = {"GET": Action.READ, "POST": Action.RUN_OPERATE, ...}``
   for every handler they define;
-- fetch objects with ``self.get_object()`` (404 for a missing id and for another
-  organization's: the same response) and lists with ``self.get_queryset()``.
+- read one object by id with the access helpers (engine.access, tenancy.access:
+  ``access_run(self.actor, pk)`` and siblings — a 404 for a missing id and for another
+  organization's, the same response, shared with the web UI) and lists with
+  ``self.get_queryset()``; query parameters with ``validated_query``.
 
 They may not define the methods and attributes in ``PROTECTED``: defining one raises
 TypeError when the class is created, so no view can skip authentication,
@@ -53,6 +55,15 @@ PROTECTED = frozenset({
     "queryset",
     "resolve_actor",
 })
+
+
+def validated_query(request, serializer_class) -> dict:
+    """The request's query parameters validated by ``serializer_class`` (empty values
+    count as absent). Raises ValidationError (a 400 naming the parameter) otherwise."""
+    data = {k: v for k, v in request.query_params.items() if v != ""}
+    filters = serializer_class(data=data)
+    filters.is_valid(raise_exception=True)
+    return filters.validated_data
 
 
 def resolve_actor(request) -> Actor:

@@ -2,9 +2,10 @@
 API keys and the audit log.
 
 Views parse and authorize (api.base does the authorization), then call a service
-function; no view writes a model itself. An object named in the URL is looked up
-(``get_object``: 404 for a missing id and another organization's alike) before the
-body is read, so the answer for another tenant's id never depends on the body.
+function; no view writes a model itself. An object named in the URL is read through
+the access helpers (engine.access.access_trigger, tenancy.access.access_membership,
+access_invitation, access_api_key: 404 for a missing id and another organization's
+alike, as in the web UI) before the body is read, so the answer for another tenant's id never depends on the body.
 Lists fetch their relations in a constant number of queries.
 
 Service errors become problems in api.exceptions (Forbidden → 403, TenancyError →
@@ -48,9 +49,11 @@ from api.serializers_org import (
 from audit.models import AuditLog
 from audit.services import SecretInMetadata
 from engine import triggers
+from engine.access import access_trigger
 from engine.models import ScheduledTrigger
-from frontend.mail import send_invitation_email
+from tenancy.access import access_api_key, access_invitation, access_membership
 from tenancy.apikeys import create_api_key, revoke_api_key
+from tenancy.mail import send_invitation_email
 from tenancy.models import ApiKey, Invitation, Membership
 from tenancy.permissions import Action
 from tenancy.services import TenancyError, change_role, invite_member, remove_member, revoke_invitation
@@ -130,8 +133,11 @@ class _TriggerView(AdminAPIView):
     def get_scoped_queryset(self):
         return ScheduledTrigger.objects.for_organization(self.organization).select_related("created_by")
 
+    def trigger(self, pk) -> ScheduledTrigger:
+        return access_trigger(self.actor, pk, shape=lambda qs: qs.select_related("created_by"))
+
     def trigger_response(self, trigger, *, status_code: int = status.HTTP_200_OK) -> Response:
-        fresh = self.get_scoped_queryset().get(pk=trigger.pk)
+        fresh = self.trigger(trigger.pk)
         return Response(TriggerSerializer(fresh).data, status=status_code)
 
 
@@ -210,7 +216,7 @@ class TriggerDetailView(_TriggerView):
     @extend_schema(operation_id="triggers_retrieve", summary="Get a cron trigger",
                    responses={200: TriggerSerializer, **NOT_FOUND}, examples=[_example("trigger", TRIGGER_EXAMPLE)])
     def get(self, request, pk):
-        return Response(TriggerSerializer(self.get_object()).data)
+        return Response(TriggerSerializer(self.trigger(pk)).data)
 
     @extend_schema(
         operation_id="triggers_partial_update",
@@ -223,7 +229,7 @@ class TriggerDetailView(_TriggerView):
                                        "timezone": "America/New_York"})],
     )
     def patch(self, request, pk):
-        trigger = self.get_object()
+        trigger = self.trigger(pk)
         payload = TriggerWriteSerializer(data=request.data, partial=True)
         payload.is_valid(raise_exception=True)
         data = dict(payload.validated_data)
@@ -234,7 +240,7 @@ class TriggerDetailView(_TriggerView):
     @extend_schema(operation_id="triggers_destroy", summary="Delete a cron trigger",
                    responses={204: OpenApiResponse(description="Deleted."), **NOT_FOUND})
     def delete(self, request, pk):
-        triggers.delete_trigger(actor=self.actor, trigger=self.get_object())
+        triggers.delete_trigger(actor=self.actor, trigger=self.trigger(pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -243,7 +249,7 @@ class _TriggerSwitchView(_TriggerView):
     enabled: bool
 
     def post(self, request, pk):
-        trigger = self.get_object()
+        trigger = self.trigger(pk)
         changed = _schedule_errors(
             lambda: triggers.set_enabled(actor=self.actor, trigger=trigger, enabled=self.enabled),
             organization=self.organization)
@@ -308,7 +314,7 @@ class MemberDetailView(_MemberView):
     @extend_schema(operation_id="members_retrieve", summary="Get a member",
                    responses={200: MemberSerializer, **NOT_FOUND}, examples=[_example("member", MEMBER_EXAMPLE)])
     def get(self, request, pk):
-        return Response(MemberSerializer(self.get_object()).data)
+        return Response(MemberSerializer(access_membership(self.actor, pk)).data)
 
     @extend_schema(
         operation_id="members_partial_update",
@@ -327,7 +333,7 @@ class MemberDetailView(_MemberView):
         examples=[_example("make admin", {"role": "admin"}, request=True), _example("member", MEMBER_EXAMPLE)],
     )
     def patch(self, request, pk):
-        membership = self.get_object()
+        membership = access_membership(self.actor, pk)
         payload = MemberRoleSerializer(data=request.data, partial=True)
         payload.is_valid(raise_exception=True)
         if "role" in payload.validated_data:  # a PATCH without fields changes nothing
@@ -335,7 +341,7 @@ class MemberDetailView(_MemberView):
                 change_role(actor=self.actor, membership=membership, role=payload.validated_data["role"])
             except TenancyError as exc:
                 raise ValidationError({"role": [str(exc)]}) from None
-        return Response(MemberSerializer(self.get_object()).data)
+        return Response(MemberSerializer(access_membership(self.actor, pk)).data)
 
     @extend_schema(
         operation_id="members_destroy",
@@ -351,28 +357,20 @@ class MemberDetailView(_MemberView):
         },
     )
     def delete(self, request, pk):
-        remove_member(actor=self.actor, membership=self.get_object())
+        remove_member(actor=self.actor, membership=access_membership(self.actor, pk))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 # --- invitations -----------------------------------------------------------------------------------
 
 
-class _OnBehalfOf:
-    """The request as frontend.mail sees it, with ``user`` the person the invitation
-    is from: the signed-in user, or for an API key the key's creator, on whose behalf
-    the key acts (``request.user`` is then an ApiKeyPrincipal, which has no email)."""
-
-    def __init__(self, request, user):
-        self._wrapped = request
-        self.user = user
-
-    def __getattr__(self, name):
-        return getattr(self._wrapped, name)
-
-
 def _invitation_field(exc: TenancyError) -> str:
     return "role" if str(exc).startswith("role") else "email"
+
+
+def _invitation(actor, pk) -> Invitation:
+    """The invitation with what InvitationSerializer reads (tenancy.access: a 404 otherwise)."""
+    return access_invitation(actor, pk, shape=lambda qs: qs.select_related("invited_by", "organization"))
 
 
 class _InvitationView(AdminAPIView):
@@ -427,14 +425,15 @@ class InvitationListView(_InvitationView):
             raise ValidationError({field: [str(exc)]}) from None
         inviter = self.actor.user or self.actor.api_key.created_by
         # After the commit: no mail for an invitation that was rolled back. robust: a
-        # failing mailer is logged (by frontend.mail or Django), not turned into a 500
-        # for an invitation that exists.
+        # failing mailer is logged (by tenancy.mail or Django), not turned into a 500
+        # for an invitation that exists. The email is from the user, or for an API key
+        # from the key's creator, on whose behalf the key acts.
         transaction.on_commit(
-            functools.partial(send_invitation_email, _OnBehalfOf(request._request, inviter),
-                              invitation=invitation, token=token),
+            functools.partial(send_invitation_email, request._request, invitation=invitation, token=token,
+                              inviter=inviter),
             robust=True,
         )
-        return Response(InvitationSerializer(self.get_queryset().get(pk=invitation.pk)).data,
+        return Response(InvitationSerializer(_invitation(self.actor, invitation.pk)).data,
                         status=status.HTTP_201_CREATED)
 
 
@@ -458,11 +457,11 @@ class InvitationRevokeView(_InvitationView):
                                        "revoked_at": "2026-01-16T10:00:00.000000Z"})],
     )
     def post(self, request, pk):
-        invitation = self.get_object()
+        invitation = _invitation(self.actor, pk)
         if not revoke_invitation(actor=self.actor, invitation=invitation):
             state = InvitationSerializer().get_state(invitation)
             raise Conflict(f"The invitation is no longer pending ({state}).")
-        return Response(InvitationSerializer(self.get_object()).data)
+        return Response(InvitationSerializer(_invitation(self.actor, pk)).data)
 
 
 # --- API keys --------------------------------------------------------------------------------------
@@ -526,8 +525,8 @@ class ApiKeyRevokeView(AdminAPIView):
                    examples=[_example("revoked", {**API_KEY_EXAMPLE,
                                                   "revoked_at": "2026-01-16T10:00:00.000000Z"})])
     def post(self, request, pk):
-        revoke_api_key(actor=self.actor, api_key=self.get_object())
-        return Response(ApiKeySerializer(self.get_object()).data)
+        revoke_api_key(actor=self.actor, api_key=access_api_key(self.actor, pk))
+        return Response(ApiKeySerializer(access_api_key(self.actor, pk)).data)
 
 
 # --- audit log -------------------------------------------------------------------------------------

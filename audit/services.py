@@ -15,7 +15,7 @@ from audit.chain import ACCOUNT_CHAIN, GENESIS, row_mac
 from audit.context import current_request
 from audit.keys import signing_key
 from audit.models import ActorType, AuditLog
-from engine.jsonb import strip_nul
+from flowforge.jsonb import strip_nul
 
 # Metadata keys that can never be recorded: a secret must not reach the audit log,
 # even by mistake. Matching is on the key name, at any depth.

@@ -57,9 +57,10 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from api.pagination import encode_cursor  # noqa: E402
 from engine import services as engine_services  # noqa: E402
 from engine.models import TaskRun, Workflow, WorkflowRun  # noqa: E402
-from engine.repositories import transitions  # noqa: E402
+from engine.repositories import task_runs  # noqa: E402
+from engine.repositories.types import StartRequest, SuccessRequest  # noqa: E402
 from engine.services import apply_definition, start_run  # noqa: E402
-from frontend.views import runs as run_views  # noqa: E402
+from frontend.presenters import run_page as run_views  # noqa: E402  (the DAG cache is the run page presenter's)
 from tenancy.context import actor_for_membership  # noqa: E402
 from tenancy.models import Membership, Organization, Role  # noqa: E402
 from tenancy.services import create_organization  # noqa: E402
@@ -130,20 +131,23 @@ def drive(run: WorkflowRun, *, flaky: str | None) -> WorkflowRun:
         ready = list(TaskRun.objects.for_organization(org).filter(workflow_run=run, state="ready")
                      .values_list("id", flat=True))
         if ready:
-            transitions.claim_ready(limit=len(ready), lease_seconds=30, owner="bench", task_run_ids=ready)
+            task_runs.claim_ready_many(limit=len(ready), lease_seconds=30, owner="bench", task_run_ids=ready)
         pending = list(TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running")
                        .exclude(started_fencing_token=F("fencing_token")).values_list("id", "fencing_token"))
         if not pending:
             break
         for task_run_id, token in pending:
-            att = transitions.start_attempt(task_run_id=task_run_id, fencing_token=token, owner="bench",
-                                            lease_seconds=30)
+            (att,), _, _ = task_runs.start_and_complete_many(
+                starts=[StartRequest(task_run_id, token, "bench")], successes=(), worker_lease_seconds=30,
+                dispatch_lease_seconds=30, owner="bench")
             if att is None:
                 continue
-            bad = att.task_key == flaky and att.attempt == 1
-            transitions.complete_attempt(task_run_id=att.task_run_id, fencing_token=att.fencing_token,
-                                         succeeded=not bad, output=None if bad else {"key": att.task_key, "n": 42},
-                                         error="transient" if bad else "", lease_seconds=30, owner="bench")
+            if att.task_key == flaky and att.attempt == 1:
+                task_runs.fail_attempt(task_run_id=att.task_run_id, fencing_token=att.fencing_token, error="transient")
+            else:
+                task_runs.start_and_complete_many(
+                    starts=(), successes=[SuccessRequest(att.task_run_id, att.fencing_token, {"key": att.task_key, "n": 42})],
+                    worker_lease_seconds=30, dispatch_lease_seconds=30, owner="bench")
     run.refresh_from_db()
     return run
 

@@ -16,11 +16,14 @@ the plan must use the index seed 000 provisions for it:
 =============  ==================================================  ===========================
 query          what runs it                                        index
 =============  ==================================================  ===========================
-claim          ``transitions.claim_ready`` (scheduler, limit 200)   idx_taskrun_state_age
-lease reaper   ``transitions.expired_leases`` (limit 500)          idx_taskrun_lease_expiry
-outbox drain   ``relay`` pending rows (limit 200, SKIP LOCKED)     idx_outbox_pending
+claim          ``task_run_claim_ready`` (scheduler, limit 200)      idx_taskrun_state_age
+lease reaper   ``task_run_get_expired_leases`` (limit 500)         idx_taskrun_lease_expiry
+outbox drain   ``outbox_get_pending`` (relay, limit 200)           idx_outbox_pending
 run progress   ``state, count(*) ... WHERE workflow_run_id = ?``   idx_taskrun_run_state
 =============  ==================================================  ===========================
+
+The first three are the engine's statements, loaded by name from ``engine.sql``; run
+progress is what the API and the web UI's run pages ask the ORM for.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ import uuid
 
 from django.db import connection, transaction
 
-from engine import relay
-from engine.repositories import transitions
 from engine.services import apply_definition
+from engine.sql import queries
+from engine.states import TASK_QUEUE
 
 HISTORY_TASKS = 10  # task runs per historical run
 CHUNK_TASK_RUNS = 100_000
@@ -43,18 +46,18 @@ CHUNK_TASK_RUNS = 100_000
 QUERIES = {
     "claim": {
         "index": "idx_taskrun_state_age",
-        "sql": transitions._CLAIM_SQL.format(id_filter=""),
-        "params": lambda ctx: {"limit": 200, "owner": "bench", "lease": 300.0, "queue": transitions.TASK_QUEUE,
+        "sql": queries["task_run_claim_ready"],
+        "params": lambda ctx: {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE,
                                "reserve": 0.0},
     },
     "lease_reaper": {
         "index": "idx_taskrun_lease_expiry",
-        "sql": transitions.EXPIRED_LEASES_SQL,
-        "params": lambda ctx: [500],
+        "sql": queries["task_run_get_expired_leases"],
+        "params": lambda ctx: {"limit": 500},
     },
     "outbox_drain": {
         "index": "idx_outbox_pending",
-        "sql": relay._PENDING_SQL.format(id_filter=""),
+        "sql": queries["outbox_get_pending"],
         "params": lambda ctx: {"limit": 200},
     },
     "run_progress": {
@@ -167,7 +170,7 @@ def create_live_set(org, workflow, schema: str | None = None) -> None:
             FROM core_taskrun t CROSS JOIN (VALUES (1), (2)) AS g(tok)
             WHERE t.state = 'running' AND t.organization_id = %(org)s AND t.lease_owner = 'worker@bench:1:1'
             """,
-            {**params, "queue": transitions.TASK_QUEUE},
+            {**params, "queue": TASK_QUEUE},
         )
 
 
@@ -238,7 +241,7 @@ def load_history(org, workflow, target: int, schema: str | None = None) -> float
                        1, 1, 1, '', t.created_at, t.created_at + interval '2 milliseconds'
                 FROM t WHERE t.fencing_token = 1
                 """,
-                {"org": org.pk, "wf": workflow.pk, "runs": runs, "queue": transitions.TASK_QUEUE},
+                {"org": org.pk, "wf": workflow.pk, "runs": runs, "queue": TASK_QUEUE},
             )
         have += runs * HISTORY_TASKS
     with connection.cursor() as cur:  # autocommit: VACUUM cannot run in a transaction

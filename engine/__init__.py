@@ -1,0 +1,101 @@
+"""The engine: workflow definitions, runs, and the machinery that executes their tasks.
+
+Package map, top to bottom. A module imports only from the rows below its own (``a | b``:
+siblings that never import each other; ``a : b``: siblings that may). The import-linter
+contract "Engine layers" in pyproject.toml checks it in ``make test``.
+
+    actors.py | management/ | apps.py | admin.py
+        actors: the Dramatiq actors (clock ticks, nudges, execute messages); nothing
+        imports them. management/: the commands. apps/admin: Django's wiring.
+    worker/
+        one attempt of one generation: execute (the attempt's flow), batching (starts
+        and completions recorded together, behind the Completer interface), combiner
+        (the batching's thread hand-over), heartbeat (extends worker leases), handoff
+        (generations a busy thread gives back to the broker), output (the result's
+        size and shape).
+    scheduler.py | reaper.py | sweeper.py | cron.py
+        claim ready task runs; take back expired leases; close finished and timed-out
+        runs; fire due cron triggers.
+    relay.py | services.py | signals.py
+        relay: publish outbox rows to the broker and stamp them. services: what the API,
+        the web UI and the commands call (start, cancel, retry runs; apply workflows).
+        signals: the engine's receivers of tenancy's hooks.
+    dispatch.py
+        messages by actor name and their queues, the lease owner string.
+    repositories/
+        every statement that writes runs, task runs and events: runs, task_runs, events
+        (operations named <table>.<verb>[_many]), driver (prepared statements, one
+        message per transaction, retries), types (the requests and results they pass).
+    live_stream.py
+        the one live-event loop of the API's event stream and the web run page.
+    definitions.py | triggers.py | reporting.py | live_hub.py | outputs.py | live_limits.py | access.py
+        workflow documents (validation); cron triggers (create, pause, next instant);
+        read-side summaries; the shared LISTEN connection of live streams; output size
+        helpers; stream limits; access_* (a tenant object by id: one "not found" for
+        missing and foreign).
+    handlers/ : egress.py
+        task types (noop, sleep, fail, python, http) and the egress policy http obeys.
+    models.py | db.py | metrics.py | live.py
+        the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
+        (JSON hygiene is flowforge.jsonb, shared with the audit log).
+    sql/
+        every statement the engine runs, whole and named, in *.sql files (one per table,
+        metrics.sql for the /metrics gauges), each with the index it relies on; loaded
+        by name (``sql.queries``).
+    states.py
+        the vocabulary: run and task-run states, event kinds, terminal and open sets,
+        queue names.
+
+The life of a task in that order: ``services.start_run`` writes the run and its task
+runs (roots ``ready``) and nudges the scheduler (``dispatch.nudge_scheduler``);
+``scheduler.schedule_once`` claims them and writes their outbox rows in one statement
+(``repositories``) and publishes them (``relay.publish_dispatches``); the worker
+(``actors.execute_task_run`` -> ``worker``) starts the generation, heartbeats, runs the
+handler (``handlers``) and records the completion, which promotes and claims the
+dependents in the same transaction; ``reaper`` and ``sweeper`` take back what a crash
+left behind.
+
+Glossary
+--------
+run
+    One execution of one workflow version (``WorkflowRun``): pending -> running ->
+    succeeded | failed | cancelled (``states.RunState``).
+task run
+    One task of one run (``TaskRun``); a retry reuses the row (``states.TaskRunState``).
+attempt
+    One execution of a task run's handler; ``TaskRun.attempt`` counts them, and a
+    dispatch that never started uses none.
+generation
+    One claim of a task run: each claim bumps its fencing token, and a message, a start
+    and a completion each name the generation they belong to.
+fencing token
+    ``TaskRun.fencing_token``, the generation's number. Every write by a worker matches
+    it; a write for an older generation is rejected (``stale_completion_rejected``).
+dispatch lease vs worker lease
+    Both are held in ``TaskRun.lease_expires_at`` (seed 000's column; the name stays).
+    The dispatch lease (``FLOWFORGE_DISPATCH_LEASE_SECONDS``, ``dispatch_lease_seconds``)
+    runs from the claim until a worker starts the generation: if it runs out the message
+    was lost, and the reaper makes the task run ready again (``dispatch_expired``, no
+    attempt used). The worker lease (``FLOWFORGE_LEASE_SECONDS``,
+    ``worker_lease_seconds``) runs from the start and is extended by the worker's
+    heartbeat: if it runs out the worker died, and the attempt fails (``lease_expired``).
+outbox row
+    ``OutboxMessage``: one dispatch of one generation, written in the claim's
+    transaction and published by the relay after the commit, so a claim and its message
+    never disagree (``published_at`` is stamped once the broker took it).
+continuation
+    A dependent that a worker's completion claimed and that the same worker thread runs
+    next (up to ``FLOWFORGE_INLINE_CONTINUATIONS`` hops), with no message sent: the
+    thread's start stamps its outbox row, and if the thread dies first the relay
+    publishes the row once the claim's reservation (``INLINE_PUBLISH_RESERVATION_SECONDS``)
+    has passed.
+owner
+    ``lease_owner``: who holds the lease, ``role@host:pid`` (``dispatch.process_owner``):
+    ``scheduler@`` for the scheduler's claims, ``worker@`` for the dependents a worker's
+    completion claims (``worker@host:pid:thread`` once a worker thread started it),
+    ``reaper@`` for the retries a reaper's expiry claims.
+hand-off
+    A worker thread that holds several generations of one message and is busy with one
+    gives the others back to the broker (each its own message), so they do not wait
+    behind it.
+"""

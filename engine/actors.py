@@ -3,16 +3,30 @@
 Each is safe to run in many copies at once (SKIP LOCKED, unique constraints and
 conditional UPDATEs). They are woken by nudges sent on commit by the code that
 created the work, and periodically by the clock (``manage.py run_clock``).
+
+The top of the engine: nothing in it imports this module. Messages for these actors
+are built by name in ``engine.dispatch``, whose ``ACTOR_QUEUES`` names the queue each
+is declared on here. The actors are declared on the broker ``flowforge.broker.setup()``
+built (the engine app's ``ready()`` runs it; the call below only makes the order
+explicit, it returns the same broker).
 """
 
 from __future__ import annotations
 
 import dramatiq
 
-from flowforge.broker import broker  # noqa: F401  (sets the broker before actors are declared)
+from engine import live, services
+from engine.cron import fire_due_triggers
+from engine.reaper import reap_once
+from engine.relay import relay_pending
+from engine.scheduler import schedule_once
+from engine.states import CONTROL_QUEUE, TASK_QUEUE
+from engine.sweeper import sweep_runs as sweep
+from engine.worker.execute import execute, execute_many
+from flowforge.broker import setup as setup_broker
 
-CONTROL_QUEUE = "flowforge.control"
-TASK_QUEUE = "flowforge.tasks"
+setup_broker()
+
 # A task attempt is bounded by its own timeout and lease, not by Dramatiq's time limit.
 EXECUTE_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
 
@@ -20,64 +34,49 @@ EXECUTE_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def schedule_tick() -> None:
     """Claim ready task runs and publish their dispatches. """
-    from engine.scheduler import schedule_once
-
     schedule_once()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def relay_outbox() -> None:
     """Drain the outbox: publish every deliverable row."""
-    from engine.relay import relay_pending
-
     relay_pending()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def reap_leases() -> None:
     """Take back expired leases."""
-    from engine.reaper import reap_once
-
     reap_once()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def fire_triggers() -> None:
     """Fire due cron triggers (each scheduled instant at most once)."""
-    from engine.cron import fire_due_triggers
-
     fire_due_triggers()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def sweep_runs() -> None:
     """Close runs whose task runs all finished and fail runs past their timeout."""
-    from engine.sweeper import sweep_runs as sweep
-
     sweep()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys and abandoned live subscriptions."""
-    from engine import live, services
-
     services.purge_expired_idempotency_keys()
     live.purge_expired()
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
 def execute_task_run(task_run_id: str, fencing_token: int) -> None:
-    """Run one generation of one task run (see ``engine.runtime.execute``)."""
-    from engine.runtime import execute
-
+    """Run one generation of one task run (see ``engine.worker.execute.execute``)."""
     execute(task_run_id, fencing_token, continue_inline=True)
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
 def execute_task_runs(dispatches: list[list]) -> None:
     """Run several generations, [[task_run_id, fencing_token], ...], in turn (a message of
-    a claim burst: ``engine.relay.group_rows``; see ``engine.runtime.execute_many``)."""
-    from engine.runtime import execute_many
-
+    a claim burst: ``engine.relay.group_rows``; see ``engine.worker.execute.execute_many``)."""
     execute_many([(task_run_id, int(token)) for task_run_id, token in dispatches])
+

@@ -1,5 +1,5 @@
 """Staff's view of the engine: runs and the outbox (dead letters included). Read-only:
-state changes go through engine/repositories/transitions.py, never through a form."""
+state changes go through engine/repositories/, never through a form."""
 
 from __future__ import annotations
 

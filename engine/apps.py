@@ -15,7 +15,9 @@ class EngineConfig(AppConfig):
           ImproperlyConfigured naming it.
 
         It also connects the engine's receivers of tenancy's signals (engine.signals: a
-        departed member's cron triggers are paused).
+        departed member's cron triggers are paused), and builds the Dramatiq broker
+        (``flowforge.broker.setup``), so the web, the clock and the commands can send
+        messages (engine.dispatch) and the worker's actors are declared on it.
         """
         from django.conf import settings
         from django.core.exceptions import ImproperlyConfigured
@@ -25,9 +27,11 @@ class EngineConfig(AppConfig):
             signals,  # noqa: F401  (connects the receivers of tenancy's hooks)
         )
         from engine.handlers import callables
+        from flowforge import broker
 
         callables.load(settings.FLOWFORGE_TASK_CALLABLES)
         try:
             egress.allowed()
         except egress.EgressConfigError as exc:
             raise ImproperlyConfigured(str(exc)) from None
+        broker.setup()

@@ -20,6 +20,7 @@ import uuid
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from engine import sql
 from engine.models import (
     CatchUpPolicy,
     ScheduledTrigger,
@@ -28,6 +29,7 @@ from engine.models import (
     Workflow,
     WorkflowState,
 )
+from engine.services import WorkflowNotStartable, start_run
 from engine.triggers import next_instant
 from tenancy.actors import Actor
 
@@ -67,8 +69,6 @@ def choose(instants: list[dt.datetime], policy: str, now: dt.datetime) -> list[d
 def _fire(trigger: ScheduledTrigger, instant: dt.datetime) -> str:
     """Fire one instant: claim it (unique firing row) and start the run, in one transaction.
     Returns "started", "duplicate" (another clock fired it), or "failed"."""
-    from engine.services import WorkflowNotStartable, start_run
-
     org = trigger.organization
     try:
         with transaction.atomic():
@@ -131,9 +131,6 @@ def fire_due_triggers(*, now: dt.datetime | None = None, limit: int = 500) -> in
     """Fire every enabled trigger that is due (``idx_trigger_due``). Returns runs started."""
     now = now or timezone.now()
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id FROM core_scheduledtrigger WHERE enabled AND next_fire_at <= %s ORDER BY next_fire_at LIMIT %s",
-            [now, limit],
-        )
+        cur.execute(sql.queries["trigger_list_due"], {"now": now, "limit": limit})
         ids = [r[0] for r in cur.fetchall()]
     return sum(process_trigger(tid, now) for tid in ids)

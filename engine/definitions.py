@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from engine.handlers import REGISTRY, ConfigError
-from engine.jsonb import strip_nul
+from flowforge.jsonb import strip_nul
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

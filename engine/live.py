@@ -12,6 +12,8 @@ import uuid
 import psycopg
 from django.db import connection
 
+from engine import sql
+
 # The channel the core_taskrunevent trigger notifies (migrations 0006/0007).
 CHANNEL = "flowforge_run_events"
 
@@ -44,12 +46,8 @@ def subscribe(conn: psycopg.Connection, *, organization_id: uuid.UUID, run_id: u
     extended if it still exists (a listener subscribing again after a reconnection).
     Raises psycopg.IntegrityError when the run does not exist (or is not committed yet)."""
     sub_id = sub_id or uuid.uuid4()
-    conn.execute(
-        "INSERT INTO core_runsubscription (id, organization_id, workflow_run_id, expires_at) "
-        "VALUES (%s, %s, %s, now() + make_interval(secs => %s)) "
-        "ON CONFLICT (id) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-        [sub_id, organization_id, run_id, SUBSCRIPTION_SECONDS],
-    )
+    conn.execute(sql.queries["subscription_upsert"],
+                 {"id": sub_id, "org": organization_id, "run": run_id, "secs": SUBSCRIPTION_SECONDS})
     return sub_id
 
 
@@ -58,24 +56,19 @@ def renew(conn: psycopg.Connection, sub_ids: list[uuid.UUID]) -> set[uuid.UUID]:
     Returns the ids that still existed (a missing one was purged: subscribe it again)."""
     if not sub_ids:
         return set()
-    rows = conn.execute(
-        "UPDATE core_runsubscription SET expires_at = now() + make_interval(secs => %s) "
-        "WHERE id = ANY(%s) RETURNING id",
-        [SUBSCRIPTION_SECONDS, list(sub_ids)],
-    )
+    rows = conn.execute(sql.queries["subscription_renew_many"],
+                        {"secs": SUBSCRIPTION_SECONDS, "ids": list(sub_ids)})
     return {row[0] for row in rows}
 
 
 def unsubscribe(conn: psycopg.Connection, sub_ids: list[uuid.UUID]) -> None:
     """Delete the subscriptions ``sub_ids`` (one statement)."""
     if sub_ids:
-        conn.execute("DELETE FROM core_runsubscription WHERE id = ANY(%s)", [list(sub_ids)])
+        conn.execute(sql.queries["subscription_delete_many"], {"ids": list(sub_ids)})
 
 
 def purge_expired() -> int:
     """Delete subscriptions abandoned by listeners that died. Returns how many."""
-    from django.db import connection
-
     with connection.cursor() as cur:
-        cur.execute("DELETE FROM core_runsubscription WHERE expires_at < now() - interval '1 minute'")
+        cur.execute(sql.queries["subscription_purge_expired"])
         return cur.rowcount

@@ -356,7 +356,3 @@ def release_connection() -> None:
         connection.close()
 
 
-def listening_connections() -> int:
-    """1 while this process's hub holds its LISTEN connection, else 0 (for tests and metrics)."""
-    h = _hub
-    return int(h is not None and h.pid == os.getpid() and h._connected)

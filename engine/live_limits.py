@@ -91,11 +91,6 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def open_in_process() -> int:
-    """Streams this process serves now."""
-    return _process_open
-
-
 def _take_process_slot() -> None:
     global _process_open
     limit = settings.FLOWFORGE_SSE_PER_PROCESS

@@ -25,6 +25,9 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from engine import sql
+from engine.states import RUN_OPEN_STATES
+
 log = logging.getLogger(__name__)
 
 # Histogram buckets, in seconds.
@@ -151,15 +154,13 @@ def _fmt(value: float) -> str:
 def _db_gauges() -> list[str]:
     lines: list[str] = []
     with connection.cursor() as cur:
-        cur.execute("SELECT state, count(*) FROM core_workflowrun WHERE state IN ('pending', 'running') GROUP BY state")
+        cur.execute(sql.queries["metrics_runs_active"])
         active = dict(cur.fetchall())
         lines += ["# HELP flowforge_runs_active Runs not yet finished, by state.", "# TYPE flowforge_runs_active gauge"]
-        lines += [f'flowforge_runs_active{{state="{s}"}} {active.get(s, 0)}' for s in ("pending", "running")]
-        # idx_taskrun_state_age serves both counts.
-        cur.execute("SELECT count(*) FROM core_taskrun WHERE state = 'ready'")
+        lines += [f'flowforge_runs_active{{state="{s}"}} {active.get(s, 0)}' for s in RUN_OPEN_STATES]
+        cur.execute(sql.queries["metrics_task_runs_ready"])
         ready = cur.fetchone()[0]
-        cur.execute("SELECT count(*), count(*) FILTER (WHERE lease_expires_at < clock_timestamp()) "
-                    "FROM core_taskrun WHERE state = 'running'")
+        cur.execute(sql.queries["metrics_task_runs_running"])
         running, expired = cur.fetchone()
         lines += ["# HELP flowforge_ready_queue_depth Task runs ready and waiting to be claimed.",
                   "# TYPE flowforge_ready_queue_depth gauge", f"flowforge_ready_queue_depth {ready}",
@@ -167,11 +168,9 @@ def _db_gauges() -> list[str]:
                   "# TYPE flowforge_task_runs_running gauge", f"flowforge_task_runs_running {running}",
                   "# HELP flowforge_leases_expired Running task runs whose lease has expired (awaiting the reaper).",
                   "# TYPE flowforge_leases_expired gauge", f"flowforge_leases_expired {expired}"]
-        # idx_outbox_pending serves the backlog and its oldest row.
-        cur.execute("SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0) "
-                    "FROM core_outboxmessage WHERE published_at IS NULL AND dead_lettered_at IS NULL")
+        cur.execute(sql.queries["metrics_outbox_backlog"])
         backlog, oldest = cur.fetchone()
-        cur.execute("SELECT count(*) FROM core_outboxmessage WHERE dead_lettered_at IS NOT NULL")
+        cur.execute(sql.queries["metrics_outbox_dead_letters"])
         dead = cur.fetchone()[0]
         lines += ["# HELP flowforge_outbox_backlog Outbox rows not yet published.",
                   "# TYPE flowforge_outbox_backlog gauge", f"flowforge_outbox_backlog {backlog}",

@@ -2,11 +2,12 @@
 
 Definitions (Workflow, Task, TaskDependency) are the template; executions
 (WorkflowRun, TaskRun, TaskRunEvent, OutboxMessage) are one instantiation of it.
-Constraint and index names are the seed's, written out. State columns are
-varchar + CHECK, never native enums (seed 000, "Why varchar + CHECK").
+Constraint and index names are the seed's, written out. State and event-kind columns
+are varchar + CHECK, never native enums (seed 000, "Why varchar + CHECK"); their
+values are the enums of ``engine.states``.
 
 No state change is written by ``save()``: every transition is one conditional
-UPDATE in ``engine/repositories/transitions.py``.
+UPDATE in ``engine/repositories/`` (statements in ``engine/sql/``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,15 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
+# The vocabulary lives in engine.states; these names are re-exported for the imports
+# that name engine.models.
+from engine.states import (  # noqa: F401
+    RUN_TERMINAL_STATES,
+    TASK_TERMINAL_STATES,
+    EventKind,
+    RunState,
+    TaskRunState,
+)
 from tenancy.models import Organization
 from tenancy.scoping import OrganizationScopedManager
 
@@ -27,34 +37,6 @@ class WorkflowState(models.TextChoices):
     DRAFT = "draft"
     ACTIVE = "active"
     ARCHIVED = "archived"
-
-
-class RunState(models.TextChoices):
-    """The five WorkflowRun states of seed 000 (``wfrun_state_valid``)."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-RUN_TERMINAL_STATES = ("succeeded", "failed", "cancelled")
-
-
-class TaskRunState(models.TextChoices):
-    """The seven TaskRun states of seed 000 (``taskrun_state_valid``)."""
-
-    PENDING = "pending"  # waiting for its dependencies
-    READY = "ready"  # every dependency succeeded; waiting to be claimed
-    RUNNING = "running"  # claimed: holds a lease and a fencing token
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    SKIPPED = "skipped"  # an upstream task failed or was cancelled, so this one can never run
-    CANCELLED = "cancelled"
-
-
-TASK_TERMINAL_STATES = ("succeeded", "failed", "skipped", "cancelled")
 
 
 class TriggerSource(models.TextChoices):
@@ -315,7 +297,7 @@ class TaskRunEvent(models.Model):
     NULL for run-level events (run started, finished, cancelled)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # Copied in SQL from the task run or run the row is written for (transitions.py), so
+    # Copied in SQL from the task run or run the row is written for (engine/sql/), so
     # neither a database constraint nor an index: the constraint's check locked the
     # organization's row for every row written, from every worker at once, and no query
     # reads these rows by tenant alone (migration 0013); they go with their run.
@@ -327,7 +309,7 @@ class TaskRunEvent(models.Model):
     task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.CASCADE, related_name="events",
                                  db_index=False)
     seq = models.BigIntegerField()
-    kind = models.CharField(max_length=40)
+    kind = models.CharField(max_length=40, choices=EventKind.choices)
     from_state = models.CharField(max_length=20, blank=True, default="")
     to_state = models.CharField(max_length=20, blank=True, default="")
     attempt = models.IntegerField(null=True, blank=True)
@@ -342,6 +324,10 @@ class TaskRunEvent(models.Model):
         constraints = [
             # A run's event log in order, and the ?after= cursor (seed 001's (workflowId, seq)).
             models.UniqueConstraint(fields=["workflow_run", "seq"], name="uniq_event_run_seq"),
+            # Every kind the engine writes (engine.states.EventKind), and nothing else: a
+            # typo in a statement fails its transaction instead of writing an event no
+            # reader knows (migration 0014).
+            models.CheckConstraint(condition=_in("kind", EventKind.values), name="taskrunevent_kind_valid"),
         ]
         indexes = [
             # A task run's event log: WHERE task_run_id = ? ORDER BY created_at (seed 000).
@@ -358,7 +344,7 @@ class OutboxMessage(models.Model):
     the broker accepted the message."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # Copied in SQL from the task run or run the row is written for (transitions.py), so
+    # Copied in SQL from the task run or run the row is written for (engine/sql/), so
     # neither a database constraint nor an index: the constraint's check locked the
     # organization's row for every row written, from every worker at once, and no query
     # reads these rows by tenant alone (migration 0013); they go with their run.

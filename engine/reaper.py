@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from django.conf import settings
+from django.db import connection
 
-from engine import metrics
+from engine import metrics, sql
 from engine.db import atomic_retry
-from engine.repositories import transitions
-from engine.scheduler import process_owner, publish_dispatches
+from engine.relay import publish_dispatches
+from engine.repositories import task_runs
+from engine.states import TaskRunState
 
 log = logging.getLogger(__name__)
 
@@ -18,15 +19,12 @@ def reap_once(*, limit: int = 500) -> int:
     """Expire every lease that ran out (``idx_taskrun_lease_expiry``), each in its own
     transaction so one run's advance never waits for another's. Returns how many
     leases were taken back."""
-    owner = process_owner("reaper")
     reaped = 0
-    for task_run_id, token in transitions.expired_leases(limit=limit):
+    for task_run_id, token in task_runs.get_expired_leases(limit=limit):
         try:
             result = atomic_retry(
-                lambda tr=task_run_id, tok=token: transitions.expire_lease(
-                    task_run_id=tr, fencing_token=tok, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-                    owner=owner
-                )
+                lambda tr=task_run_id, tok=token: task_runs.expire_lease(
+                    task_run_id=tr, fencing_token=tok)
             )
         except Exception:
             # One row that cannot be reaped must not keep every lease after it from expiring.
@@ -36,7 +34,8 @@ def reap_once(*, limit: int = 500) -> int:
             continue
         if result.accepted:
             reaped += 1
-            metrics.incr("flowforge_lease_reaps_total", {"ready": "requeued", "failed": "failed"}.get(result.state or "", "other"))
+            metrics.incr("flowforge_lease_reaps_total",
+                         {TaskRunState.READY: "requeued", TaskRunState.FAILED: "failed"}.get(result.state or "", "other"))
             if result.run_state is not None:
                 metrics.incr("flowforge_runs_finished_total", result.run_state)
             log.info("reaped lease of task run %s generation %s -> %s", task_run_id, token, result.state)
@@ -50,29 +49,15 @@ def fail_dead_letters(*, limit: int = 200) -> int:
     (seed 001's outbox: kept and replayable, but the task must not wait forever on a
     message the broker never took). Partial index ``idx_outbox_dead_letter`` keeps the
     scan to dead-lettered rows. Returns how many task runs were failed."""
-    from django.db import connection
-
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT o.task_run_id, o.fencing_token_snapshot, o.publish_attempts, o.last_error
-            FROM core_outboxmessage o JOIN core_taskrun t ON t.id = o.task_run_id
-            WHERE o.dead_lettered_at IS NOT NULL AND t.state = 'running'
-              AND t.fencing_token = o.fencing_token_snapshot
-              AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
-            LIMIT %s
-            """,
-            [limit],
-        )
+        cur.execute(sql.queries["outbox_list_dead_lettered_undelivered"], {"limit": limit})
         rows = cur.fetchall()
-    owner = process_owner("reaper")
     failed = 0
     for task_run_id, token, attempts, last_error in rows:
         error = f"dispatch dead-lettered: the broker refused it {attempts} times (last error: {last_error})"
         result = atomic_retry(
-            lambda tr=task_run_id, tok=token, err=error: transitions.fail_undelivered(
+            lambda tr=task_run_id, tok=token, err=error: task_runs.fail_undelivered(
                 task_run_id=tr, fencing_token=tok, error=err,
-                lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS, owner=owner,
             )
         )
         if result.accepted:

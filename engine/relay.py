@@ -5,6 +5,9 @@ A row is stamped ``published_at`` only after the broker accepted the message
 LOCKED`` while being published, so several relays never publish the same row at
 once; a crash between publish and stamp publishes the row again later, which the
 worker's at-most-once start per generation absorbs.
+
+Below the scheduler, the reaper and the worker, which publish what their claims wrote
+through ``publish_dispatches``; above ``engine.dispatch``, which builds the messages.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import dramatiq
 from django.conf import settings
 from django.db import connection, transaction
 
-from engine.jsonb import strip_nul
+from engine import sql
+from engine.dispatch import dispatch_message, enqueue_many
+from engine.states import TASK_QUEUE
+from flowforge.jsonb import strip_nul
 
 log = logging.getLogger(__name__)
 
@@ -28,37 +34,8 @@ MAX_PUBLISH_ATTEMPTS = 10
 PUBLISH_BACKOFF_BASE_SECONDS = 0.5
 PUBLISH_BACKOFF_MAX_SECONDS = 60.0
 
-_PENDING_SQL = """
-SELECT id, routing_key, payload FROM core_outboxmessage
-WHERE published_at IS NULL AND dead_lettered_at IS NULL
-  AND (next_attempt_at IS NULL OR next_attempt_at <= clock_timestamp())
-  {id_filter}
-ORDER BY created_at                          -- idx_outbox_pending (partial: published_at IS NULL)
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
-
-
-_STAMP_OK_SQL = """
-UPDATE core_outboxmessage
-SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
-WHERE id = ANY(%(ok)s) AND published_at IS NULL
-"""
-
-# How long a claimer's own publish has the outbox rows of its claim to itself (see
-# publish_claimed): the relay's drain skips them until then.
-INLINE_PUBLISH_RESERVATION_SECONDS = 5.0
-
-_STAMP_FAILED_SQL = """
-UPDATE core_outboxmessage o
-SET publish_attempts = o.publish_attempts + 1, last_error = f.err,
-    next_attempt_at = clock_timestamp() + make_interval(
-        secs => LEAST(%(cap)s, %(base)s * power(2, o.publish_attempts))),
-    dead_lettered_at = CASE WHEN o.publish_attempts + 1 >= %(max)s
-                            THEN clock_timestamp() ELSE NULL END
-FROM unnest(%(failed)s::uuid[], %(errs)s::text[]) AS f(id, err)
-WHERE o.id = f.id
-"""
+# The relay's statements, whole and by name, are in engine/sql/outbox.sql.
+_Q = sql.queries
 
 
 def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
@@ -76,27 +53,12 @@ def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
     return [list(rows[i::fanout]) for i in range(fanout)]
 
 
-def dispatch_message(pairs: Sequence[tuple[str, int]], queue_name: str) -> dramatiq.Message:
-    """One broker message for (task_run_id, fencing_token) generations: ``execute_task_run``
-    for one, ``execute_task_runs`` (run in that order by one worker thread) for more."""
-    from engine import actors  # noqa: F401  (declares the execute actors on the broker)
-
-    broker = dramatiq.get_broker()
-    if len(pairs) == 1:
-        return broker.get_actor("execute_task_run").message_with_options(args=tuple(pairs[0]), queue_name=queue_name)
-    return broker.get_actor("execute_task_runs").message_with_options(
-        args=([list(p) for p in pairs],), queue_name=queue_name
-    )
-
-
 def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
     """Publish (outbox_id, routing_key, payload) rows, oldest first, as execute messages
     (several generations per message when there are more rows than
     FLOWFORGE_DISPATCH_FANOUT: ``group_rows``), in one pipelined broker round trip;
     returns (published ids, [(failed id, error)]). A message the broker refused fails
     every row it carried."""
-    from flowforge.broker import enqueue_many
-
     # Grouped per queue (every execute row names the task queue today).
     by_queue: dict[str, list[tuple[uuid.UUID, tuple[str, int]]]] = {}
     for outbox_id, routing_key, payload in rows:
@@ -123,15 +85,10 @@ def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.U
     return ok, failed
 
 
-def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[str, dict]:
-    """The statements that record a batch's outcome, and their parameters."""
-    statements = []
-    params: dict = {}
-    if ok:
-        statements.append(_STAMP_OK_SQL)
-        params["ok"] = ok
+def _stamp_params(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> dict:
+    """The parameters of the stamp statements for a batch's outcome."""
+    params: dict = {"ok": ok}
     if failed:
-        statements.append(_STAMP_FAILED_SQL)
         params.update(
             failed=[f[0] for f in failed],
             errs=[f[1] for f in failed],
@@ -139,11 +96,33 @@ def _stamp(ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> tuple[st
             base=PUBLISH_BACKOFF_BASE_SECONDS,
             max=MAX_PUBLISH_ATTEMPTS,
         )
-    return ";\n".join(statements), params
+    return params
+
+
+def _stamp_in_transaction(cur, ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> None:
+    """Record a batch's outcome inside the transaction ``cur`` is in (one statement per
+    outcome present)."""
+    params = _stamp_params(ok, failed)
+    if ok:
+        cur.execute(_Q["outbox_stamp_published"], params)
+    if failed:
+        cur.execute(_Q["outbox_stamp_failed"], params)
+
+
+def _stamp_and_commit(cur, ok: list[uuid.UUID], failed: list[tuple[uuid.UUID, str]]) -> None:
+    """Record a batch's outcome and commit the relay's own transaction: one round trip,
+    two when some rows were published and others failed."""
+    params = _stamp_params(ok, failed)
+    if failed:
+        if ok:
+            cur.execute(_Q["outbox_stamp_published"], params)
+        cur.execute(_Q["outbox_stamp_failed_commit"], params)
+    else:
+        cur.execute(_Q["outbox_stamp_published_commit"], params)
 
 
 def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
-    """Publish the generations a claim just committed (``transitions.Dispatch``, claimed
+    """Publish the generations a claim just committed (``types.Dispatch``, claimed
     with ``reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS``), then stamp their rows.
     Returns (published, failed).
 
@@ -156,8 +135,6 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     if this caller dies before publishing, the drain sends the row once the reservation
     has passed.
     """
-    from engine.repositories.transitions import TASK_QUEUE
-
     rows = [
         (d.outbox_id, TASK_QUEUE, {"task_run_id": d.task_run_id, "fencing_token": d.fencing_token})
         for d in dispatches
@@ -166,12 +143,13 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     if not rows:
         return (0, 0)
     ok, failed = _publish_rows(rows)
-    sql, params = _stamp(ok, failed)
-    with connection.cursor() as cur:
-        if connection.in_atomic_block or not connection.get_autocommit():
-            cur.execute(sql, params)
-        else:
-            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + sql + ";\nCOMMIT", params)
+    if connection.in_atomic_block or not connection.get_autocommit() or failed:
+        # Inside a caller's transaction, or the rare failed publish (a plain transaction).
+        with transaction.atomic(), connection.cursor() as cur:
+            _stamp_in_transaction(cur, ok, failed)
+    else:
+        with connection.cursor() as cur:
+            cur.execute(_Q["outbox_stamp_published_async"], _stamp_params(ok, failed))
     return (len(ok), len(failed))
 
 
@@ -187,23 +165,20 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
     backoff; after MAX_PUBLISH_ATTEMPTS the row is dead-lettered.
     """
     params: dict = {"limit": limit}
-    id_filter = ""
-    if outbox_ids is not None:
+    among = outbox_ids is not None
+    if among:
         if not outbox_ids:
             return (0, 0)
-        id_filter = "AND id = ANY(%(ids)s)"
         params["ids"] = list(outbox_ids)
-    select = _PENDING_SQL.format(id_filter=id_filter)
     if connection.in_atomic_block or not connection.get_autocommit():
         with transaction.atomic():
             with connection.cursor() as cur:
-                cur.execute(select, params)
+                cur.execute(_Q["outbox_get_pending_among" if among else "outbox_get_pending"], params)
                 rows = cur.fetchall()
                 if not rows:
                     return (0, 0)
                 ok, failed = _publish_rows(rows)
-                sql, stamp_params = _stamp(ok, failed)
-                cur.execute(sql, stamp_params)
+                _stamp_in_transaction(cur, ok, failed)
         return (len(ok), len(failed))
     with connection.cursor() as cur:
         # Autocommit mode: an explicit transaction that spans the publish, in two round trips.
@@ -211,16 +186,15 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
             # The stamp need not survive a crash: a row stamped but lost is published
             # again, and a worker starts each generation at most once. So no WAL flush
             # is waited for (the claim that wrote the row was flushed).
-            cur.execute("BEGIN;\nSET LOCAL synchronous_commit = off;\n" + select, params)
-            cur.nextset()
+            cur.execute(_Q["outbox_begin_get_pending_among" if among else "outbox_begin_get_pending"], params)
+            cur.nextset()  # past BEGIN and SET LOCAL to the SELECT's rows
             cur.nextset()
             rows = cur.fetchall()
             if not rows:
                 cur.execute("COMMIT")
                 return (0, 0)
             ok, failed = _publish_rows(rows)
-            sql, stamp_params = _stamp(ok, failed)
-            cur.execute(sql + ";\nCOMMIT", stamp_params)
+            _stamp_and_commit(cur, ok, failed)
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
@@ -228,6 +202,30 @@ def relay_batch(*, limit: int, outbox_ids: Sequence[uuid.UUID] | None = None) ->
                 log.debug("ROLLBACK after a failed relay batch failed", exc_info=True)
             raise
     return (len(ok), len(failed))
+
+
+def publish_dispatches(dispatches: Sequence, *, reserved: bool = False) -> bool:
+    """Publish the outbox rows of freshly claimed generations (``types.Dispatch``,
+    after their claim committed): the scheduler's claims, the dependents a worker's
+    completion claimed, the retries a reaper's expiry claimed.
+
+    ``reserved``: the claim reserved the rows for this publish (``reserve_seconds``), so
+    they are published straight from the claim's result; otherwise they are taken
+    through the relay (locked, read, published, stamped).
+    Returns False when the publish or the stamp failed (logged, never raised: the rows
+    stay unpublished and the relay's drain sends them)."""
+    ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
+    if ids:
+        try:
+            if reserved:
+                publish_claimed(dispatches)
+            else:
+                relay_batch(limit=len(ids), outbox_ids=ids)
+        except Exception:
+            # The rows are committed and unpublished: the relay's periodic drain sends them.
+            log.exception("inline publish of %d outbox rows failed; the relay will retry", len(ids))
+            return False
+    return True
 
 
 def relay_pending(*, limit: int | None = None, max_batches: int = 50) -> int:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 
 from django.conf import settings
 
-from engine.relay import INLINE_PUBLISH_RESERVATION_SECONDS, publish_claimed, relay_batch
-from engine.repositories import transitions
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
+from engine.relay import publish_dispatches
+from engine.repositories import driver, task_runs
 
 log = logging.getLogger(__name__)
-
-
-_HOSTNAME = socket.gethostname()
-
-
-def process_owner(role: str) -> str:
-    """A lease owner string: role@host:pid (recorded on the row and in events)."""
-    return f"{role}@{_HOSTNAME}:{os.getpid()}"
 
 
 def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
@@ -29,12 +20,15 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     Returns how many task runs were claimed. Must not run inside a transaction."""
     limit = limit or settings.FLOWFORGE_CLAIM_BATCH
     owner = process_owner("scheduler")
+    # A claimed generation holds a dispatch lease until a worker starts it (then the
+    # worker lease, FLOWFORGE_LEASE_SECONDS, takes over).
+    dispatch_lease_seconds = settings.FLOWFORGE_DISPATCH_LEASE_SECONDS
     total = 0
     for _ in range(max_batches):
         # One statement (claim + outbox + events): its own transaction, one round trip.
-        dispatches = transitions.autocommit_retry(
-            lambda: transitions.claim_ready(
-                limit=limit, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS, owner=owner,
+        dispatches = driver.autocommit_retry(
+            lambda: task_runs.claim_ready_many(
+                limit=limit, lease_seconds=dispatch_lease_seconds, owner=owner,
                 reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
             )
         )
@@ -43,25 +37,3 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
         if len(dispatches) < limit:
             break
     return total
-
-
-def publish_dispatches(dispatches, *, reserved: bool = False) -> bool:
-    """Publish the outbox rows of freshly claimed generations (after their commit).
-
-    ``reserved``: the claim reserved the rows for this publish (``reserve_seconds``), so
-    they are published straight from the claim's result; otherwise they are taken
-    through the relay (locked, read, published, stamped).
-    Returns False when the publish or the stamp failed (logged; the rows stay
-    unpublished and the relay's drain sends them)."""
-    ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
-    if ids:
-        try:
-            if reserved:
-                publish_claimed(dispatches)
-            else:
-                relay_batch(limit=len(ids), outbox_ids=ids)
-        except Exception:
-            # The rows are committed and unpublished: the relay's periodic drain sends them.
-            log.exception("inline publish of %d outbox rows failed; the relay will retry", len(ids))
-            return False
-    return True

@@ -14,12 +14,13 @@ from typing import Any
 from django.db import connection, transaction
 
 from audit import services as audit
-from engine import metrics
-from engine.db import atomic_retry
+from engine import dispatch, metrics, sql
+from engine.db import retry_transient
 from engine.definitions import DefinitionError, validate_document
-from engine.jsonb import strip_nul
 from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
-from engine.repositories import transitions
+from engine.repositories import runs
+from engine.states import RUN_OPEN_STATES
+from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.permissions import Action, require
 
@@ -60,11 +61,11 @@ def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -
             wf.save(update_fields=["state"])
         cancelled = 0
         running = WorkflowRun.objects.for_organization(actor.organization).filter(
-            workflow=wf, state__in=["pending", "running"]
+            workflow=wf, state__in=RUN_OPEN_STATES
         ).values_list("pk", flat=True)
         for run_id in list(running):
             run = WorkflowRun.objects.for_organization(actor.organization).get(pk=run_id)
-            if cancel_run(run=run, actor=actor, reason=f"workflow {wf.name} v{wf.version} was archived"):
+            if _cancel_run_within(run=run, actor=actor, reason=f"workflow {wf.name} v{wf.version} was archived"):
                 cancelled += 1
         if before != wf.state or cancelled:  # archiving an archived version again changes nothing
             audit.record("workflow.archived", actor=actor, target=wf, metadata={
@@ -130,10 +131,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     normalized = validate_document(document)
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                [f"workflow-version:{organization.pk}:{normalized['name']}"],
-            )
+            cur.execute(sql.queries["workflow_version_lock"],
+                        {"key": f"workflow-version:{organization.pk}:{normalized['name']}"})
         latest = (
             Workflow.objects.for_organization(organization)
             .filter(name=normalized["name"])
@@ -250,7 +249,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             f"workflow {workflow.name} v{workflow.version} is {workflow.state}; only active workflows can start runs"
         )
     with transaction.atomic():
-        run_id = transitions.create_run_rows(
+        run_id = runs.create_with_task_runs(
             workflow_id=workflow.pk,
             organization_id=workflow.organization_id,
             run_input=run_input,
@@ -319,39 +318,21 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
     with transaction.atomic():
         for _attempt in range(3):
             with connection.cursor() as cur:
-                cur.execute(
-                    """
-                    INSERT INTO core_idempotencykey
-                        (id, organization_id, user_id, api_key_id, key, request_hash, workflow_run_id,
-                         created_at, expires_at)
-                    VALUES (%s, %s, %s, %s, %s, %s, NULL, now(), now() + make_interval(secs => %s))
-                    ON CONFLICT ON CONSTRAINT uniq_idempotency_org_user_key DO NOTHING
-                    RETURNING id
-                    """,
-                    [uuid.uuid4(), org_id, user_id, api_key_id, stored_key, request_hash,
-                     IDEMPOTENCY_TTL_SECONDS],
-                )
+                cur.execute(sql.queries["idempotency_key_claim"],
+                            {"id": uuid.uuid4(), "org": org_id, "user": user_id, "api_key": api_key_id,
+                             "key": stored_key, "request_hash": request_hash, "ttl": IDEMPOTENCY_TTL_SECONDS})
                 claimed = cur.fetchone()
                 if claimed is not None:
                     run = start_run(workflow=workflow, run_input=run_input, actor=actor)
-                    cur.execute("UPDATE core_idempotencykey SET workflow_run_id = %s WHERE id = %s",
-                                [run.pk, claimed[0]])
+                    cur.execute(sql.queries["idempotency_key_set_run"], {"run": run.pk, "id": claimed[0]})
                     return run, True
-                # The same columns as uniq_idempotency_org_user_key (NULLs equal, like the constraint).
-                cur.execute(
-                    """
-                    SELECT id, request_hash, workflow_run_id, expires_at < now()
-                    FROM core_idempotencykey
-                    WHERE organization_id = %s AND user_id IS NOT DISTINCT FROM %s AND key = %s
-                    """,
-                    [org_id, user_id, stored_key],
-                )
+                cur.execute(sql.queries["idempotency_key_get"], {"org": org_id, "user": user_id, "key": stored_key})
                 existing = cur.fetchone()
                 if existing is None:
                     continue  # purged between the two statements: insert again
                 row_id, stored_hash, run_id, expired = existing
                 if expired:
-                    cur.execute("DELETE FROM core_idempotencykey WHERE id = %s AND expires_at < now()", [row_id])
+                    cur.execute(sql.queries["idempotency_key_delete_expired"], {"id": row_id})
                     continue
             if stored_hash != request_hash:
                 raise IdempotencyConflict(
@@ -374,14 +355,7 @@ def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int =
     total = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(
-                """
-                DELETE FROM core_idempotencykey WHERE id IN (
-                    SELECT id FROM core_idempotencykey WHERE expires_at < now()
-                    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                """,
-                [batch_size],
-            )
+            cur.execute(sql.queries["idempotency_key_purge_expired_batch"], {"limit": batch_size})
             deleted = cur.rowcount
         total += deleted
         if deleted < batch_size:
@@ -390,30 +364,46 @@ def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int =
 
 
 def cancel_run(*, run: WorkflowRun, actor: Actor | None = None, reason: str = "cancelled by request") -> bool:
-    """Cancel ``run`` (see ``transitions.cancel_run``) and record ``run.cancelled``.
+    """Cancel ``run`` (see ``runs.cancel``) and record ``run.cancelled``, in a
+    transaction of its own, retried on a deadlock.
     Returns False, recording nothing, if it had already finished.
-    Raises Forbidden when the actor may not operate runs."""
+    Raises Forbidden when the actor may not operate runs, and RuntimeError when called
+    inside a transaction (a view that calls it is ``non_atomic_requests``; a service
+    that cancels inside its own transaction uses ``_cancel_run_within``)."""
     actor = _actor(actor, run.organization)
     require(actor.role, Action.RUN_OPERATE)
 
     def cancel() -> bool:
-        changed = transitions.cancel_run(workflow_run_id=run.pk, reason=reason)
-        if changed:
-            audit.record("run.cancelled", actor=actor, target=run, metadata={"reason": reason, "channel": actor.channel})
-        return changed
+        # Durable: the retry below repeats the whole transaction, which only works when it
+        # is the outermost one; nested in a caller's (a request's) transaction it raises
+        # RuntimeError instead of silently retrying inside someone else's transaction.
+        with transaction.atomic(durable=True):
+            return _cancel(run=run, actor=actor, reason=reason)
 
     # Cancelling locks every open task run of the run; a racing completion can deadlock
     # with it, and PostgreSQL then aborts one side: retry rather than lose the cancel.
-    return atomic_retry(cancel)
+    return retry_transient(cancel, atomic=False)
+
+
+def _cancel_run_within(*, run: WorkflowRun, actor: Actor, reason: str) -> bool:
+    """``cancel_run`` inside the caller's transaction (``archive_workflow``: the archive and
+    its cancellations commit together), each try in a savepoint that a deadlock rolls
+    back before the next one. Returns what ``cancel_run`` returns."""
+    return retry_transient(lambda: _cancel(run=run, actor=actor, reason=reason), atomic=True)
+
+
+def _cancel(*, run: WorkflowRun, actor: Actor, reason: str) -> bool:
+    changed = runs.cancel(workflow_run_id=run.pk, reason=reason)
+    if changed:
+        audit.record("run.cancelled", actor=actor, target=run, metadata={"reason": reason, "channel": actor.channel})
+    return changed
 
 
 def nudge_scheduler() -> None:
     """Wake a scheduler now rather than at the clock's next tick. A failed nudge is
     logged, not raised: the clock's tick claims the work anyway."""
-    from engine.actors import schedule_tick
-
     try:
-        schedule_tick.send()
+        dispatch.nudge_scheduler()
     except Exception as exc:  # broker down: the run is stored, the clock's tick claims it
         log.warning("could not nudge the scheduler (%s: %s); the clock will pick the work up",
                     type(exc).__name__, exc)

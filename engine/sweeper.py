@@ -17,9 +17,10 @@ import logging
 
 from django.db import connection
 
-from engine import metrics
+from engine import metrics, sql
 from engine.db import atomic_retry
-from engine.repositories import transitions
+from engine.repositories import runs
+from engine.states import RunState
 
 log = logging.getLogger(__name__)
 
@@ -28,52 +29,33 @@ log = logging.getLogger(__name__)
 SETTLE_SECONDS = 30
 
 
-def _ids(sql: str, params) -> list:
+def _ids(name: str, params: dict) -> list:
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql.queries[name], params)
         return [r[0] for r in cur.fetchall()]
 
 
 def sweep_runs(*, limit: int = 200) -> dict[str, int]:
     """Close finished-but-open runs and fail timed-out ones. Returns how many of each."""
     finished = 0
-    for run_id in _ids(
-        """
-        SELECT r.id FROM core_workflowrun r
-        WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(secs => %s)
-          AND NOT EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id
-                          AND t.state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled'))
-        ORDER BY r.created_at LIMIT %s
-        """,
-        [SETTLE_SECONDS, limit],
-    ):
-        state = atomic_retry(lambda rid=run_id: transitions.finish_run_if_done(workflow_run_id=rid))
+    for run_id in _ids("run_list_settled_open", {"settle": SETTLE_SECONDS, "limit": limit}):
+        state = atomic_retry(lambda rid=run_id: runs.finish_if_done(workflow_run_id=rid))
         if state:
             finished += 1
             metrics.incr("flowforge_runs_finished_total", state)
             log.warning("sweep closed run %s (%s): every task run had finished", run_id, state)
     timed_out = 0
-    for run_id, timeout in _rows(
-        """
-        SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
-        JOIN core_workflow w ON w.id = r.workflow_id
-        WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
-          -- As seconds, not as a timestamp: no run timeout can compute one out of range.
-          AND EXTRACT(EPOCH FROM clock_timestamp() - r.created_at) > w.run_timeout_seconds
-        ORDER BY r.created_at LIMIT %s
-        """,
-        [limit],
-    ):
+    for run_id, timeout in _rows("run_list_timed_out", {"limit": limit}):
         reason = f"run timed out: still running after its workflow's timeout of {timeout:g} s"
-        if atomic_retry(lambda rid=run_id, why=reason: transitions.cancel_run(
-                workflow_run_id=rid, reason=why, final_state="failed")):
+        if atomic_retry(lambda rid=run_id, why=reason: runs.cancel(
+                workflow_run_id=rid, reason=why, final_state=RunState.FAILED.value)):
             timed_out += 1
-            metrics.incr("flowforge_runs_finished_total", "failed")
+            metrics.incr("flowforge_runs_finished_total", RunState.FAILED.value)
             log.warning("sweep failed run %s: %s", run_id, reason)
     return {"finished": finished, "timed_out": timed_out}
 
 
-def _rows(sql: str, params) -> list[tuple]:
+def _rows(name: str, params: dict) -> list[tuple]:
     with connection.cursor() as cur:
-        cur.execute(sql, params)
+        cur.execute(sql.queries[name], params)
         return cur.fetchall()

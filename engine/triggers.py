@@ -18,8 +18,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
-from engine.jsonb import strip_nul
 from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow
+from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
 from tenancy.permissions import Action, require
@@ -264,8 +264,16 @@ def set_enabled(*, actor: Actor, trigger: ScheduledTrigger, enabled: bool) -> Sc
 
 
 def delete_trigger(*, actor: Actor, trigger: ScheduledTrigger) -> None:
-    """Delete a trigger (its firings go with it; runs it started keep existing)."""
+    """Delete a trigger (its firings go with it; runs it started keep existing).
+
+    The trigger's row is locked before the audit record is written, the order the clock
+    takes them in when it fires the trigger (row, then the audit chain's lock): the other
+    order deadlocked against a firing."""
     require(actor.role, Action.WORKFLOW_EDIT)
     with transaction.atomic():
-        audit.record("trigger.deleted", actor=actor, target=trigger, metadata=_snapshot(trigger))
+        locked = ScheduledTrigger.objects.for_organization(actor.organization).select_for_update().filter(
+            pk=trigger.pk).first()
+        if locked is None:
+            return  # deleted meanwhile
+        audit.record("trigger.deleted", actor=actor, target=locked, metadata=_snapshot(locked))
         ScheduledTrigger.objects.for_organization(actor.organization).filter(pk=trigger.pk).delete()

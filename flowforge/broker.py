@@ -2,7 +2,13 @@
 
 ``redis://`` (the default) selects the Redis broker; ``amqp://`` selects RabbitMQ
 with publisher confirms (``confirm_delivery=True``), so ``enqueue`` returning means
-the broker has the message. Import this module before declaring actors.
+the broker has the message.
+
+Importing this module builds nothing: ``setup()`` builds the broker and makes it
+Dramatiq's global one. The engine app's ``ready()`` calls it, so every process that
+sets Django up (web, clock, ``manage.py``, tests, and the worker through
+``flowforge.worker``) has the configured broker before it declares an actor or
+sends a message.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
     message does not hide the others). Other brokers enqueue one by one (RabbitMQ
     confirms each).
     """
-    broker = broker or dramatiq.get_broker()
+    broker = broker or get_broker()
     if not messages:
         return []
     from dramatiq.brokers.redis import RedisBroker
@@ -114,5 +120,26 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
     return out
 
 
-broker = build_broker()
-dramatiq.set_broker(broker)
+# The broker ``setup()`` built; None before it ran.
+broker: dramatiq.Broker | None = None
+
+
+def setup() -> dramatiq.Broker:
+    """Build the broker from the settings and make it Dramatiq's global broker, once per
+    process; later calls return the same broker. Returns it.
+
+    Raises ValueError (from ``build_broker``) for a BROKER_URL of an unknown scheme.
+    """
+    global broker
+    if broker is None:
+        broker = build_broker()
+        dramatiq.set_broker(broker)
+    return broker
+
+
+def get_broker() -> dramatiq.Broker:
+    """The broker ``setup()`` built. Raises RuntimeError before ``setup()`` ran, rather
+    than letting Dramatiq make a default broker of its own (a Redis on localhost)."""
+    if broker is None:
+        raise RuntimeError("the broker is not set up: call flowforge.broker.setup() (the engine app's ready() does)")
+    return broker

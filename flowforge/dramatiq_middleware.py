@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 from django import db
 from dramatiq.middleware import Middleware
+
+from flowforge import logs
 
 
 class DjangoConnectionMiddleware(Middleware):
@@ -32,21 +36,15 @@ class LogContextMiddleware(Middleware):
     (flowforge.logs), and reset them when the message is done."""
 
     def __init__(self) -> None:
-        import threading
-
         self._local = threading.local()
 
     def before_process_message(self, broker, message):
-        from flowforge import logs
-
         self._local.token = None
         if message.actor_name == "execute_task_run" and len(message.args) >= 2:
             ctx_fields = {"task_run_id": message.args[0], "fencing_token": message.args[1]}
             self._local.token = logs._fields.set({**logs._fields.get(), **{k: str(v) for k, v in ctx_fields.items()}})
 
     def _reset(self):
-        from flowforge import logs
-
         token = getattr(self._local, "token", None)
         if token is not None:
             logs._fields.reset(token)

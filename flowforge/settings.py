@@ -135,7 +135,7 @@ DATABASES = {
 DATABASES["default"]["ATOMIC_REQUESTS"] = True
 # A session idle inside a transaction (a frozen process) must not hold row locks forever.
 DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c idle_in_transaction_session_timeout=60000"
-# Server-side prepared statements for the engine's hot path (engine.repositories.transitions
+# Server-side prepared statements for the engine's hot path (engine.repositories.driver
 # runs it through psycopg cursors with prepare=True): without a threshold psycopg disables
 # preparing altogether, and PostgreSQL parses and plans every transition again. Django's
 # own queries bind parameters client-side and are never prepared.
@@ -282,7 +282,7 @@ FLOWFORGE_DISPATCH_LEASE_SECONDS = env_float("FLOWFORGE_DISPATCH_LEASE_SECONDS",
 # Seconds between heartbeats of a running task (defaults to a third of the lease).
 FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
 # How many dependents in a row a worker thread runs itself after a success, instead of
-# sending them through the broker (engine.runtime.execute); 0 sends every one.
+# sending them through the broker (engine.worker.execute); 0 sends every one.
 FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATIONS", "100"))
 # Most broker messages one publish of dispatches is split into: a publish of more
 # generations than this (a claim burst) sends exactly this many messages, each carrying
@@ -290,7 +290,7 @@ FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATI
 # Keep it at least the worker threads of the whole deployment; 0 sends one message each.
 FLOWFORGE_DISPATCH_FANOUT = int(os.environ.get("FLOWFORGE_DISPATCH_FANOUT", "64"))
 # Seconds one such message may run before the generations in it not yet started are
-# handed back to the broker, one message each, for other threads (engine.runtime.HandOff).
+# handed back to the broker, one message each, for other threads (engine.worker.handoff.HandOff).
 FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1.0)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))

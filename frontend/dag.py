@@ -235,16 +235,17 @@ def _layered_grandalf(
     return corners, bends
 
 
-def _longest_path_layers(
-    ids: list[str], pairs: list[tuple[str, str]]
-) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """(column of each task: its longest distance from a root, upstream ids of each task),
-    in O(tasks + edges). Tasks on a cycle (never in a stored definition) stay in column 0."""
-    upstream: dict[str, list[str]] = {i: [] for i in ids}
-    downstream: dict[str, list[str]] = {i: [] for i in ids}
+def longest_path_layers(ids: list[Any], pairs: list[tuple[Any, Any]]) -> tuple[dict[Any, int], dict[Any, list[Any]]]:
+    """(column of each task: its longest distance from a root, upstream ids of each task)
+    for (upstream, downstream) ``pairs``, in O(tasks + edges). The one layering of the
+    web UI: the drawing's columns and the run page's task order. Pairs naming an id not
+    in ``ids`` are ignored; tasks on a cycle (never in a stored definition) stay in column 0."""
+    upstream: dict[Any, list[Any]] = {i: [] for i in ids}
+    downstream: dict[Any, list[Any]] = {i: [] for i in ids}
     for src, dst in pairs:
-        upstream[dst].append(src)
-        downstream[src].append(dst)
+        if src in upstream and dst in upstream:
+            upstream[dst].append(src)
+            downstream[src].append(dst)
     indegree = {i: len(upstream[i]) for i in ids}
     layer = dict.fromkeys(ids, 0)
     queue = [i for i in ids if indegree[i] == 0]
@@ -262,14 +263,14 @@ def _longest_path_layers(
 
 def _long_edge_spans(ids: list[str], pairs: list[tuple[str, str]]) -> int:
     """How many columns the edges skip in all (a layered layout's dummy vertices)."""
-    layer, _ = _longest_path_layers(ids, pairs)
+    layer, _ = longest_path_layers(ids, pairs)
     return sum(max(0, layer[dst] - layer[src] - 1) for src, dst in pairs)
 
 
 def _layered_simple(ids: list[str], pairs: list[tuple[str, str]], box: Box, gap_x: float) -> dict[str, Point]:
     """Longest-path columns, left to right, each ordered by the mean row of its tasks'
     upstream tasks: linear time, for graphs too big for grandalf."""
-    layer, upstream = _longest_path_layers(ids, pairs)
+    layer, upstream = longest_path_layers(ids, pairs)
     layers: dict[int, list[str]] = {}
     for i in ids:  # tasks on a cycle (never in a stored definition) stay in column 0
         layers.setdefault(layer[i], []).append(i)

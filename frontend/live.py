@@ -8,7 +8,8 @@ on each ``change``, fetches the page's live fragment (``/runs/<id>/live/?after=<
 and swaps it in. The stream carries no event data, only the run's latest ``seq`` and
 state, so it never renders templates and its message size does not grow with the run.
 
-A stream:
+The loop is engine.live_stream's (``stream`` with a ``ChangeFeed``; shared with the
+API's event stream); this module holds the page's clock. A stream:
 
 1. is admitted by the view only within the limits of engine.live_limits (per process,
    per user, per organization: a plain-text 429 with Retry-After beyond them, after which
@@ -42,15 +43,12 @@ FLOWFORGE_SSE_PER_PROCESS below N.
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections.abc import Iterator
 
 from engine import live as subscriptions
-from engine import live_hub
+from engine import live_hub, live_stream
 from engine.live_limits import StreamLease
-from engine.models import RUN_TERMINAL_STATES, WorkflowRun
 
 CHANNEL = subscriptions.CHANNEL  # the trigger's channel
 
@@ -67,11 +65,7 @@ RETRY_MILLISECONDS = 1500
 # application_name of the process's one LISTEN connection (engine.live_hub; visible in pg_stat_activity).
 APPLICATION_NAME = live_hub.APPLICATION_NAME
 
-
-def message(event: str, data: dict, *, event_id: int | None = None) -> str:
-    """One server-sent event. JSON has no raw newlines, so ``data`` is a single line."""
-    head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+message = live_stream.message
 
 
 def run_changes(*, organization_id: uuid.UUID, run_id: uuid.UUID, after: int,
@@ -81,50 +75,8 @@ def run_changes(*, organization_id: uuid.UUID, run_id: uuid.UUID, after: int,
     run is terminal or gone, or once ``lease``'s re-authorization fails ({"seq",
     "state": "unauthorized"}). See the module docstring. The run is watched from the
     first ``next()`` until the generator ends or is closed; ``lease`` is released then."""
-    watch = None
-    try:
-        # Watched (LISTEN + subscription, on the hub's connection) before the first read:
-        # an event committed later is announced, one committed earlier is in the first read.
-        watch = live_hub.watch(organization_id=organization_id, run_id=run_id)
-        started = last_output = time.monotonic()
-        cursor = after
-        yield f"retry: {RETRY_MILLISECONDS}\n\n"
-        runs = WorkflowRun.objects.for_organization(organization_id).filter(pk=run_id)
-        while True:
-            if lease is not None and not lease.still_allowed():
-                yield message("end", {"seq": cursor, "state": "unauthorized"})
-                return
-            row = runs.values_list("state", "last_event_seq").first()
-            if row is None:
-                yield message("end", {"seq": cursor, "state": "gone"})
-                return
-            state, seq = row
-            if seq > cursor:
-                cursor = seq
-                yield message("change", {"seq": seq, "state": state}, event_id=seq)
-                last_output = time.monotonic()
-            if state in RUN_TERMINAL_STATES:
-                yield message("end", {"seq": seq, "state": state}, event_id=seq)
-                return
-            now = time.monotonic()
-            if now - started >= MAX_STREAM_SECONDS:
-                return
-            wait = min(HEARTBEAT_SECONDS - (now - last_output), MAX_STREAM_SECONDS - (now - started))
-            if not watch.live:
-                wait = min(wait, POLL_SECONDS)
-            if lease is not None:
-                wait = min(wait, lease.seconds_to_next_check())
-            if not watch.pending:
-                live_hub.release_connection()  # hold no connection while waiting
-            if watch.wait(wait):
-                # Let the rest of a burst arrive, then read once for all of it.
-                time.sleep(COALESCE_SECONDS)
-                watch.wait(0)
-            elif time.monotonic() - last_output >= HEARTBEAT_SECONDS - 0.01:
-                yield ": keep-alive\n\n"
-                last_output = time.monotonic()
-    finally:
-        if watch is not None:
-            watch.close()
-        if lease is not None:
-            lease.release()
+    timings = live_stream.Timings(heartbeat_seconds=HEARTBEAT_SECONDS, poll_seconds=POLL_SECONDS,
+                                  max_seconds=MAX_STREAM_SECONDS, retry_milliseconds=RETRY_MILLISECONDS,
+                                  poll_while_live=False, coalesce_seconds=COALESCE_SECONDS)
+    feed = live_stream.ChangeFeed(organization_id=organization_id, run_id=run_id, after=after)
+    return live_stream.stream(feed, organization_id=organization_id, run_id=run_id, timings=timings, lease=lease)

@@ -78,8 +78,6 @@ TOMBSTONE_TTL_SECONDS = 600
 # Seconds between reading the row and writing the cache after which a reader does not
 # cache (a stalled reader must not outlive the tombstone with a stale entry).
 CACHE_WRITE_DEADLINE_SECONDS = 5.0
-# Seconds between two writes of last_used_at for one key.
-LAST_USED_RESOLUTION_SECONDS = 60
 _CACHE_FORMAT = 1
 # Failed authentications are counted per prefix per clock minute of this many seconds;
 # the 1st, 10th, 100th, ... of a window are audited (_record_failure).

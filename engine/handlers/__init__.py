@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.handlers.base import ConfigError, PermanentTaskError, TaskCancelled, TaskContext, TaskHandler
+from engine.handlers.base import ConfigError, LeaseLost, PermanentTaskError, TaskContext, TaskHandler
 from engine.handlers.builtin import FailHandler, NoopHandler, PythonHandler, SleepHandler
 from engine.handlers.http import HttpHandler
 
@@ -19,4 +19,4 @@ def get_handler(type_name: str) -> TaskHandler:
         raise KeyError(f"unknown task type {type_name!r}; known types: {', '.join(sorted(REGISTRY))}") from None
 
 
-__all__ = ["REGISTRY", "ConfigError", "PermanentTaskError", "TaskCancelled", "TaskContext", "TaskHandler", "get_handler"]
+__all__ = ["REGISTRY", "ConfigError", "PermanentTaskError", "LeaseLost", "TaskContext", "TaskHandler", "get_handler"]

@@ -18,9 +18,10 @@ class PermanentTaskError(Exception):
     fix: the task fails at once, whatever attempts remain (a non-retryable error)."""
 
 
-class TaskCancelled(Exception):
-    """Raised inside a handler that checks ``context.raise_if_cancelled()`` after its
-    lease was lost (reaped, cancelled or superseded by a newer generation)."""
+class LeaseLost(Exception):
+    """Raised inside a handler that checks ``context.raise_if_lease_lost()`` after its
+    lease was lost (reaped, cancelled or superseded by a newer generation): whatever it
+    would return is no longer recorded."""
 
 
 @dataclasses.dataclass
@@ -28,7 +29,8 @@ class TaskContext:
     """Everything a handler may read about the attempt it is running.
 
     ``input`` is the run's input document; ``upstream`` maps each dependency's task
-    key to its output; ``config`` is the task's validated config.
+    key to its output; ``config`` is the task's validated config. ``lost`` is set by
+    the worker's heartbeat once this attempt's worker lease could not be extended.
     """
 
     task_run_id: uuid.UUID
@@ -45,14 +47,15 @@ class TaskContext:
     lost: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     @property
-    def cancelled(self) -> bool:
-        """True once the worker no longer holds this attempt's lease."""
+    def lease_lost(self) -> bool:
+        """True once the worker no longer holds this attempt's lease (the task run was
+        reaped, cancelled or superseded): the attempt's outcome will not be recorded."""
         return self.lost.is_set()
 
-    def raise_if_cancelled(self) -> None:
-        """Raise TaskCancelled when the lease was lost; long handlers call this between steps."""
+    def raise_if_lease_lost(self) -> None:
+        """Raise LeaseLost when the lease was lost; long handlers call this between steps."""
         if self.lost.is_set():
-            raise TaskCancelled(f"task run {self.task_run_id} generation {self.fencing_token} lost its lease")
+            raise LeaseLost(f"task run {self.task_run_id} generation {self.fencing_token} lost its lease")
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; returns True early when the lease is lost."""

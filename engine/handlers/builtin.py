@@ -45,7 +45,7 @@ class SleepHandler(TaskHandler):
     def run(self, context: TaskContext) -> Any:
         seconds = float(context.config["seconds"])
         if context.wait(seconds):
-            context.raise_if_cancelled()
+            context.raise_if_lease_lost()
         return {"slept_seconds": seconds}
 
 

@@ -11,7 +11,7 @@ import uuid
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -20,6 +20,7 @@ from django.views.decorators.http import require_http_methods
 from frontend.forms_workflows import ApiKeyForm
 from frontend.organization import organization_required
 from frontend.views.workflows import authorize
+from tenancy.access import access_api_key
 from tenancy.apikeys import create_api_key, revoke_api_key
 from tenancy.models import ApiKey
 from tenancy.permissions import Action, Forbidden
@@ -27,14 +28,8 @@ from tenancy.services import TenancyError
 
 
 def _key_or_404(request: HttpRequest, key_id: uuid.UUID) -> ApiKey:
-    try:
-        return (
-            ApiKey.objects.for_organization(request.membership.organization)
-            .select_related("created_by")
-            .get(pk=key_id)
-        )
-    except ApiKey.DoesNotExist:
-        raise Http404("no such API key") from None
+    """The active organization's API key (tenancy.access: a 404 for a missing or foreign id)."""
+    return access_api_key(request.membership.organization, key_id)
 
 
 # Session key of the create form's one-time tokens: a form is used once, so reloading the

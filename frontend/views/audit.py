@@ -22,7 +22,7 @@ from django.views.decorators.http import require_GET
 
 from audit.models import AuditLog
 from frontend.organization import organization_required
-from frontend.views.runs import BadCursor, DateBound, lower_bound, newest_first_page, page_links, upper_bound
+from frontend.paging import BadCursor, DateBound, lower_bound, newest_first_page, page_links, upper_bound
 from tenancy.permissions import Action, Forbidden, require
 
 AUDIT_PAGE_SIZE = 50

@@ -14,13 +14,14 @@ import uuid
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from frontend.forms import InviteForm, RoleForm, offered_roles
-from frontend.mail import send_invitation_email
 from frontend.organization import organization_required
+from tenancy.access import access_invitation, access_membership
+from tenancy.mail import send_invitation_email
 from tenancy.models import Invitation, Membership, Role
 from tenancy.permissions import Action, Forbidden, can, require
 from tenancy.services import TenancyError, change_role, invite_member, remove_member, revoke_invitation
@@ -45,14 +46,8 @@ def _authorize(role: str | None, action: Action) -> None:
 
 
 def _membership_or_404(request: HttpRequest, membership_id: uuid.UUID) -> Membership:
-    try:
-        return (
-            Membership.objects.for_organization(request.membership.organization)
-            .select_related("user")
-            .get(pk=membership_id)
-        )
-    except Membership.DoesNotExist:
-        raise Http404("no such member") from None
+    """The active organization's membership (tenancy.access: a 404 for a missing or foreign id)."""
+    return access_membership(request.membership.organization, membership_id)
 
 
 def _render_members(
@@ -187,12 +182,7 @@ def member_leave(request: HttpRequest) -> HttpResponse:
 @require_POST
 @organization_required
 def invitation_revoke(request: HttpRequest, invitation_id: uuid.UUID) -> HttpResponse:
-    try:
-        invitation = Invitation.objects.for_organization(request.membership.organization).get(
-            pk=invitation_id
-        )
-    except Invitation.DoesNotExist:
-        raise Http404("no such invitation") from None
+    invitation = access_invitation(request.membership.organization, invitation_id)
     _authorize(request.actor.role, Action.MEMBER_MANAGE)
     # revoke_invitation is a silent no-op for an invitation that is no longer pending;
     # say so rather than claim it was withdrawn.

@@ -16,13 +16,15 @@ from zoneinfo import ZoneInfo
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from engine.access import access_trigger
 from engine.models import ScheduledTrigger, Workflow
 from engine.triggers import TriggerError, create_trigger, delete_trigger, preview, set_enabled, update_trigger
-from frontend.forms_workflows import TriggerForm, describe_cron
+from frontend.cron_words import describe_cron
+from frontend.forms_workflows import TriggerForm
 from frontend.organization import organization_required
 from frontend.views.workflows import authorize
 from tenancy.permissions import Action, Forbidden, can
@@ -31,10 +33,8 @@ PREVIEW_COUNT = 5
 
 
 def _trigger_or_404(request: HttpRequest, trigger_id: uuid.UUID) -> ScheduledTrigger:
-    try:
-        return ScheduledTrigger.objects.for_organization(request.membership.organization).get(pk=trigger_id)
-    except ScheduledTrigger.DoesNotExist:
-        raise Http404("no such trigger") from None
+    """The active organization's trigger (engine.access: a 404 for a missing or foreign id)."""
+    return access_trigger(request.membership.organization, trigger_id)
 
 
 def _latest_versions(org) -> dict[str, uuid.UUID]:

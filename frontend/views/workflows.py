@@ -22,6 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from engine.access import access_workflow
 from engine.definitions import DefinitionError
 from engine.handlers import REGISTRY
 from engine.models import Task, Workflow, WorkflowRun, WorkflowState
@@ -61,14 +62,10 @@ def run_url(run_id) -> str:
 
 
 def _workflow_or_404(request: HttpRequest, workflow_id: uuid.UUID) -> Workflow:
-    try:
-        return (
-            Workflow.objects.for_organization(request.membership.organization)
-            .select_related("created_by")
-            .get(pk=workflow_id)
-        )
-    except Workflow.DoesNotExist:
-        raise Http404("no such workflow") from None
+    """The active organization's workflow version, with its author (engine.access: a 404
+    for a missing or foreign id)."""
+    return access_workflow(request.membership.organization, workflow_id,
+                           shape=lambda qs: qs.select_related("created_by"))
 
 
 # --- list ---------------------------------------------------------------------------------------
@@ -161,10 +158,7 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
         initial = {}
         from_id = request.GET.get("from")
         if from_id:
-            try:
-                base = Workflow.objects.for_organization(org).get(pk=uuid.UUID(from_id))
-            except (ValueError, Workflow.DoesNotExist):
-                raise Http404("no such workflow") from None
+            base = access_workflow(org, from_id)  # a 404 for a malformed, missing or foreign id
             initial["definition"] = _yaml_text(base.definition)
         form = DefinitionForm(initial=initial)
         status = 200

@@ -1,5 +1,5 @@
 """Small helpers shared by the fault and dispatch integration tests: database reads,
-worker-process lookup, and two writers that go through ``transitions`` like the
+worker-process lookup, and two writers that go through ``engine.repositories`` like the
 engine does (a run created without the scheduler nudge, an in-process claim)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import runs, task_runs
 from flowforge.stack import Proc, wait_until, worker_child_pids
 
 
@@ -102,7 +102,7 @@ def create_run_without_nudge(workflow, run_input: dict[str, Any] | None = None) 
     """Create a run exactly like ``start_run`` but without the on-commit scheduler nudge,
     so nothing claims its ready task runs until the test says so."""
     with transaction.atomic():
-        run_id = transitions.create_run_rows(
+        run_id = runs.create_with_task_runs(
             workflow_id=workflow.pk,
             organization_id=workflow.organization_id,
             run_input=run_input or {},
@@ -114,7 +114,7 @@ def create_run_without_nudge(workflow, run_input: dict[str, Any] | None = None) 
 def claim_in_process(task_run_id: uuid.UUID, *, lease_seconds: float, owner: str = "test"):
     """Claim one ready task run here (ready -> running, token + 1, one outbox row)."""
     with transaction.atomic():
-        dispatches = transitions.claim_ready(
+        dispatches = task_runs.claim_ready_many(
             limit=1, lease_seconds=lease_seconds, owner=owner, task_run_ids=[task_run_id]
         )
     assert len(dispatches) == 1, dispatches

@@ -18,9 +18,10 @@ from django.conf import settings
 from django.db import connection
 
 from engine.models import TaskRun
-from engine.repositories import transitions
+from engine.repositories import task_runs
 from engine.services import apply_definition, start_run
 from tenancy.models import Role
+from tests import engine_helpers
 from tests.unit.test_api_auth import assert_problem
 from tests.unit.test_api_workflows import Api, new_api_factory
 from tests.unit.test_web_workflows import add_member, client_for
@@ -138,8 +139,8 @@ def test_a_task_with_20_dependencies_of_255_kb_receives_at_most_the_upstream_cap
             " WHERE workflow_run_id = %s AND id <> %s", [BLOB_CHARS, run.pk, sink.pk])
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [sink.pk])
     # The real claim and start statements, as a worker runs them.
-    (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[sink.pk])
-    started = transitions.start_attempt(task_run_id=sink.pk, fencing_token=claimed.fencing_token, owner="w",
+    (claimed,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test", task_run_ids=[sink.pk])
+    started = engine_helpers.start_attempt(task_run_id=sink.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     assert started is not None
     upstream = started.upstream
@@ -166,8 +167,8 @@ def test_the_upstream_cap_is_a_setting(org, settings):
         cur.execute("UPDATE core_taskrun SET state = 'succeeded', output = '[1, 2]'::jsonb"
                     " WHERE workflow_run_id = %s AND id <> %s", [run.pk, c.pk])
         cur.execute("UPDATE core_taskrun SET state = 'ready' WHERE id = %s", [c.pk])
-    (claimed,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test", task_run_ids=[c.pk])
-    started = transitions.start_attempt(task_run_id=c.pk, fencing_token=claimed.fencing_token, owner="w",
+    (claimed,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test", task_run_ids=[c.pk])
+    started = engine_helpers.start_attempt(task_run_id=c.pk, fencing_token=claimed.fencing_token, owner="w",
                                         lease_seconds=60)
     # "[1, 2]" is 6 bytes: a fits (6 <= 10), b does not (12 > 10).
     assert started.upstream == {"a": [1, 2], "b": {"$ref": "task_output", "task": "b", "bytes": 6, "truncated": True}}
@@ -178,11 +179,12 @@ def test_a_handler_failing_with_a_1_mb_message_stores_and_serves_a_bounded_error
     """An exception's message is the other unbounded thing a task hands back: it is stored
     on the task run and in its event's detail, which the run detail, the event pages and
     the event stream all serve. A task raising 1 MB leaves at most MAX_ERROR_CHARS."""
-    from engine import runtime
     from engine.handlers import REGISTRY
+    from engine.worker import heartbeat
+    from engine.worker.output import MAX_ERROR_CHARS
     from tests.unit.test_runtime_inprocess import drive
 
-    monkeypatch.setattr(runtime, "_heartbeater", runtime.Heartbeater(interval_seconds=3600, lease_seconds=30))
+    monkeypatch.setattr(heartbeat, "_heartbeater", heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30))
 
     def explode(context):
         raise RuntimeError("y" * 1_000_000)
@@ -193,7 +195,7 @@ def test_a_handler_failing_with_a_1_mb_message_stores_and_serves_a_bounded_error
     drive(run.pk)
     (task_run,) = TaskRun.objects.for_organization(api.org).filter(workflow_run=run)
     assert task_run.state == "failed"
-    assert len(task_run.error) <= runtime.MAX_ERROR_CHARS and task_run.error.startswith("RuntimeError: yyy")
+    assert len(task_run.error) <= MAX_ERROR_CHARS and task_run.error.startswith("RuntimeError: yyy")
     assert "more characters cut)" in task_run.error
     detail = api.get(f"/api/v1/runs/{run.pk}/", role=Role.VIEWER)
     events = api.get(f"/api/v1/runs/{run.pk}/events/", role=Role.VIEWER)

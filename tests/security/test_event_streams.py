@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django.db import connection, connections, transaction
 
 from engine import live_hub
-from engine.repositories import transitions
+from engine.repositories import events
 from engine.services import apply_definition, cancel_run, start_run
 from flowforge.stack import Stack, bin_path, wait_until
 from tenancy import apikeys
@@ -203,7 +203,7 @@ def commit_events(run, *, seconds: float, every: float = 0.1) -> list[tuple[floa
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note")
+            seq = events.append(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
         committed.append((time.monotonic(), seq))
         time.sleep(every)
     return committed
@@ -287,7 +287,7 @@ def test_open_streams_in_one_process_share_one_listen_connection_and_hold_no_oth
         assert backends() - before <= 1, backends() - before
         # Still live through the shared connection.
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=runs[0].pk, kind="note")
+            seq = events.append(workflow_run_id=runs[0].pk, kind="duplicate_delivery_ignored")
         assert wait_for(lambda: all(f"id: {seq}\n" in c.text() for c in consumers[:2]))
     finally:
         close_all_consumers(consumers, runs)

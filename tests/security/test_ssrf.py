@@ -26,9 +26,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import egress, runtime
+from engine import egress
 from engine.handlers import REGISTRY, ConfigError, PermanentTaskError, TaskContext
 from engine.models import TaskRun, WorkflowRun
+from engine.worker import heartbeat
 from tenancy.models import Role
 from tests.unit.test_api_auth import assert_problem, bearer
 from tests.unit.test_api_workflows import new_api_factory
@@ -477,7 +478,7 @@ def broker(monkeypatch):
 
     assert dramatiq.get_broker() is b
     # A heartbeater that never beats on its own (no background thread holding a connection).
-    monkeypatch.setattr(runtime, "_heartbeater", runtime.Heartbeater(interval_seconds=3600, lease_seconds=30))
+    monkeypatch.setattr(heartbeat, "_heartbeater", heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30))
     b.flush_all()
     yield b
     b.flush_all()

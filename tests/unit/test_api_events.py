@@ -2,7 +2,7 @@
 server-sent event stream (resume from Last-Event-ID or ?after=, live through LISTEN/
 NOTIFY, heartbeat, ends at run_finished, stops watching so the process's listener hub
 closes its LISTEN connection) and the NOTIFY
-trigger itself. Runs are driven with engine.repositories.transitions, in process."""
+trigger itself. Runs are driven with engine.repositories (task_runs, runs), in process."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from django.test.utils import CaptureQueriesContext
 from api import streaming
 from engine import live
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import events, task_runs
 from engine.services import apply_definition, start_run
 from tenancy.models import Role
+from tests import engine_helpers
 from tests.unit.test_api_auth import assert_problem, bearer, data_queries
 from tests.unit.test_api_workflows import Api, new_api_factory
 
@@ -50,12 +51,12 @@ def step(run_id) -> bool:
     ready = list(TaskRun.objects.unscoped().filter(workflow_run_id=run_id, state="ready").values_list("pk", flat=True))
     if ready:
         with transaction.atomic():
-            transitions.claim_ready(limit=len(ready), lease_seconds=30, owner=OWNER, task_run_ids=ready)
+            task_runs.claim_ready_many(limit=len(ready), lease_seconds=30, owner=OWNER, task_run_ids=ready)
     for tr in TaskRun.objects.unscoped().filter(workflow_run_id=run_id, state="running").select_related("task"):
         with transaction.atomic():
-            transitions.start_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, owner=OWNER, lease_seconds=30)
+            engine_helpers.start_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, owner=OWNER, lease_seconds=30)
         with transaction.atomic():
-            transitions.complete_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, succeeded=True,
+            engine_helpers.complete_attempt(task_run_id=tr.pk, fencing_token=tr.fencing_token, succeeded=True,
                                          output={"key": tr.task.key}, lease_seconds=30, owner=OWNER)
     return WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal
 
@@ -292,11 +293,11 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
     try:
         # Nobody subscribed to the run: its events are not announced (no commit serialization).
         with transaction.atomic():
-            transitions.record_run_event(workflow_run_id=run.pk, kind="unwatched")
+            events.append(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
         assert list(listener.notifies(timeout=0.5)) == []
         live.subscribe(listener, organization_id=org.pk, run_id=run.pk)
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note", detail={"big": "x" * 20_000})
+            seq = events.append(workflow_run_id=run.pk, kind="duplicate_delivery_ignored", detail={"big": "x" * 20_000})
             assert list(listener.notifies(timeout=0.3)) == []  # nothing before the commit
         (notify,) = list(listener.notifies(timeout=2, stop_after=1))
         assert (notify.channel, notify.payload) == (streaming.CHANNEL, f"{run.pk}:{seq}")
@@ -305,7 +306,7 @@ def test_every_event_insert_notifies_run_id_and_seq_at_commit_and_never_on_rollb
             pass
 
         with pytest.raises(Boom), transaction.atomic():
-            transitions.record_run_event(workflow_run_id=run.pk, kind="doomed")
+            events.append(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
             raise Boom
         assert list(listener.notifies(timeout=0.5)) == []
     finally:

@@ -18,10 +18,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from engine import runtime
 from engine.models import IdempotencyKey, OutboxMessage, RunState, TaskRun, WorkflowRun, WorkflowState
 from engine.scheduler import schedule_once
 from engine.services import apply_definition, cancel_run, purge_expired_idempotency_keys, start_run
+from engine.worker import heartbeat
+from engine.worker.execute import execute
 from tenancy.apikeys import create_api_key
 from tenancy.models import Membership, Role
 from tests.unit.test_api_auth import actor_of, assert_problem, bearer, data_queries
@@ -411,7 +412,7 @@ def broker(monkeypatch):
 
     assert dramatiq.get_broker() is b
     # A heartbeater that never beats on its own (no background thread holding a connection).
-    monkeypatch.setattr(runtime, "_heartbeater", runtime.Heartbeater(interval_seconds=3600, lease_seconds=30))
+    monkeypatch.setattr(heartbeat, "_heartbeater", heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30))
     b.flush_all()
     yield b
     b.flush_all()
@@ -426,7 +427,7 @@ def drive(run_id, *, rounds: int = 20) -> None:
             generation = (m.payload["task_run_id"], m.payload["fencing_token"])
             if generation not in done:
                 done.add(generation)
-                runtime.execute(*generation)
+                execute(*generation)
         if WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal:
             return
     raise AssertionError(f"run {run_id} did not finish")

@@ -843,7 +843,7 @@ def test_an_api_request_that_fails_after_writing_leaves_no_partial_record(api, w
     """The retry's new run and both its records are written, then the request fails (a
     409 raised while building the response): the request's transaction takes the run
     and the records with it."""
-    from api import views_engine
+    from api import views_runs
     from api.exceptions import Conflict
 
     run = finished_run(wf)
@@ -855,7 +855,7 @@ def test_an_api_request_that_fails_after_writing_leaves_no_partial_record(api, w
         written.extend(sorted(r.action for r in since.new()))
         raise Conflict("failed after writing")
 
-    monkeypatch.setattr(views_engine, "_run_detail", fail)
+    monkeypatch.setattr(views_runs, "_run_detail", fail)
     resp = api.call("post", f"/api/v1/runs/{run.pk}/retry/")
     assert resp.status_code == 409, resp.content
     assert written == ["run.retried", "run.started"]  # they were there before the failure

@@ -1,4 +1,4 @@
-"""engine.runtime.Combiner: batching of a worker process's starts and successes, and its
+"""engine.worker.combiner.Combiner: batching of a worker process's starts and successes, and its
 write-behind submissions (``wait=False``). Pure threading, no database."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from engine.runtime import Combiner
+from engine.worker.combiner import Combiner
 
 
 class Recorder:

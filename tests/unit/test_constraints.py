@@ -28,6 +28,7 @@ from engine.models import (
     WorkflowRun,
 )
 from engine.services import start_run
+from engine.states import EventKind
 from tenancy.models import ApiKey, Invitation, Membership, User
 
 pytestmark = pytest.mark.django_db
@@ -430,14 +431,39 @@ def test_a_second_event_with_a_taken_seq_violates_uniq_event_run_seq(run):
     violation(
         "uniq_event_run_seq",
         lambda: TaskRunEvent.objects.bulk_create(
-            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=1, kind="forged")]
+            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=1, kind="promoted")]
         ),
     )
     (extra,) = TaskRunEvent.objects.bulk_create(
-        [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="next")]
+        [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="promoted")]
     )
     violation("uniq_event_run_seq", lambda: TaskRunEvent.objects.unscoped().filter(pk=extra.pk).update(seq=1))
     assert sorted(TaskRunEvent.objects.unscoped().filter(workflow_run=run).values_list("seq", flat=True)) == [1, 2]
+
+
+def test_an_event_of_an_unknown_kind_violates_taskrunevent_kind_valid(run):
+    violation(
+        "taskrunevent_kind_valid",
+        lambda: TaskRunEvent.objects.bulk_create(
+            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="forged")]
+        ),
+    )
+    (started,) = TaskRunEvent.objects.unscoped().filter(workflow_run=run)
+    violation("taskrunevent_kind_valid", lambda: TaskRunEvent.objects.unscoped().filter(pk=started.pk).update(
+        kind="run_begun"))
+    assert TaskRunEvent.objects.unscoped().get(pk=started.pk).kind == "run_started"
+
+
+def test_every_event_kind_of_the_enum_is_accepted_by_taskrunevent_kind_valid(run):
+    """The enum and the CHECK list the same kinds: each member can be written."""
+    kinds = list(EventKind)
+    assert len(kinds) == len(set(EventKind.values)) >= 16
+    TaskRunEvent.objects.bulk_create([
+        TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2 + i, kind=kind)
+        for i, kind in enumerate(kinds)
+    ])
+    stored = TaskRunEvent.objects.unscoped().filter(workflow_run=run, seq__gte=2).values_list("kind", flat=True)
+    assert sorted(stored) == sorted(EventKind.values)
 
 
 # --- IdempotencyKey -----------------------------------------------------------------------------

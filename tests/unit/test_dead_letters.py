@@ -13,7 +13,7 @@ from django.utils import timezone
 from engine import relay
 from engine.models import OutboxMessage, TaskRun, WorkflowRun
 from engine.reaper import fail_dead_letters
-from engine.repositories import transitions
+from engine.repositories import task_runs
 from engine.services import start_run
 
 
@@ -34,7 +34,7 @@ def test_a_dead_lettered_dispatch_fails_its_task_and_can_be_replayed(org, make_w
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
     with transaction.atomic():
-        (d,) = transitions.claim_ready(limit=10, lease_seconds=300, owner="test")
+        (d,) = task_runs.claim_ready_many(limit=10, lease_seconds=300, owner="test")
     outbox = OutboxMessage.objects.for_organization(org).get(task_run_id=d.task_run_id)
     for _ in range(relay.MAX_PUBLISH_ATTEMPTS):
         OutboxMessage.objects.for_organization(org).filter(pk=outbox.pk).update(next_attempt_at=None)
@@ -71,7 +71,7 @@ def test_a_dead_letter_whose_generation_still_waits_is_published_again(org, make
     wf = make_workflow(org, [{"key": "a", "type": "noop"}])
     start_run(workflow=wf)
     with transaction.atomic():
-        (d,) = transitions.claim_ready(limit=10, lease_seconds=300, owner="test")
+        (d,) = task_runs.claim_ready_many(limit=10, lease_seconds=300, owner="test")
     OutboxMessage.objects.for_organization(org).filter(task_run_id=d.task_run_id).update(
         dead_lettered_at=timezone.now(), publish_attempts=10, last_error="Refused")
     out = io.StringIO()

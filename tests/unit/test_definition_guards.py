@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 
 from engine.models import Task, TaskDependency, TaskRun, Workflow, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import runs
 from engine.services import start_run
 
 GUARD_TRIGGERS = {
@@ -360,7 +360,7 @@ def test_moving_a_dependency_into_a_workflow_with_runs_is_refused(ran, make_work
 def test_the_guard_migration_reverses_and_reapplies(org, make_workflow):
     wf = make_workflow(org, TASKS, name="migrating")
     with transaction.atomic():  # a run without start_run's on-commit broker nudge
-        transitions.create_run_rows(
+        runs.create_with_task_runs(
             workflow_id=wf.pk, organization_id=wf.organization_id, run_input={}, trigger_source="cli"
         )
     assert GUARD_TRIGGERS <= triggers()

@@ -11,7 +11,7 @@ import pytest
 
 from engine.handlers import REGISTRY, ConfigError, PermanentTaskError, TaskContext, get_handler
 from engine.handlers.http import MAX_BODY_BYTES, HttpStatusError
-from engine.runtime import OutputNotJson, OutputTooLarge, cap_output
+from engine.worker.output import OutputNotJson, OutputTooLarge, cap_output
 
 
 def ctx(config, *, attempt=1, input=None, upstream=None) -> TaskContext:

@@ -9,7 +9,7 @@ from django.db import connection, transaction
 
 from api import streaming
 from engine import live_hub
-from engine.repositories import transitions
+from engine.repositories import events
 from engine.services import cancel_run
 from tenancy.models import Role
 from tests.security.test_event_streams import Consumer, api_stream, hub_connections, running_run, wait_for
@@ -54,7 +54,7 @@ def test_the_hub_reconnects_after_its_connection_is_killed_and_its_streams_stay_
         assert wait_for(lambda: len(pids := hub_pids()) == 1 and pids[0] != old), hub_pids()
         assert wait_for(lambda: subscriptions_of(run) == 1)
         with transaction.atomic():
-            seq = transitions.record_run_event(workflow_run_id=run.pk, kind="note")
+            seq = events.append(workflow_run_id=run.pk, kind="duplicate_delivery_ignored")
         assert wait_for(lambda: all(f"id: {seq}\n" in c.text() for c in consumers), timeout=5), [
             c.text() for c in consumers]
     finally:

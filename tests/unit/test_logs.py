@@ -11,7 +11,7 @@ from flowforge.dramatiq_middleware import LogContextMiddleware
 from flowforge.logs import ContextFilter, bind, bound
 
 
-def render(record_logger: str = "engine.runtime", msg: str = "attempt failed") -> dict:
+def render(record_logger: str = "engine.worker.execute", msg: str = "attempt failed") -> dict:
     record = logging.LogRecord(record_logger, logging.WARNING, __file__, 1, msg, (), None)
     ContextFilter().filter(record)
     formatter = JsonFormatter("%(levelname)s %(name)s %(message)s %(organization_id)s %(workflow_run_id)s "

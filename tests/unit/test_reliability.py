@@ -11,20 +11,24 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import driver, runs, task_runs
+from engine.repositories import types as repo_types
 from engine.services import start_run
+from engine.sql import queries
+from engine.states import TASK_QUEUE
 from engine.sweeper import sweep_runs
+from tests import engine_helpers
 
 LEASE = 30.0
 
 
 def claim_and_start(run, key: str = "a"):
     with transaction.atomic():
-        (d,) = transitions.claim_ready(limit=1, lease_seconds=LEASE, owner="test",
+        (d,) = task_runs.claim_ready_many(limit=1, lease_seconds=LEASE, owner="test",
                                        task_run_ids=[TaskRun.objects.for_organization(run.organization_id)
                                                      .get(workflow_run=run, task__key=key).pk])
     with transaction.atomic():
-        started = transitions.start_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token,
+        started = engine_helpers.start_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token,
                                             owner="worker", lease_seconds=LEASE)
     assert started is not None
     return d
@@ -36,7 +40,7 @@ def test_the_sweep_closes_a_running_run_whose_task_runs_all_finished(org, make_w
     run = start_run(workflow=wf)
     d = claim_and_start(run)
     with transaction.atomic():
-        transitions.complete_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token, succeeded=True,
+        engine_helpers.complete_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token, succeeded=True,
                                      output=None, lease_seconds=LEASE, owner="test")
     # As if the run's own update had been lost: every task done, the run still open.
     old = timezone.now() - dt.timedelta(minutes=5)
@@ -69,7 +73,7 @@ def test_a_run_past_its_workflow_timeout_is_failed_and_its_tasks_cancelled(org):
     assert states == {"a": "cancelled", "b": "cancelled"}
     # The worker still running "a" finds its lease gone and its completion is refused.
     with transaction.atomic():
-        assert transitions.heartbeat(leases=[(d.task_run_id, d.fencing_token)], lease_seconds=LEASE) == set()
+        assert task_runs.heartbeat_many(leases=[(d.task_run_id, d.fencing_token)], lease_seconds=LEASE) == set()
     young.refresh_from_db()
     assert young.state == "running"
 
@@ -89,7 +93,7 @@ def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(o
             try:
                 barrier.wait(5)
                 with transaction.atomic():
-                    results["complete"] = transitions.complete_attempt(
+                    results["complete"] = engine_helpers.complete_attempt(
                         task_run_id=d.task_run_id, fencing_token=d.fencing_token, succeeded=True, output={"ok": 1},
                         lease_seconds=LEASE, owner="test")
             except BaseException as exc:  # noqa: BLE001
@@ -103,7 +107,7 @@ def test_cancel_racing_completion_ends_in_exactly_one_terminal_state_100_times(o
                 from engine.db import atomic_retry
 
                 results["cancel"] = atomic_retry(
-                    lambda: transitions.cancel_run(workflow_run_id=run.pk, reason="race"))
+                    lambda: runs.cancel(workflow_run_id=run.pk, reason="race"))
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
             finally:
@@ -176,33 +180,34 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
     start_run(workflow=wf)
     start_run(workflow=wf)
     for _ in range(2):
-        claimed = transitions.claim_ready(limit=1, lease_seconds=60, owner="test")
+        claimed = task_runs.claim_ready_many(limit=1, lease_seconds=60, owner="test")
         assert len(claimed) == 1
     with connection.cursor() as cur:
         cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
-                    [transitions._prepared_form(transitions._CLAIM_SQL.format(id_filter=""))[0]])
+                    [driver.prepared_form(queries["task_run_claim_ready"])[0]])
         rows = cur.fetchall()
     assert rows == [(2, 0)]
 
 
-HOT_STATEMENTS = ("_CLAIM_SQL", "_START_SQL", "_SUCCEED_SQL", "_START_SUCCEED_SQL", "_PROMOTE_CLAIM_SQL", "_FINISH_SQL")
+HOT_STATEMENTS = ("task_run_claim_ready", "task_run_start_many", "task_run_succeed_many", "task_run_start_and_succeed_many",
+                  "task_run_promote_and_claim_dependents", "run_finish_if_done_many")
 
 
 def test_hot_statements_are_prepared_from_their_compacted_text_with_numbered_parameters():
-    """``_prepared_form``: the text PREPARE gets (comments and runs of whitespace out, each
+    """``driver.prepared_form``: the text PREPARE gets (comments and runs of whitespace out, each
     ``%(name)s`` made ``$n`` in order of first use) and a distinct name per statement."""
     forms = {}
     for attr in HOT_STATEMENTS:
-        sql = getattr(transitions, attr)
-        name, text, order = transitions._prepared_form(sql)
+        sql = queries[attr]
+        name, text, order = driver.prepared_form(sql)
         assert "--" not in text and "\n" not in text and "%(" not in text, attr
         assert text.split() == re.sub(r"%\((\w+)\)s", lambda m, order=order: f"${order.index(m.group(1)) + 1}",
                                       " ".join(line.split("--")[0] for line in sql.splitlines())).split(), attr
         assert sorted(set(re.findall(r"\$(\d+)", text)), key=int) == [str(i + 1) for i in range(len(order))]
         forms[name] = attr
     assert len(forms) == len(HOT_STATEMENTS)
-    assert transitions._compact("SELECT 1 -- one\n  , 2\n\t FROM t") == "SELECT 1 , 2 FROM t"
-    assert transitions._prepared_form("SELECT %(b)s, %(a)s, %(b)s")[1:] == ("SELECT $1, $2, $1", ("b", "a"))
+    assert driver.compact("SELECT 1 -- one\n  , 2\n\t FROM t") == "SELECT 1 , 2 FROM t"
+    assert driver.prepared_form("SELECT %(b)s, %(a)s, %(b)s")[1:] == ("SELECT $1, $2, $1", ("b", "a"))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -216,9 +221,9 @@ def test_a_failed_hot_transaction_is_rolled_back_and_the_connection_stays_usable
     run = start_run(workflow=wf)
     connection.close()
     with pytest.raises(DataError):
-        transitions.claim_ready(limit=-1, lease_seconds=60, owner="test")  # LIMIT must not be negative
+        task_runs.claim_ready_many(limit=-1, lease_seconds=60, owner="test")  # LIMIT must not be negative
     assert connection.connection.info.transaction_status == 0  # idle, not in a failed transaction
-    (claimed,) = transitions.claim_ready(limit=5, lease_seconds=60, owner="test")
+    (claimed,) = task_runs.claim_ready_many(limit=5, lease_seconds=60, owner="test")
     assert claimed.workflow_run_id == run.pk
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM core_taskrunevent WHERE workflow_run_id = %s AND kind = 'claimed'",
@@ -228,7 +233,7 @@ def test_a_failed_hot_transaction_is_rolled_back_and_the_connection_stays_usable
 
 def _generic_plan(sql: str, params: dict, types: dict) -> str:
     """EXPLAIN (ANALYZE) of ``sql`` as the hot path runs it: a prepared statement's generic
-    plan, made under ``transitions._INDEX_PROBES_ONLY``, inside a transaction rolled back."""
+    plan, made under ``driver.INDEX_PROBES_ONLY``, inside a transaction rolled back."""
     import re
 
     names: list[str] = []
@@ -241,7 +246,7 @@ def _generic_plan(sql: str, params: dict, types: dict) -> str:
     text = re.sub(r"%\((\w+)\)s", placeholder, sql)
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(transitions._INDEX_PROBES_ONLY)
+            cur.execute(driver.INDEX_PROBES_ONLY)
             cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             cur.execute(f"PREPARE ff_plan_probe({', '.join(types[n] for n in names)}) AS {text}")
             cur.execute(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE ff_plan_probe({', '.join(['%s'] * len(names))})",
@@ -264,32 +269,32 @@ def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_
         cur.execute("ANALYZE core_taskrun")
     wide = make_workflow(org, [{"key": f"t{i:04d}", "type": "noop"} for i in range(1500)], name="wide")
     start_run(workflow=wide)
-    claimed = transitions.claim_ready(limit=2000, lease_seconds=60, owner="test")
+    claimed = task_runs.claim_ready_many(limit=2000, lease_seconds=60, owner="test")
     assert len(claimed) == 1501
     batch = claimed[:8]
     ids, tokens = [d.task_run_id for d in batch], [d.fencing_token for d in batch]
-    transitions.start_attempts([transitions.StartRequest(i, t, "w") for i, t in zip(ids, tokens, strict=True)],
+    engine_helpers.start_attempts([repo_types.StartRequest(i, t, "w") for i, t in zip(ids, tokens, strict=True)],
                                lease_seconds=60)
     with connection.cursor() as cur:
         cur.execute("UPDATE core_taskrun SET state = 'succeeded', lease_owner = NULL, lease_expires_at = NULL,"
                     " finished_at = clock_timestamp() WHERE id = ANY(%s)", [ids])
     params = {"ids": ids, "tokens": tokens, "outputs": ["null"] * 8, "lease": 60.0,
               "start_ids": ids, "start_tokens": tokens, "owners": ["w"] * 8, "worker_lease": 60.0,
-              "start_outbox": [None] * 8, "owner": "test", "queue": transitions.TASK_QUEUE, "reserve": 0.0,
+              "start_outbox": [None] * 8, "owner": "test", "queue": TASK_QUEUE, "reserve": 0.0,
               "upstream_bytes": 1024 * 1024}
     types = {"ids": "uuid[]", "tokens": "bigint[]", "outputs": "text[]", "lease": "float8",
              "start_ids": "uuid[]", "start_tokens": "bigint[]", "owners": "text[]", "worker_lease": "float8",
              "start_outbox": "uuid[]", "owner": "text", "queue": "text", "reserve": "float8",
              "upstream_bytes": "bigint"}
-    for name, sql in (("start", transitions._START_SQL), ("succeed", transitions._SUCCEED_SQL),
-                      ("start and succeed", transitions._START_SUCCEED_SQL),
-                      ("promote and claim", transitions._PROMOTE_CLAIM_SQL),
-                      ("finish", transitions._SUCCEED_STATEMENTS[2])):
+    for name, sql in (("start", queries["task_run_start_many"]), ("succeed", queries["task_run_succeed_many"]),
+                      ("start and succeed", queries["task_run_start_and_succeed_many"]),
+                      ("promote and claim", queries["task_run_promote_and_claim_dependents"]),
+                      ("finish", queries["run_finish_if_done_many"])):
         plan = _generic_plan(sql, params, types)
         assert "Seq Scan on core_taskrun " not in plan, (name, plan)
         assert "Seq Scan on core_outboxmessage" not in plan, (name, plan)
         assert "idx_taskrun_lease_expiry" not in plan, (name, plan)
         assert "idx_taskrun_state_age" not in plan, (name, plan)
         assert "core_taskrun_pkey" in plan, (name, plan)
-    plan = _generic_plan(transitions._SUCCEED_STATEMENTS[2], params, types)
+    plan = _generic_plan(queries["run_finish_if_done_many"], params, types)
     assert "idx_taskrun_run_state" in plan

@@ -1,7 +1,7 @@
 """The scheduler and the worker runtime, driven in the pytest process.
 
 ``engine.scheduler.schedule_once()`` claims and publishes (to real Redis, in this
-checkout's broker namespace); ``engine.runtime.execute()`` runs one generation the
+checkout's broker namespace); ``engine.worker.execute.execute()`` runs one generation the
 way the ``execute_task_run`` actor would. No worker process is involved: each
 generation to execute is read back from its OutboxMessage row.
 """
@@ -15,12 +15,17 @@ import dramatiq
 import pytest
 from django.db import connection
 
-from engine import runtime
 from engine.handlers import TaskContext
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
 from engine.reaper import reap_once
+from engine.repositories import task_runs as task_run_ops
+from engine.repositories import types
 from engine.scheduler import schedule_once
 from engine.services import start_run
+from engine.worker import batching, heartbeat
+from engine.worker import execute as worker
+from engine.worker.combiner import Combiner, _Slot
+from tests import engine_helpers
 
 TASK_QUEUE = "flowforge.tasks"
 
@@ -29,8 +34,8 @@ TASK_QUEUE = "flowforge.tasks"
 def quiet_heartbeater(monkeypatch):
     """A heartbeater whose background thread never beats during a test (so it never holds
     a database connection); tests call ``beat()`` themselves."""
-    hb = runtime.Heartbeater(interval_seconds=3600, lease_seconds=30)
-    monkeypatch.setattr(runtime, "_heartbeater", hb)
+    hb = heartbeat.Heartbeater(interval_seconds=3600, lease_seconds=30)
+    monkeypatch.setattr(heartbeat, "_heartbeater", hb)
     return hb
 
 
@@ -77,7 +82,7 @@ def drive(run_id, *, max_rounds: int = 30):
         ]
         for tr_id, token in todo:
             executed.add((tr_id, token))
-            outcomes.append((keys[uuid.UUID(tr_id)], token, runtime.execute(tr_id, token)))
+            outcomes.append((keys[uuid.UUID(tr_id)], token, worker.execute(tr_id, token)))
         if WorkflowRun.objects.unscoped().get(pk=run_id).is_terminal:
             return outcomes
     raise AssertionError(f"run {run_id} did not finish: {outcomes}")
@@ -147,7 +152,7 @@ def test_diamond_of_noop_tasks_runs_to_success_in_process(org, make_workflow, br
     assert published_task_messages(broker) == sorted((str(r.pk), 1) for r in rows.values())
 
     # A second delivery of a finished generation is ignored.
-    assert runtime.execute(rows["a"].pk, 1) == "ignored"
+    assert worker.execute(rows["a"].pk, 1) == "ignored"
     assert event_kinds(run.pk)[-1] == "duplicate_delivery_ignored"
     assert schedule_once() == 0
 
@@ -221,7 +226,7 @@ def test_message_of_reaped_generation_is_ignored_and_new_generation_runs(org, ma
     row.refresh_from_db()
     assert (row.state, row.attempt, row.fencing_token) == ("ready", 1, 2)
 
-    assert runtime.execute(row.pk, 1) == "ignored"  # the late first delivery
+    assert worker.execute(row.pk, 1) == "ignored"  # the late first delivery
     assert event_kinds(run.pk, "lost")[-1] == "stale_dispatch_ignored"
     outcomes = drive(run.pk)
     assert outcomes == [("lost", 1, "ignored"), ("lost", 3, "succeeded")]
@@ -237,12 +242,10 @@ def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_work
     rows = task_runs(run.pk)
     from django.db import transaction
 
-    from engine.repositories import transitions
-
     contexts = {}
     for key in ("x", "y"):
         with transaction.atomic():
-            started = transitions.start_attempt(
+            started = engine_helpers.start_attempt(
                 task_run_id=rows[key].pk, fencing_token=1, owner="w", lease_seconds=5
             )
         contexts[key] = TaskContext(
@@ -264,8 +267,8 @@ def test_heartbeater_extends_live_lease_and_flags_lost_generation(org, make_work
     finally:
         for ctx in contexts.values():
             hb.unregister(ctx)
-    assert not contexts["x"].cancelled
-    assert contexts["y"].cancelled
+    assert not contexts["x"].lease_lost
+    assert contexts["y"].lease_lost
     x = TaskRun.objects.unscoped().get(pk=rows["x"].pk)
     assert x.lease_expires_at >= before + dt.timedelta(seconds=119)
     y = TaskRun.objects.unscoped().get(pk=rows["y"].pk)
@@ -291,7 +294,7 @@ def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_wor
     )
     run = start_run(workflow=wf)
 
-    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     assert {k: rows[k].state for k in "abcde"} == {
@@ -304,10 +307,10 @@ def test_a_worker_thread_continues_down_a_chain_without_the_broker(org, make_wor
     for key in "bc":
         assert event_kinds(run.pk, key) == ["promoted", "claimed", "started", "succeeded"]
     # A late broker delivery of a continued generation is a duplicate: ignored.
-    assert runtime.execute(rows["b"].pk, 1) == "ignored"
+    assert worker.execute(rows["b"].pk, 1) == "ignored"
 
     for key in "de":
-        assert runtime.execute(rows[key].pk, 1, continue_inline=True) == "succeeded"
+        assert worker.execute(rows[key].pk, 1, continue_inline=True) == "succeeded"
     run.refresh_from_db()
     assert run.state == "succeeded"
     assert_gap_free(run.pk)
@@ -322,7 +325,7 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
     )
     run = start_run(workflow=wf)
 
-    assert runtime.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1, continue_inline=True) == "succeeded"
 
     rows = task_runs(run.pk)
     done = sorted(k for k, r in rows.items() if r.state == "succeeded")
@@ -336,7 +339,7 @@ def test_a_fan_out_keeps_one_dependent_for_the_thread_and_publishes_the_rest(org
 def test_without_continue_inline_every_dependent_goes_through_the_broker(org, make_workflow, broker):
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
-    assert runtime.execute(dispatched_root(run, broker), 1) == "succeeded"
+    assert worker.execute(dispatched_root(run, broker), 1) == "succeeded"
     rows = task_runs(run.pk)
     assert rows["b"].state == "running" and rows["b"].started_at is None
     assert published_task_messages(broker) == [(str(rows["b"].pk), 1)]
@@ -347,7 +350,6 @@ def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, 
     transaction. The success claims its dependent, the start starts its own task run, a
     stale start and a stale completion in the same batch change nothing and are recorded;
     the run's history stays gap-free and in order."""
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
                              {"key": "c", "type": "noop", "depends_on": ["a"]}])
@@ -355,15 +357,15 @@ def test_a_start_and_a_success_recorded_in_one_batch_share_one_transaction(org, 
     schedule_once()
     trs = task_runs(run.pk)
     a, b = trs["a"], trs["b"]
-    started, _, _ = transitions.start_and_complete(
-        starts=[transitions.StartRequest(a.pk, a.fencing_token, "w1")], successes=[],
+    started, _, _ = task_run_ops.start_and_complete_many(
+        starts=[types.StartRequest(a.pk, a.fencing_token, "w1")], successes=[],
         worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
     assert started[0] is not None and started[0].task_key == "a" and started[0].has_dependents
-    started, results, dispatched = transitions.start_and_complete(
-        starts=[transitions.StartRequest(b.pk, b.fencing_token, "w2"),
-                transitions.StartRequest(b.pk, b.fencing_token + 5, "w3")],          # stale generation
-        successes=[transitions.SuccessRequest(a.pk, a.fencing_token, {"rows": 3}),
-                   transitions.SuccessRequest(b.pk, b.fencing_token + 5, None)],      # stale completion
+    started, results, dispatched = task_run_ops.start_and_complete_many(
+        starts=[types.StartRequest(b.pk, b.fencing_token, "w2"),
+                types.StartRequest(b.pk, b.fencing_token + 5, "w3")],          # stale generation
+        successes=[types.SuccessRequest(a.pk, a.fencing_token, {"rows": 3}),
+                   types.SuccessRequest(b.pk, b.fencing_token + 5, None)],      # stale completion
         worker_lease_seconds=30, dispatch_lease_seconds=300, owner="test")
     assert [s is not None for s in started] == [True, False]
     assert started[0].task_key == "b" and started[0].attempt == 1 and not started[0].has_dependents
@@ -401,12 +403,13 @@ def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time
     assert len(generations) == 6
 
     def slow_starts(items):
-        if any(isinstance(i, runtime._Start) for i in items):
+        if any(isinstance(i, batching.Start) for i in items):
             time.sleep(0.05)
-        return runtime._transition_batch(items)
+        return batching.record_batch(items)
 
-    combiner = runtime.Combiner(slow_starts)
-    monkeypatch.setattr(runtime, "_transitions", combiner)
+    completer = batching.BatchCompleter(slow_starts)
+    combiner = completer.combiner
+    monkeypatch.setattr(worker, "completer", completer)
     queued = []
     submit = combiner.submit
 
@@ -422,7 +425,7 @@ def test_successes_queued_behind_a_batch_in_flight_are_all_committed_by_the_time
     def work(tr_id, token, delay):
         time.sleep(delay)
         try:
-            outcomes.append(runtime.execute(tr_id, token))
+            outcomes.append(worker.execute(tr_id, token))
         finally:
             connection.close()
 
@@ -486,10 +489,10 @@ def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_ever
     assert not OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk, published_at__isnull=True).exists()
 
     for m in messages:  # what the execute_task_runs actor does with each
-        assert runtime.execute_many([(t, token) for t, token in m.args[0]]) == ["succeeded"] * len(m.args[0])
+        assert worker.execute_many([(t, token) for t, token in m.args[0]]) == ["succeeded"] * len(m.args[0])
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
     # A redelivered message (its worker died before the ack) starts nothing again.
-    assert runtime.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
+    assert worker.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
         messages[0].args[0])
     assert event_kinds(run.pk).count("started") == 7
     assert_gap_free(run.pk)
@@ -506,7 +509,7 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
     by_key = {key: (str(t.pk), t.fencing_token) for key, t in task_runs(run.pk).items()}
     broker.flush_all()
 
-    outcomes = runtime.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
+    outcomes = worker.execute_many([by_key["slow"], by_key["a"], by_key["b"]])
 
     assert outcomes == ["succeeded"]  # only the slow one ran here
     messages = queued_messages(broker)
@@ -519,7 +522,7 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
     assert all(m.message_timestamp < finished_ms - 500 for m in messages), (finished_ms, messages)
     for key in ("a", "b"):  # claimed, not started: the next thread to take the message starts it
         assert rows[key].state == "running" and rows[key].started_fencing_token is None
-        assert runtime.execute(*by_key[key]) == "succeeded"
+        assert worker.execute(*by_key[key]) == "succeeded"
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
 
 
@@ -546,7 +549,7 @@ def test_generations_the_broker_refuses_to_take_back_are_run_by_their_own_thread
 
     monkeypatch.setattr(flowforge.broker, "enqueue_many", refuse)
 
-    assert runtime.execute_many([by_key["slow"], by_key["a"]]) == ["succeeded", "succeeded"]
+    assert worker.execute_many([by_key["slow"], by_key["a"]]) == ["succeeded", "succeeded"]
     assert tried == [[("execute_task_run", *by_key["a"])]]  # tried once, while "slow" ran
     assert queued_messages(broker) == []
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
@@ -559,7 +562,6 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
     """Definitions stored before the limits existed (or written around them): the engine
     bounds the lease, the retry delay, the timeout checks and the run timeout itself
     instead of failing on 'timestamp out of range' (and failing what shares its batch)."""
-    from engine.repositories import transitions
     from engine.sweeper import sweep_runs
 
     wf = make_workflow(org, [{"key": "a", "type": "fail", "max_attempts": 3}, {"key": "b", "type": "noop"}])
@@ -568,21 +570,21 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
                     [wf.pk])
         cur.execute("UPDATE core_workflow SET run_timeout_seconds = 1e20 WHERE id = %s", [wf.pk])
     run = start_run(workflow=wf, run_input={})
-    claimed = {d.task_run_id: d for d in transitions.claim_ready(limit=10, lease_seconds=60, owner="o")}
+    claimed = {d.task_run_id: d for d in task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")}
     rows = task_runs(run.pk)
-    started = transitions.start_attempts(
-        [transitions.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
+    started = engine_helpers.start_attempts(
+        [types.StartRequest(rows[k].pk, claimed[rows[k].pk].fencing_token, "w") for k in ("a", "b")],
         lease_seconds=30)
     assert all(s is not None for s in started)
     now = db_now()
     for key in ("a", "b"):  # the worker's lease: the timeout is longer
         lease_left = (task_runs(run.pk)[key].lease_expires_at - now).total_seconds()
         assert 25 < lease_left <= 30, (key, lease_left)
-    assert transitions.heartbeat(leases=[(s.task_run_id, s.fencing_token) for s in started], lease_seconds=30) == {
+    assert task_run_ops.heartbeat_many(leases=[(s.task_run_id, s.fencing_token) for s in started], lease_seconds=30) == {
         s.task_run_id for s in started}
 
     a = started[0]
-    result = transitions.complete_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, succeeded=False,
+    result = engine_helpers.complete_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, succeeded=False,
                                           error="boom", lease_seconds=60, owner="o")
     assert result.state == "ready"
     delay = (task_runs(run.pk)["a"].not_before - db_now()).total_seconds()
@@ -593,23 +595,22 @@ def test_timeouts_and_backoffs_stored_out_of_range_never_compute_a_timestamp_out
 
 @pytest.mark.django_db(transaction=True)
 def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(org, make_workflow, broker):
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
-    claimed = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    started = transitions.start_attempts(
-        [transitions.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
+    claimed = task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
+    started = engine_helpers.start_attempts(
+        [types.StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed], lease_seconds=30)
     good, bad = started
     # A success whose output is not JSON text makes the shared statement fail.
     items = [
-        runtime._Success(transitions.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
+        batching.Success(types.SuccessRequest(good.task_run_id, good.fencing_token, None, False,
                                                     output_json='{"ok": true}'), run.pk, False),
-        runtime._Success(transitions.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
+        batching.Success(types.SuccessRequest(bad.task_run_id, bad.fencing_token, None, False,
                                                     output_json="{not json"), run.pk, False),
     ]
-    combiner = runtime.Combiner(runtime._transition_batch)
-    slots = [runtime._Slot(item) for item in items]
+    combiner = Combiner(batching.record_batch)
+    slots = [_Slot(item) for item in items]
     combiner._run(slots)
 
     assert slots[0].error is None and slots[0].value[0].accepted
@@ -622,23 +623,22 @@ def test_a_request_that_fails_its_batch_fails_alone_and_the_others_are_recorded(
 @pytest.mark.django_db(transaction=True)
 def test_a_lease_that_cannot_be_reaped_does_not_keep_the_others_from_expiring(org, make_workflow, broker,
                                                                                monkeypatch):
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
     run = start_run(workflow=wf, run_input={})
-    transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
+    task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
     with connection.cursor() as cur:  # both dispatch leases ran out, "a" first
         cur.execute("UPDATE core_taskrun SET lease_expires_at = clock_timestamp() - interval '1 minute' "
                     "WHERE workflow_run_id = %s", [run.pk])
     rows = task_runs(run.pk)
-    real = transitions.expire_lease
+    real = task_run_ops.expire_lease
 
     def broken_for_a(**kwargs):
         if kwargs["task_run_id"] == rows["a"].pk:
             raise RuntimeError("this row cannot be reaped")
         return real(**kwargs)
 
-    monkeypatch.setattr(transitions, "expire_lease", broken_for_a)
+    monkeypatch.setattr(task_run_ops, "expire_lease", broken_for_a)
     assert reap_once() == 1
     after = task_runs(run.pk)
     assert after["a"].state == "running" and after["b"].state == "ready"  # "b" went back, "a" waits for the next pass
@@ -652,13 +652,12 @@ def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as
     timeout_seconds ends exactly at started_at + timeout and the reaper says so."""
     import time
 
-    from engine.repositories import transitions
 
     wf = make_workflow(org, [{"key": "a", "type": "sleep", "config": {"seconds": 5}, "timeout_seconds": 0.25,
                               "max_attempts": 1}])
     run = start_run(workflow=wf, run_input={})
-    (d,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    (s,) = transitions.start_attempts([transitions.StartRequest(d.task_run_id, d.fencing_token, "w")],
+    (d,) = task_run_ops.claim_ready_many(limit=10, lease_seconds=60, owner="o")
+    (s,) = engine_helpers.start_attempts([types.StartRequest(d.task_run_id, d.fencing_token, "w")],
                                       lease_seconds=30)
     row = task_runs(run.pk)["a"]
     assert (row.lease_expires_at - row.started_at).total_seconds() == 0.25

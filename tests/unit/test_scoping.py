@@ -81,12 +81,12 @@ def test_run_history_goes_only_with_its_run_never_by_tenant(make_org, make_workf
     from django.db.models import ProtectedError
 
     from engine.models import OutboxMessage, TaskRunEvent
-    from engine.repositories import transitions
+    from engine.repositories import task_runs
 
     a, b = make_org("del-a"), make_org("del-b")
     run_a, _run_b = (start_run(workflow=make_workflow(org, [{"key": "x", "type": "noop"}], name="wf"))
                      for org in (a, b))
-    assert len(transitions.claim_ready(limit=10, lease_seconds=60, owner="o")) == 2  # one outbox row each
+    assert len(task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="o")) == 2  # one outbox row each
 
     with pytest.raises(ProtectedError):
         a.delete()

@@ -1,4 +1,4 @@
-"""engine.repositories.transitions against real PostgreSQL.
+"""The task-run and run transitions of engine.repositories (task_runs, runs) against real PostgreSQL.
 
 Every function is called directly inside ``transaction.atomic()``; tests that need
 real commits (threads, each with its own connection) use
@@ -16,8 +16,10 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
-from engine.repositories.transitions import TASK_QUEUE
+from engine.repositories import driver, runs, task_runs, types
+from engine.sql import queries
+from engine.states import TASK_QUEUE
+from tests import engine_helpers
 
 LEASE = 30.0
 OWNER = "test-scheduler"
@@ -42,7 +44,7 @@ def db_now() -> dt.datetime:
 
 def start(wf, run_input=None) -> uuid.UUID:
     with transaction.atomic():
-        return transitions.create_run_rows(
+        return runs.create_with_task_runs(
             workflow_id=wf.pk, organization_id=wf.organization_id, run_input=run_input or {}, trigger_source="cli"
         )
 
@@ -57,17 +59,17 @@ def task_run(run_id, key) -> TaskRun:
 
 def claim(limit=100, ids=None, owner=OWNER, lease=LEASE):
     with transaction.atomic():
-        return transitions.claim_ready(limit=limit, lease_seconds=lease, owner=owner, task_run_ids=ids)
+        return task_runs.claim_ready_many(limit=limit, lease_seconds=lease, owner=owner, task_run_ids=ids)
 
 
 def start_attempt(tr_id, token, lease=LEASE, owner=WORKER):
     with transaction.atomic():
-        return transitions.start_attempt(task_run_id=tr_id, fencing_token=token, owner=owner, lease_seconds=lease)
+        return engine_helpers.start_attempt(task_run_id=tr_id, fencing_token=token, owner=owner, lease_seconds=lease)
 
 
 def complete(tr_id, token, succeeded=True, output=None, error=""):
     with transaction.atomic():
-        return transitions.complete_attempt(
+        return engine_helpers.complete_attempt(
             task_run_id=tr_id,
             fencing_token=token,
             succeeded=succeeded,
@@ -80,7 +82,7 @@ def complete(tr_id, token, succeeded=True, output=None, error=""):
 
 def expire(tr_id, token):
     with transaction.atomic():
-        return transitions.expire_lease(task_run_id=tr_id, fencing_token=token, lease_seconds=LEASE, owner=OWNER)
+        return task_runs.expire_lease(task_run_id=tr_id, fencing_token=token)
 
 
 def force_lease_expired(tr_id):
@@ -491,7 +493,7 @@ def test_completion_of_reaped_generation_is_rejected_and_changes_nothing(org, ma
     (d1,) = claim()
     assert start_attempt(d1.task_run_id, 1) is not None
     force_lease_expired(d1.task_run_id)
-    assert (d1.task_run_id, 1) in transitions.expired_leases(limit=10)
+    assert (d1.task_run_id, 1) in task_runs.get_expired_leases(limit=10)
 
     reaped = expire(d1.task_run_id, 1)
     assert reaped.accepted and reaped.state == "ready"
@@ -499,7 +501,7 @@ def test_completion_of_reaped_generation_is_rejected_and_changes_nothing(org, ma
     assert (s.state, s.attempt, s.fencing_token) == ("ready", 2, 2)
     assert "lease expired" in s.error
     assert kinds(run_id, "s")[-1] == "lease_expired"
-    assert transitions.expired_leases(limit=10) == []
+    assert task_runs.get_expired_leases(limit=10) == []
 
     # The stale worker (generation 1) finishes while the row waits as ready.
     seq_before = run_row(run_id).last_event_seq
@@ -606,12 +608,12 @@ def test_expire_lease_of_timed_out_attempt_says_it_timed_out(org, make_workflow)
     start_attempt(d.task_run_id, 1, lease=300)
     # The heartbeat cannot extend past started_at + timeout_seconds.
     with transaction.atomic():
-        alive = transitions.heartbeat(leases=[(d.task_run_id, 1)], lease_seconds=300)
+        alive = task_runs.heartbeat_many(leases=[(d.task_run_id, 1)], lease_seconds=300)
     assert alive == {d.task_run_id}
     slow = task_run(run_id, "slow")
     assert slow.lease_expires_at <= slow.started_at + dt.timedelta(seconds=0.2)
     time.sleep(0.4)
-    assert transitions.expired_leases(limit=10) == [(d.task_run_id, 1)]
+    assert task_runs.get_expired_leases(limit=10) == [(d.task_run_id, 1)]
     res = expire(d.task_run_id, 1)
     assert res.accepted and res.state == "ready"
     slow = task_run(run_id, "slow")
@@ -656,7 +658,7 @@ def test_heartbeat_extends_only_live_leases_of_the_current_generation(org, make_
 
     before = db_now()
     with transaction.atomic():
-        alive = transitions.heartbeat(
+        alive = task_runs.heartbeat_many(
             leases=[(ids["h1"], 1), (ids["h2"], 7), (ids["h3"], 1)], lease_seconds=120
         )
     assert alive == {ids["h1"]}
@@ -666,7 +668,7 @@ def test_heartbeat_extends_only_live_leases_of_the_current_generation(org, make_
     assert h3.lease_expires_at == expired_at  # expired: belongs to the reaper
     assert all(t.state == "running" for t in (h1, h2, h3))
     with transaction.atomic():
-        assert transitions.heartbeat(leases=[], lease_seconds=10) == set()
+        assert task_runs.heartbeat_many(leases=[], lease_seconds=10) == set()
 
 
 # --- cancel --------------------------------------------------------------------------------------------
@@ -692,7 +694,7 @@ def test_cancel_run_cancels_open_task_runs_and_rejects_the_running_generation(or
     assert task_run(run_id, "pend").state == "pending"
 
     with transaction.atomic():
-        assert transitions.cancel_run(workflow_run_id=run_id, reason="user asked") is True
+        assert runs.cancel(workflow_run_id=run_id, reason="user asked") is True
 
     rows = {k: task_run(run_id, k) for k in ("done", "run", "rdy", "pend")}
     assert rows["done"].state == "succeeded" and rows["done"].fencing_token == 1
@@ -714,7 +716,7 @@ def test_cancel_run_cancels_open_task_runs_and_rejects_the_running_generation(or
 
     # The worker of the cancelled generation: its heartbeat fails, its completion is rejected.
     with transaction.atomic():
-        assert transitions.heartbeat(leases=[(dr.task_run_id, 1)], lease_seconds=30) == set()
+        assert task_runs.heartbeat_many(leases=[(dr.task_run_id, 1)], lease_seconds=30) == set()
     res = complete(dr.task_run_id, 1, output={"x": 1})
     assert res.accepted is False
     r = task_run(run_id, "run")
@@ -727,7 +729,7 @@ def test_cancel_run_cancels_open_task_runs_and_rejects_the_running_generation(or
     # Cancelling again: already finished, nothing changes.
     seq = run_row(run_id).last_event_seq
     with transaction.atomic():
-        assert transitions.cancel_run(workflow_run_id=run_id, reason="again") is False
+        assert runs.cancel(workflow_run_id=run_id, reason="again") is False
     assert run_row(run_id).last_event_seq == seq
     assert run_row(run_id).error == "user asked"
     assert_gap_free(run_id)
@@ -741,7 +743,7 @@ def test_cancel_of_finished_run_returns_false_and_changes_nothing(org, make_work
     assert run_claimed(d).run_state == "succeeded"
     before = run_row(run_id)
     with transaction.atomic():
-        assert transitions.cancel_run(workflow_run_id=run_id, reason="too late") is False
+        assert runs.cancel(workflow_run_id=run_id, reason="too late") is False
     after = run_row(run_id)
     assert (after.state, after.finished_at, after.error, after.last_event_seq) == (
         "succeeded", before.finished_at, "", before.last_event_seq,
@@ -957,24 +959,24 @@ def test_a_success_of_a_task_nothing_depends_on_skips_the_promote_statement(org,
     def prepared_promotes() -> int:
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = %s",
-                        [transitions._prepared_form(transitions._PROMOTE_CLAIM_SQL)[0]])
+                        [driver.prepared_form(queries["task_run_promote_and_claim_dependents"])[0]])
             return cur.fetchone()[0]
 
-    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
-    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (a,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test")
+    (started_a,) = engine_helpers.start_attempts([types.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                               lease_seconds=60)
     assert started_a.task_key == "a" and started_a.has_dependents is True
-    results, (b,) = transitions.complete_successes(
-        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
+    results, (b,) = engine_helpers.complete_successes(
+        [types.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
         lease_seconds=60, owner="test")
     assert results[0].accepted and results[0].run_state is None
     assert prepared_promotes() == 1
     connection.close()
-    (started_b,) = transitions.start_attempts([transitions.StartRequest(b.task_run_id, b.fencing_token, "w")],
+    (started_b,) = engine_helpers.start_attempts([types.StartRequest(b.task_run_id, b.fencing_token, "w")],
                                               lease_seconds=60)
     assert started_b.task_key == "b" and started_b.has_dependents is False
-    results, claimed = transitions.complete_successes(
-        [transitions.SuccessRequest(b.task_run_id, b.fencing_token, {"n": 1}, started_b.has_dependents)],
+    results, claimed = engine_helpers.complete_successes(
+        [types.SuccessRequest(b.task_run_id, b.fencing_token, {"n": 1}, started_b.has_dependents)],
         lease_seconds=60, owner="test")
     assert claimed == ()
     assert (results[0].accepted, results[0].state, results[0].run_state) == (True, "succeeded", "succeeded")
@@ -993,20 +995,20 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]},
                              {"key": "c", "type": "noop", "depends_on": ["a"]}])
     run = start_run(workflow=wf)
-    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="test")
-    (started_a,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (a,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="test")
+    (started_a,) = engine_helpers.start_attempts([types.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                               lease_seconds=60)
-    _results, claimed = transitions.complete_successes(
-        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
+    _results, claimed = engine_helpers.complete_successes(
+        [types.SuccessRequest(a.task_run_id, a.fencing_token, None, started_a.has_dependents)],
         lease_seconds=60, owner="test", reserve_seconds=5.0)
     b, c = sorted(claimed, key=lambda d: TaskRun.objects.unscoped().get(pk=d.task_run_id).task.key)
     rows = {m.pk: m for m in OutboxMessage.objects.unscoped().filter(workflow_run_id=run.pk,
                                                                       pk__in=[b.outbox_id, c.outbox_id])}
     assert all(m.published_at is None and m.next_attempt_at is not None for m in rows.values())
 
-    started = transitions.start_attempts(
-        [transitions.StartRequest(b.task_run_id, b.fencing_token, "w", outbox_id=b.outbox_id),
-         transitions.StartRequest(c.task_run_id, c.fencing_token + 1, "w", outbox_id=c.outbox_id)],  # stale
+    started = engine_helpers.start_attempts(
+        [types.StartRequest(b.task_run_id, b.fencing_token, "w", outbox_id=b.outbox_id),
+         types.StartRequest(c.task_run_id, c.fencing_token + 1, "w", outbox_id=c.outbox_id)],  # stale
         lease_seconds=60)
     assert started[0] is not None and started[1] is None
     stamped = OutboxMessage.objects.unscoped().get(pk=b.outbox_id)
@@ -1018,18 +1020,18 @@ def test_the_start_of_a_continuation_stamps_its_reserved_outbox_row_and_a_stale_
 @pytest.mark.django_db(transaction=True)
 def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_workflow):
     """The hot transactions send their parameters as literals in one query string
-    (``_run_prepared``): an output full of quoting hazards is stored as given."""
+    (``driver.run_prepared``): an output full of quoting hazards is stored as given."""
     from engine.services import start_run
 
     wf = make_workflow(org, [{"key": "a", "type": "noop"}])
     run = start_run(workflow=wf)
     tricky = {"q": "it's \\ \"x\"; COMMIT; DROP TABLE core_taskrun; --", "e": "E'\\x00'", "u": "ü 😀 $1 %(ids)s",
               "n": [1.5, None, True], "nested": {"'": "''"}}
-    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="te'st")
-    transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w'; --")],
+    (a,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="te'st")
+    engine_helpers.start_attempts([types.StartRequest(a.task_run_id, a.fencing_token, "w'; --")],
                                lease_seconds=60)
-    results, _ = transitions.complete_successes(
-        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, tricky, False)], lease_seconds=60, owner="t")
+    results, _ = engine_helpers.complete_successes(
+        [types.SuccessRequest(a.task_run_id, a.fencing_token, tricky, False)], lease_seconds=60, owner="t")
     assert results[0].accepted and results[0].run_state == "succeeded"
     row = TaskRun.objects.unscoped().get(pk=a.task_run_id)
     assert row.output == tricky
@@ -1039,12 +1041,12 @@ def test_an_output_with_quotes_backslashes_and_sql_is_stored_exactly(org, make_w
 
 @pytest.mark.django_db
 def test_the_hot_path_literals_read_back_as_the_values_they_render():
-    """``transitions._literal`` (the EXECUTE arguments of ``_run_prepared``) renders what
+    """``driver._literal`` (the EXECUTE arguments of ``driver.run_prepared``) renders what
     PostgreSQL reads back as the same value, quoting hazards included; kinds it does not
     render itself go through psycopg's mogrify."""
     import psycopg
 
-    from engine.repositories.transitions import _literal
+    from engine.repositories.driver import _literal
 
     u = uuid.uuid4()
     cases = [
@@ -1089,11 +1091,11 @@ def test_the_hot_path_renders_its_own_arguments_without_mogrify(org, make_workfl
         raise AssertionError("mogrify called on the hot path")
 
     monkeypatch.setattr(psycopg.ClientCursor, "mogrify", refuse)
-    (a,) = transitions.claim_ready(limit=10, lease_seconds=60, owner="o")
-    (started,) = transitions.start_attempts([transitions.StartRequest(a.task_run_id, a.fencing_token, "w")],
+    (a,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="o")
+    (started,) = engine_helpers.start_attempts([types.StartRequest(a.task_run_id, a.fencing_token, "w")],
                                             lease_seconds=60)
-    results, _ = transitions.complete_successes(
-        [transitions.SuccessRequest(a.task_run_id, a.fencing_token, {"x": "it's"}, False)], lease_seconds=60,
+    results, _ = engine_helpers.complete_successes(
+        [types.SuccessRequest(a.task_run_id, a.fencing_token, {"x": "it's"}, False)], lease_seconds=60,
         owner="o")
     assert started is not None and results[0].accepted and results[0].run_state == "succeeded"
     assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"

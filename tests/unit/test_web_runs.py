@@ -22,12 +22,15 @@ from django.utils import timezone
 
 from audit.models import AuditLog
 from engine.models import TaskRun, TaskRunEvent, WorkflowRun
-from engine.repositories import transitions
+from engine.repositories import task_runs
 from engine.services import apply_definition, start_run
 from frontend import live
+from frontend.presenters import run_page, timeline
+from frontend.presenters import text as run_text
 from frontend.views import runs as run_views
 from tenancy.actors import Actor
 from tenancy.models import Membership, Role, User
+from tests import engine_helpers
 from tests.unit.test_identity import fresh_client, unique_email
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -99,7 +102,7 @@ def drive_run(run: WorkflowRun, *, steps: int | None = None, fail: Iterable[str]
             TaskRun.objects.for_organization(org).filter(workflow_run=run, state="ready").values_list("id", flat=True)
         )
         if ready:
-            transitions.claim_ready(limit=len(ready), lease_seconds=30, owner="test", task_run_ids=ready)
+            task_runs.claim_ready_many(limit=len(ready), lease_seconds=30, owner="test", task_run_ids=ready)
         # Every claimed generation that no worker has started yet.
         pending = list(
             TaskRun.objects.for_organization(org)
@@ -111,12 +114,12 @@ def drive_run(run: WorkflowRun, *, steps: int | None = None, fail: Iterable[str]
         if not pending:
             break
         for task_run_id, token in pending:
-            att = transitions.start_attempt(task_run_id=task_run_id, fencing_token=token, owner="test",
+            att = engine_helpers.start_attempt(task_run_id=task_run_id, fencing_token=token, owner="test",
                                             lease_seconds=30)
             if att is None:
                 continue
             bad = att.task_key in fail or (att.task_key in flaky and att.attempt == 1)
-            transitions.complete_attempt(
+            engine_helpers.complete_attempt(
                 task_run_id=att.task_run_id, fencing_token=att.fencing_token, succeeded=not bad,
                 output=None if bad else {"task": att.task_key, "rows": list(range(40))},
                 error=f"{att.task_key} failed <b>on purpose</b>" if bad else "", lease_seconds=30, owner="test",
@@ -334,7 +337,7 @@ def test_run_page_query_count_does_not_grow_with_tasks_or_events(org):
     assert resp.status_code == 200
     assert len(many) == len(few), "\n".join(many)
     # The log keeps the latest EVENT_LOG_LIMIT events and links to the full log.
-    assert resp.content.decode().count("<tr data-seq=") == run_views.EVENT_LOG_LIMIT
+    assert resp.content.decode().count("<tr data-seq=") == run_page.EVENT_LOG_LIMIT
     assert f'href="/runs/{big.pk}/events/"' in resp.content.decode()
 
 
@@ -375,7 +378,7 @@ def test_live_fragment_query_count_is_constant(org):
 
 
 def test_fragment_replaces_the_log_when_more_events_are_new_than_it_keeps(org, monkeypatch):
-    monkeypatch.setattr(run_views, "EVENT_LOG_LIMIT", 5)
+    monkeypatch.setattr(run_page, "EVENT_LOG_LIMIT", 5)
     run = drive_run(make_run(org, 6))
     body = client_for(owner_of(org)).get(f"/runs/{run.pk}/live/?after=1").content.decode()
     assert 'data-mode="replace"' in body
@@ -472,18 +475,18 @@ def test_attempts_are_paired_from_started_to_the_event_that_ended_them():
         (c, "cancelled", at(6), 1, "cancelled", None),  # never started: no attempt
         (c, "started", at(7), 1, "running", None),
     ]
-    got = run_views.attempts_from_events(events)
+    got = timeline.attempts_from_events(events)
     assert [(x.number, x.outcome, x.error) for x in got[a]] == [(1, "retried", "boom"), (2, "succeeded", "")]
     assert [(x.outcome, x.end) for x in got[b]] == [("lease_expired", at(4))]
     assert [(x.outcome, x.end) for x in got[c]] == [("running", None)]
 
 
 def test_human_durations():
-    assert run_views.human_duration(0.34) == "340 ms"
-    assert run_views.human_duration(12.44) == "12.4 s"
-    assert run_views.human_duration(185) == "3 m 05 s"
-    assert run_views.human_duration(7620) == "2 h 07 m"
-    assert run_views.human_duration(None) == ""
+    assert run_text.human_duration(0.34) == "340 ms"
+    assert run_text.human_duration(12.44) == "12.4 s"
+    assert run_text.human_duration(185) == "3 m 05 s"
+    assert run_text.human_duration(7620) == "2 h 07 m"
+    assert run_text.human_duration(None) == ""
 
 
 # --- the event stream (LISTEN/NOTIFY) -----------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 from engine.models import ScheduledTrigger
 from engine.services import apply_definition
 from engine.triggers import create_trigger, set_enabled
-from frontend.forms_workflows import describe_cron
+from frontend.cron_words import describe_cron
 from tests.unit.test_web_workflows import (
     DIAMOND,
     actions,

@@ -7,6 +7,7 @@ from django.utils import timezone
 from audit import services as audit
 from engine.models import OutboxMessage, TaskRun, WorkflowRun
 from engine.services import retry_run
+from engine.states import TaskRunState
 from tenancy.actors import Actor
 
 
@@ -38,7 +39,7 @@ class Command(BaseCommand):
         actor = Actor(organization=row.organization, role="owner", channel="cli")
         with transaction.atomic():
             task = TaskRun.objects.for_organization(row.organization_id).select_for_update().get(pk=row.task_run_id)
-            waiting = (task.state == "running" and task.fencing_token == row.fencing_token_snapshot
+            waiting = (task.state == TaskRunState.RUNNING and task.fencing_token == row.fencing_token_snapshot
                        and task.started_fencing_token != row.fencing_token_snapshot)
             if waiting:
                 OutboxMessage.objects.for_organization(row.organization_id).filter(pk=row.pk).update(

@@ -9,6 +9,7 @@ from engine.management.commands._common import get_organization
 from engine.models import Workflow, WorkflowRun
 from engine.reporting import state_counts
 from engine.services import WorkflowNotStartable, resolve_workflow, start_run
+from engine.states import TASK_TERMINAL_STATES, RunState
 
 
 class Command(BaseCommand):
@@ -49,7 +50,7 @@ class Command(BaseCommand):
                 f"manage.py show_run {run.pk}). If nothing moved, no worker may be consuming tasks: start one with "
                 "`dramatiq flowforge.worker` and the clock with `manage.py run_clock`."
             )
-        if state != "succeeded":
+        if state != RunState.SUCCEEDED:
             raise CommandError(f"run {run.pk} ended {state}; see: manage.py show_run {run.pk}")
 
 
@@ -74,7 +75,7 @@ def wait_for_run(run: WorkflowRun, *, timeout: float, stdout) -> str:
         bar = progress.add_task("tasks", total=total, states="")
         while True:
             counts = state_counts(run.pk, run.organization_id)
-            done = sum(counts[s] for s in ("succeeded", "failed", "skipped", "cancelled"))
+            done = sum(counts[s] for s in TASK_TERMINAL_STATES)
             progress.update(
                 bar, completed=done, states="  ".join(f"{k} {v}" for k, v in sorted(counts.items()))
             )

@@ -1,5 +1,7 @@
-"""The invitation email. The raw token goes into the accept link of this one email
-and nowhere else: it is not logged, not stored and not shown on a page."""
+"""The invitation email, sent by the web UI and the API alike. The raw token goes into
+the accept link of this one email and nowhere else: it is not logged, not stored and
+not shown on a page. The accept page is the web UI's; it is named by its URL name
+(``frontend:invitation_accept``), not imported."""
 
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ def invitation_accept_url(request: HttpRequest, token: str) -> str:
     return request.build_absolute_uri(reverse("frontend:invitation_accept", kwargs={"token": token}))
 
 
-def send_invitation_email(request: HttpRequest, *, invitation: Invitation, token: str) -> bool:
-    """Mail the accept link of ``invitation`` to the invited address.
+def send_invitation_email(request: HttpRequest, *, invitation: Invitation, token: str, inviter=None) -> bool:
+    """Mail the accept link of ``invitation`` to the invited address, from ``inviter``
+    (default ``request.user``; for an API key, the key's creator, on whose behalf it acts).
 
     Returns True when the mailer accepted the message, False when it failed (the
     failure is logged with the invitation id, never the token).
@@ -31,12 +34,12 @@ def send_invitation_email(request: HttpRequest, *, invitation: Invitation, token
     context = {
         "invitation": invitation,
         "organization": invitation.organization,
-        "inviter": request.user,
+        "inviter": inviter if inviter is not None else request.user,
         "accept_url": invitation_accept_url(request, token),
         "role": invitation.get_role_display(),
     }
     subject = f"You are invited to join {invitation.organization.name} on FlowForge"
-    body = render_to_string("frontend/email/invitation.txt", context, request=request)
+    body = render_to_string("tenancy/email/invitation.txt", context, request=request)
     try:
         send_mail(subject, body, None, [invitation.email])
     except (smtplib.SMTPException, OSError) as exc:

@@ -1,0 +1,393 @@
+"""Writes of task runs (core_taskrun), the only writer of their state (seed 000, "How
+writes reach these tables"). Statements: ``engine/sql/task_runs.sql``.
+
+Every state change is one conditional UPDATE whose WHERE clause states the
+precondition (``state = 'ready'``, ``fencing_token = $token`` ...). A lost race
+therefore matches no row and changes nothing; no function here raises for one.
+Each transition writes its TaskRunEvent in the same statement (a data-modifying
+CTE), and the event's ``seq`` comes from ``core_workflowrun.last_event_seq``
+under that run's row lock, so a run's history is gap-free and in commit order
+(seed 001).
+
+Lock order, which keeps deadlocks rare: task-run rows first, the run row last
+(the event-sequence bump is the last write of every statement). Statements that
+read a run's other task runs (promotion, skipping, terminal-state derivation)
+run *after* that bump, so under READ COMMITTED they see every transition of the
+run that committed before ours (two completions racing on a fan-in both see the
+other's result; one of them promotes).
+
+The life of a generation here: ``claim_ready_many`` (ready -> running, outbox row),
+``start_and_complete_many`` (a worker's starts and successes, the successes'
+dependents promoted and claimed by the fan-in rule, finished runs derived),
+``heartbeat_many``; a failure through ``fail_attempt``, ``expire_lease`` (the reaper)
+or ``fail_undelivered`` (a dead-lettered dispatch), each then advancing the run
+(``_advance_after_failure``: skip descendants, or schedule the retry; derive the
+run's end).
+
+Functions must be called inside ``transaction.atomic`` unless their docstring says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from engine.repositories import events, runs
+from engine.repositories.driver import fetch, in_own_transaction, run_prepared
+from engine.repositories.types import (
+    CompletionResult,
+    Dispatch,
+    StartedAttempt,
+    StartRequest,
+    SuccessRequest,
+)
+from engine.sql import queries
+from engine.states import TASK_QUEUE, TASK_TERMINAL_STATES
+from flowforge.jsonb import strip_nul
+
+# Characters of a failure's error kept on the task run and its event.
+_MAX_ERROR_CHARS = 10_000
+
+# A batch of successes, in one round trip and one transaction (``run_prepared``): the
+# conditional UPDATE + events; then, each statement with a fresh snapshot taken after the
+# runs' event counters were bumped, promotion and claim of the dependents with one outbox
+# row per generation, and the terminal state of each run left with nothing open. The
+# statements after the first are idempotent: what they do after a stale or duplicate
+# completion was due anyway.
+_SUCCEED_STATEMENTS = (
+    queries["task_run_succeed_many"],
+    queries["task_run_promote_and_claim_dependents"],
+    queries["run_finish_if_done_many"],
+)
+
+
+def _json(value: Any) -> Any:
+    """Decode a jsonb column from a raw cursor (Django's psycopg setup returns jsonb as text)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _json_text(value: Any) -> str:
+    """``value`` as JSON text for a jsonb column (NULs stripped, like ``jsonb_safe``).
+    Raises ValueError for NaN or Infinity."""
+    try:
+        return json.dumps(strip_nul(value), allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"NaN and Infinity cannot be stored as JSON ({exc})") from exc
+
+
+def _dispatches(rows: list[tuple]) -> list[Dispatch]:
+    """The Dispatches of a claim's rows (a row per claimed generation with a NULL last
+    column, then a row per outbox row written), in claim order."""
+    outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
+    return [Dispatch(*row[:5], outbox_ids.get(row[0])) for row in rows if row[5] is None]
+
+
+# --- Claim (ready -> running) + outbox, one statement ---------------------------------------
+
+
+def claim_ready_many(
+    *,
+    limit: int,
+    lease_seconds: float,
+    owner: str,
+    task_run_ids: Sequence[uuid.UUID] | None = None,
+    reserve_seconds: float = 0.0,
+) -> list[Dispatch]:
+    """Move up to ``limit`` ready task runs to ``running`` and write one outbox row per
+    new generation, all in one statement (the design brief's "Claim + dispatch";
+    ``task_run_claim_ready``).
+
+    Oldest ready first (``idx_taskrun_state_age``) with ``FOR UPDATE SKIP LOCKED``, so
+    any number of schedulers can run at once; ``task_run_ids`` restricts the claim to
+    those rows (``task_run_claim_ready_among``). Each claim bumps ``fencing_token`` and
+    takes a lease of ``lease_seconds`` (the dispatch lease) that covers the time until a
+    worker starts the attempt; the worker then takes its own, shorter, heartbeated lease.
+    With ``reserve_seconds`` > 0 the outbox rows are reserved that long for the caller,
+    who publishes them itself after the commit (``engine.relay.publish_claimed``); the
+    relay's drain takes them only if that has not happened by then.
+    Returns the claimed generations; never raises for a lost race. May be called in
+    autocommit mode (the statement is then its own transaction).
+    """
+    params: dict[str, Any] = {
+        "limit": limit,
+        "owner": owner,
+        "lease": float(lease_seconds),
+        "queue": TASK_QUEUE,
+        "reserve": float(reserve_seconds),
+    }
+    statement = queries["task_run_claim_ready"]
+    if task_run_ids is not None:
+        if not task_run_ids:
+            return []
+        statement = queries["task_run_claim_ready_among"]
+        params["ids"] = list(task_run_ids)
+    rows = run_prepared([statement], params)[0]
+    return _dispatches(rows)
+
+
+# --- Start and succeed, one transaction -------------------------------------------------------
+
+
+def _upstream_bytes() -> int:
+    """FLOWFORGE_MAX_UPSTREAM_BYTES: bytes of dependency outputs (JSON text) one task is
+    handed whole (StartedAttempt.upstream)."""
+    return int(getattr(settings, "FLOWFORGE_MAX_UPSTREAM_BYTES", 1024 * 1024))
+
+
+def start_and_complete_many(
+    *,
+    starts: Sequence[StartRequest],
+    successes: Sequence[SuccessRequest],
+    worker_lease_seconds: float,
+    dispatch_lease_seconds: float,
+    owner: str,
+    connection_attempts: int = 0,
+    reserve_seconds: float = 0.0,
+) -> tuple[list[StartedAttempt | None], list[CompletionResult], tuple[Dispatch, ...]]:
+    """Record ``successes`` (handlers that returned), then ``starts`` (delivered execute
+    messages), in one transaction and one round trip: what a worker process's threads
+    have to record at the same moment costs one commit and one bump of each run's event
+    counter per statement.
+
+    A start marks its generation started by its owner (at most once per generation) and
+    takes the worker's lease of ``worker_lease_seconds`` (bounded by the task's
+    ``timeout_seconds``); of starts naming the same task run only the first can start. A
+    success matches only a generation that started; its dependents whose dependencies
+    have all succeeded are promoted and claimed at once (``task_run_promote_and_claim_dependents``,
+    skipped when no success ``has_dependents``) with ``dispatch_lease_seconds``, ``owner``
+    and ``reserve_seconds`` as in ``claim_ready_many``; each run left with nothing open
+    gets its terminal state. With both kinds, the two UPDATEs are one statement
+    (``task_run_start_and_succeed_many``), so the runs' rows are locked only after both
+    have run.
+
+    Returns each start's StartedAttempt or None, each success's CompletionResult (both in
+    request order) and the generations claimed (publish them after the commit). A stale
+    or duplicate request is recorded afterwards (``events.append_ignored_start``,
+    ``events.append_stale_completion``), each in its own transaction. In autocommit mode
+    the whole is its own transaction, retried on a deadlock (and on a lost connection,
+    ``connection_attempts`` times); inside a transaction it runs in it. Raises
+    ValueError for an output holding NaN or Infinity.
+    """
+    first: dict[uuid.UUID, int] = {}
+    for i, req in enumerate(starts):
+        first.setdefault(req.task_run_id, i)
+    to_start = [starts[i] for i in first.values()]
+    # One parameter dict for every statement (their names do not clash).
+    params: dict[str, Any] = {}
+    statements: list[str] = []
+    if successes:
+        params.update(
+            ids=[r.task_run_id for r in successes],
+            tokens=[r.fencing_token for r in successes],
+            outputs=[r.output_json if r.output_json is not None else _json_text(r.output) for r in successes],
+            owner=owner,
+            lease=float(dispatch_lease_seconds),
+            queue=TASK_QUEUE,
+            reserve=float(reserve_seconds),
+        )
+        # Without dependents to promote, only the succeed and finish statements.
+        statements += _SUCCEED_STATEMENTS if any(r.has_dependents for r in successes) else _SUCCEED_STATEMENTS[::2]
+    if to_start:
+        params.update(
+            start_ids=[r.task_run_id for r in to_start],
+            start_tokens=[r.fencing_token for r in to_start],
+            owners=[r.owner for r in to_start],
+            start_outbox=[r.outbox_id for r in to_start],
+            worker_lease=float(worker_lease_seconds),
+            upstream_bytes=_upstream_bytes(),
+        )
+        if successes:  # both UPDATEs in the first statement
+            statements[0] = queries["task_run_start_and_succeed_many"]
+        else:
+            statements.append(queries["task_run_start_many"])
+    if not statements:
+        return [], [], ()
+    out = in_own_transaction(lambda: run_prepared(statements, params), connection_attempts)
+    if successes and to_start:
+        first_rows = out[0]
+        done = [(r[1], r[9], r[2], r[4]) for r in first_rows if r[0] == "d"]
+        start_rows = [r[1:] for r in first_rows if r[0] == "s"]
+    else:
+        done = out[0] if successes else []
+        start_rows = out[0] if not successes else []
+    finished = out[-1] if successes else []
+    claimed = out[1] if successes and len(out) == 3 else []
+
+    started = {
+        (r[0], r[8]): StartedAttempt(
+            task_run_id=r[0],
+            workflow_run_id=r[1],
+            organization_id=r[2],
+            task_key=r[3],
+            task_type=r[4],
+            config=_json(r[5]) or {},
+            attempt=r[6],
+            max_attempts=r[7],
+            fencing_token=r[8],
+            timeout_seconds=r[9],
+            run_input=_json(r[10]) or {},
+            upstream=_json(r[11]) or {},
+            dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
+            has_dependents=r[13],
+        )
+        for r in start_rows
+    }
+    start_results: list[StartedAttempt | None] = []
+    for i, req in enumerate(starts):
+        attempt = started.get((req.task_run_id, req.fencing_token)) if first[req.task_run_id] == i else None
+        if attempt is None:
+            in_own_transaction(
+                lambda r=req: events.append_ignored_start(task_run_id=r.task_run_id, fencing_token=r.fencing_token),
+                connection_attempts,
+            )
+        start_results.append(attempt)
+
+    succeeded = {(row[0], row[1]): row for row in done}
+    run_states = dict(finished)
+    results: list[CompletionResult] = []
+    for req in successes:
+        row = succeeded.pop((req.task_run_id, req.fencing_token), None)
+        if row is None:
+            in_own_transaction(
+                lambda r=req: events.append_stale_completion(
+                    task_run_id=r.task_run_id, fencing_token=r.fencing_token, succeeded=True
+                ),
+                connection_attempts,
+            )
+            results.append(CompletionResult(accepted=False))
+            continue
+        results.append(CompletionResult(accepted=True, state=row[3], run_state=run_states.pop(row[2], None)))
+    return start_results, results, tuple(_dispatches(claimed))
+
+
+def heartbeat_many(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> set[uuid.UUID]:
+    """Extend the leases of running attempts, one statement for all of them
+    (``task_run_heartbeat_many``).
+
+    ``leases`` is (task_run_id, fencing_token) pairs. A lease is never extended past
+    the attempt's ``started_at + timeout_seconds``, so a hung handler times out.
+    Returns the ids whose lease was extended; the others were reaped, cancelled or
+    moved to a newer generation, and their worker no longer owns them.
+    May be called outside a transaction (autocommit).
+    """
+    pairs = list(leases)
+    if not pairs:
+        return set()
+    rows = fetch(
+        queries["task_run_heartbeat_many"],
+        {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "lease": float(lease_seconds)},
+    )
+    return {r[0] for r in rows}
+
+
+# --- Failures, and what follows them ----------------------------------------------------------
+
+
+def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retryable: bool = True) -> CompletionResult:
+    """Record that the started generation ``fencing_token`` of a task run failed with
+    ``error`` (``task_run_fail_attempt``), then advance its run.
+
+    Retried (back to ``ready``, attempt + 1, exponential backoff up to
+    MAX_RETRY_BACKOFF_SECONDS) while attempts remain and ``retryable``; otherwise
+    ``failed``, its descendants skipped and the run's end derived. A stale worker's
+    failure matches nothing, is recorded as ``stale_completion_rejected`` and returns
+    ``accepted=False``. Runs in its own transaction, or in the caller's.
+    """
+    with transaction.atomic(savepoint=False):
+        rows = fetch(
+            queries["task_run_fail_attempt"],
+            {
+                "id": task_run_id,
+                "token": fencing_token,
+                "error": strip_nul(error)[:_MAX_ERROR_CHARS],
+                "retryable": retryable,
+                "kind": "attempt_failed",
+            },
+        )
+        if not rows:
+            events.append_stale_completion(task_run_id=task_run_id, fencing_token=fencing_token, succeeded=False)
+            return CompletionResult(accepted=False)
+        return _advance_after_failure(rows[0])
+
+
+def fail_undelivered(*, task_run_id: uuid.UUID, fencing_token: int, error: str) -> CompletionResult:
+    """Fail a claimed generation whose dispatch was dead-lettered (the broker refused it
+    MAX_PUBLISH_ATTEMPTS times; ``task_run_fail_undelivered``): the task run fails at once
+    with ``error`` rather than waiting on a message that will never arrive, and the run
+    advances (its dependents are skipped). Matches only that generation, still claimed
+    and never started; returns ``accepted=False`` otherwise (it started after all, or
+    moved on)."""
+    rows = fetch(
+        queries["task_run_fail_undelivered"],
+        {"id": task_run_id, "token": fencing_token, "error": strip_nul(error)[:_MAX_ERROR_CHARS], "retryable": False,
+         "kind": "dispatch_dead_lettered"},
+    )
+    if not rows:
+        return CompletionResult(accepted=False)
+    return _advance_after_failure(rows[0])
+
+
+def get_expired_leases(*, limit: int) -> list[tuple[uuid.UUID, int]]:
+    """(task_run_id, fencing_token) of up to ``limit`` running rows whose lease has
+    expired, oldest expiry first (``task_run_get_expired_leases``, ``idx_taskrun_lease_expiry``).
+    Read-only; may run outside a transaction."""
+    return [(r[0], r[1]) for r in fetch(queries["task_run_get_expired_leases"], {"limit": limit})]
+
+
+def expire_lease(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionResult:
+    """Take back one expired lease (the design brief's "Reap").
+
+    A generation that never started (its message was lost or is still queued) goes
+    back to ``ready`` without using an attempt (``task_run_requeue_never_started``). A
+    generation that started and ran out of lease (worker died, or ``timeout_seconds``
+    passed) fails this attempt (``task_run_fail_expired_lease``): back to ``ready`` with a
+    backoff while attempts remain, else ``failed`` (and the run advances). Either way the
+    fencing token is bumped, so the old generation's completion can never match. Returns
+    ``accepted=False`` when the row was no longer expired (heartbeat, completion or
+    another reaper won).
+    """
+    never_started = fetch(queries["task_run_requeue_never_started"], {"id": task_run_id, "token": fencing_token})
+    if never_started:
+        return CompletionResult(accepted=True, state="ready", retry_in_seconds=0.0)
+    timed_out = fetch(queries["task_run_lease_reached_timeout"], {"id": task_run_id})
+    if timed_out and timed_out[0][0]:
+        error = "attempt timed out (timeout_seconds reached)"
+        kind = "attempt_timed_out"
+    else:
+        error = "lease expired: the worker stopped heartbeating (crashed or lost its connection)"
+        kind = "lease_expired"
+    rows = fetch(
+        queries["task_run_fail_expired_lease"],
+        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind},
+    )
+    if not rows:
+        return CompletionResult(accepted=False)
+    return _advance_after_failure(rows[0])
+
+
+def _advance_after_failure(row: tuple) -> CompletionResult:
+    """What follows a failed attempt (a fail statement's row: id, workflow_run_id,
+    task_id, state, attempt, not_before): a final failure skips the task's descendants
+    and may finish the run; a retry reports its backoff."""
+    _task_run_id, run_id, task_id, state, _attempt, not_before = row
+    retry_in = None
+    if state == "failed":
+        skip_descendants(workflow_run_id=run_id, task_id=task_id, reason="upstream_failed")
+    elif state == "ready" and not_before is not None:
+        now = fetch(queries["database_now"], {})[0][0]
+        retry_in = max(0.0, (not_before - now).total_seconds())
+    run_state = runs.finish_if_done(workflow_run_id=run_id) if state in TASK_TERMINAL_STATES else None
+    return CompletionResult(accepted=True, state=state, run_state=run_state, retry_in_seconds=retry_in)
+
+
+def skip_descendants(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID, reason: str) -> int:
+    """Mark every not-yet-started descendant of ``task_id`` in the run ``skipped``
+    (``task_run_skip_descendants``): it can never run because something upstream failed.
+    Returns how many were skipped."""
+    return fetch(queries["task_run_skip_descendants"], {"run": workflow_run_id, "task": task_id, "reason": reason})[0][0]

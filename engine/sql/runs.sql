@@ -1,0 +1,136 @@
+-- Statements that change runs (core_workflowrun), each with the event it appends.
+-- A run's terminal state is derived after the statement that bumped its event counter,
+-- so under READ COMMITTED it sees every transition of the run committed before.
+-- Parameters are psycopg's: %(name)s.
+
+
+-- name: run_insert
+-- A new run, running from now, its event counter at 0; core_workflowrun_pkey.
+INSERT INTO core_workflowrun
+    (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
+     trigger_id, error, last_event_seq, created_at, started_at)
+VALUES (%(run)s, %(org)s, %(wf)s, 'running', %(input)s, %(source)s, %(user)s, %(retry_of)s,
+        %(trigger)s, '', 0, clock_timestamp(), clock_timestamp());
+
+
+-- name: run_finish_if_done
+-- The run (run) becomes failed, cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; idx_taskrun_run_state (one probe for an open row).
+WITH runs AS (
+    SELECT %(run)s::uuid AS id
+), done_runs AS (
+    -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
+    -- probe (as an anti-join the planner may read every open task run of every run), and
+    -- ORDER BY state makes that index the cheapest way in (on the run's foreign-key index
+    -- it would read the run's finished task runs too, one heap fetch each).
+    SELECT r.id, c.failed, c.cancelled
+    FROM runs r
+    LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
+                       WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
+                       ORDER BY t.state LIMIT 1) o ON true
+    -- Counted once per run, when it is done: one pass over its task runs.
+    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
+                               count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
+                        FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
+    WHERE o.one IS NULL
+), prev AS (
+    SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
+), fin AS (
+    UPDATE core_workflowrun r
+    SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
+                     ELSE 'succeeded' END,
+        finished_at = clock_timestamp(),
+        last_event_seq = r.last_event_seq + 1,
+        error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+    FROM done_runs c, prev p
+    WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
+    RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
+), ev AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
+           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+    FROM fin f
+)
+SELECT id, state FROM fin;
+
+
+-- name: run_finish_if_done_many
+-- run_finish_if_done for the runs of the task runs in ids (the runs a batch of successes touched); core_taskrun_pkey, idx_taskrun_run_state.
+WITH runs AS (
+    SELECT DISTINCT workflow_run_id AS id FROM core_taskrun WHERE id = ANY(%(ids)s)
+), done_runs AS (
+    -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
+    -- probe (as an anti-join the planner may read every open task run of every run), and
+    -- ORDER BY state makes that index the cheapest way in (on the run's foreign-key index
+    -- it would read the run's finished task runs too, one heap fetch each).
+    SELECT r.id, c.failed, c.cancelled
+    FROM runs r
+    LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
+                       WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
+                       ORDER BY t.state LIMIT 1) o ON true
+    -- Counted once per run, when it is done: one pass over its task runs.
+    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
+                               count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
+                        FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
+    WHERE o.one IS NULL
+), prev AS (
+    SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
+), fin AS (
+    UPDATE core_workflowrun r
+    SET state = CASE WHEN c.failed > 0 THEN 'failed' WHEN c.cancelled > 0 THEN 'cancelled'
+                     ELSE 'succeeded' END,
+        finished_at = clock_timestamp(),
+        last_event_seq = r.last_event_seq + 1,
+        error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+    FROM done_runs c, prev p
+    WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
+    RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
+), ev AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
+           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+    FROM fin f
+)
+SELECT id, state FROM fin;
+
+
+-- name: run_cancel
+-- A pending or running run (run) becomes final (cancelled or failed) with reason as its error and a 'run_finished' event; core_workflowrun_pkey. Run after task_run_cancel_open.
+WITH prev AS (
+    SELECT id, state FROM core_workflowrun WHERE id = %(run)s FOR UPDATE
+), fin AS (
+    UPDATE core_workflowrun r SET state = %(final)s, finished_at = clock_timestamp(),
+           error = %(reason)s, last_event_seq = r.last_event_seq + 1
+    FROM prev p
+    WHERE r.id = p.id AND r.state IN ('pending', 'running')
+    RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state
+)
+INSERT INTO core_taskrunevent
+    (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+     attempt, fencing_token, detail, created_at)
+SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', f.old_state,
+       %(final)s, NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
+FROM fin f
+RETURNING id;
+
+
+-- name: run_list_settled_open
+-- The ids of up to limit runs still running, older than settle seconds, whose task runs have all finished, oldest first (the sweeper closes them); idx_wfrun_state_age, then idx_taskrun_run_state per run.
+SELECT r.id FROM core_workflowrun r
+WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(secs => %(settle)s)
+  AND NOT EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id
+                  AND t.state NOT IN ('succeeded', 'failed', 'skipped', 'cancelled'))
+ORDER BY r.created_at LIMIT %(limit)s;
+
+
+-- name: run_list_timed_out
+-- Up to limit running runs older than their workflow's run_timeout_seconds, with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
+SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
+JOIN core_workflow w ON w.id = r.workflow_id
+WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
+  -- As seconds, not as a timestamp: no run timeout can compute one out of range.
+  AND EXTRACT(EPOCH FROM clock_timestamp() - r.created_at) > w.run_timeout_seconds
+ORDER BY r.created_at LIMIT %(limit)s;

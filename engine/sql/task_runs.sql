@@ -1,0 +1,718 @@
+-- Statements that change task runs (core_taskrun), each with the events it appends.
+--
+-- Every transition bumps each touched run's event counter (core_workflowrun.last_event_seq)
+-- once and numbers its events from it in the CTEs ev_rows, ev_counts, ev_seq and ev_ins,
+-- written out the same in every statement (tests/unit/test_sql_statements.py checks that):
+-- the last write of the statement, so the run row is locked last.
+--
+-- Statements that address task runs by id state their state precondition as
+-- (t.state || '') = 'running': the same test, in a form no index and no partial index
+-- predicate matches, so the planner can only find the rows by primary key
+-- (core_taskrun_pkey). Written plainly, a plan built while statistics said "5 running
+-- rows" (a queue's counts swing far faster than ANALYZE follows, and a prepared statement
+-- keeps its plan) scans every running row of the table (idx_taskrun_lease_expiry), or
+-- every succeeded row in history (idx_taskrun_state_age), once per batch.
+--
+-- Parameters are psycopg's: %(name)s.
+
+
+-- name: task_run_insert_for_run
+-- A new run's task runs, one per task of its workflow: roots ready, the rest pending (attempt 1, token 0); uniq_task_workflow_key (the workflow's tasks, by key).
+INSERT INTO core_taskrun
+    (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at)
+SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id,
+       CASE WHEN EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.id)
+            THEN 'pending' ELSE 'ready' END,
+       1, 0, '', clock_timestamp()
+FROM core_task t WHERE t.workflow_id = %(wf)s
+ORDER BY t.key;
+
+
+-- name: task_run_claim_ready
+-- Claim up to limit ready task runs, oldest first (ready -> running, token + 1, dispatch lease), with one outbox row per generation and a 'claimed' event each; idx_taskrun_state_age, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
+WITH picked AS (
+    SELECT id FROM core_taskrun
+    WHERE state = 'ready' AND (not_before IS NULL OR not_before <= clock_timestamp())
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED                       -- idx_taskrun_state_age: oldest ready first
+), claimed AS (
+    UPDATE core_taskrun t
+    SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    FROM picked
+    WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (file header)
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           -- Reserved for the claimer's own publish right after its commit: the relay's
+           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
+    FROM claimed c
+    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+), tr AS (
+    SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
+    FROM claimed c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+-- A row per claimed generation, then a row per outbox row written (joined in Python:
+-- as a join here, planned with nested loops only, it would compare every pair).
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
+UNION ALL
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
+
+
+-- name: task_run_claim_ready_among
+-- task_run_claim_ready restricted to the task runs in ids (a completion's dependents); idx_taskrun_state_age, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
+WITH picked AS (
+    SELECT id FROM core_taskrun
+    WHERE state = 'ready' AND (not_before IS NULL OR not_before <= clock_timestamp())
+      AND id = ANY(%(ids)s)
+    ORDER BY created_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED                       -- idx_taskrun_state_age: oldest ready first
+), claimed AS (
+    UPDATE core_taskrun t
+    SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    FROM picked
+    WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (file header)
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           -- Reserved for the claimer's own publish right after its commit: the relay's
+           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
+    FROM claimed c
+    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+), tr AS (
+    SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
+    FROM claimed c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+-- A row per claimed generation, then a row per outbox row written (joined in Python:
+-- as a join here, planned with nested loops only, it would compare every pair).
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
+UNION ALL
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
+
+
+-- name: task_run_start_many
+-- Start generations (start_ids, start_tokens, owners, start_outbox): at most one start per generation, the worker lease, a 'started' event each, and what the worker needs; core_taskrun_pkey, idx_event_taskrun_created.
+WITH sreq AS (
+    -- One instant per start (at): started_at and the lease are both counted from it, so a
+    -- lease that ends at the timeout is exactly started_at + timeout_seconds (expire_lease).
+    SELECT a.*, clock_timestamp() AS at
+    FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[],
+                %(start_outbox)s::uuid[]) AS a(id, token, owner, outbox_id)
+), started AS (
+    UPDATE core_taskrun t
+    SET started_fencing_token = t.fencing_token, started_at = sreq.at, finished_at = NULL,
+        lease_owner = sreq.owner,
+        -- The worker's lease, or the task's timeout when that is shorter (LEAST inside, so
+        -- a timeout of any size never makes a timestamp out of PostgreSQL's range).
+        lease_expires_at = sreq.at + make_interval(
+            secs => LEAST(COALESCE(k.timeout_seconds, %(worker_lease)s), %(worker_lease)s))
+    FROM core_task k, sreq
+    WHERE t.id = sreq.id AND k.id = t.task_id
+      AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
+      AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id
+), delivered AS (
+    -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
+    -- that claimed it and never published, is stamped as delivered by its start.
+    UPDATE core_outboxmessage o
+    SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1, next_attempt_at = NULL
+    FROM started s
+    WHERE o.id = s.outbox_id AND o.published_at IS NULL
+), tr AS (
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token, 1 AS ev_ord,
+           'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('worker', s.owner) AS ev_detail
+    FROM started s
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+-- What a worker needs to run each started attempt (StartedAttempt's fields, in order).
+SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
+       s.fencing_token, s.timeout_seconds, r.input,
+       -- Dependency outputs by key, whole while their running total of JSON bytes (by key)
+       -- fits upstream_bytes; each one past it as a summary (StartedAttempt.upstream).
+       COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
+                    ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
+                                            'truncated', true) END)
+                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
+                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                       FROM core_taskdependency d
+                       JOIN core_task uk ON uk.id = d.depends_on_id
+                       JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
+                       WHERE d.task_id = s.task_id) x), '{}'::jsonb),
+       -- idx_event_taskrun_created: this generation's claim, for the dispatch-latency metric.
+       EXTRACT(EPOCH FROM clock_timestamp() - (
+           SELECT e.created_at FROM core_taskrunevent e
+           WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
+           ORDER BY e.created_at DESC LIMIT 1)),
+       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
+FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
+
+
+-- name: task_run_succeed_many
+-- Succeed started generations (ids, tokens, outputs as JSON text) with a 'succeeded' event each; core_taskrun_pkey.
+WITH creq AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[]) AS a(id, token, output)
+), done AS (
+    UPDATE core_taskrun t
+    SET state = 'succeeded', output = creq.output::jsonb, error = '', finished_at = clock_timestamp(),
+        lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
+    FROM creq
+    WHERE t.id = creq.id AND (t.state || '') = 'running' AND t.fencing_token = creq.token   -- by primary key
+      AND t.started_fencing_token = creq.token
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, 0 AS ev_ord,
+           'succeeded'::text AS ev_kind, 'running'::text AS ev_from, 'succeeded'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM done d
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, fencing_token, workflow_run_id, state FROM done;
+
+
+-- name: task_run_start_and_succeed_many
+-- task_run_succeed_many and task_run_start_many as one statement (the run rows locked once, after both UPDATEs; successes' events first); core_taskrun_pkey, idx_event_taskrun_created.
+-- Never the same row in both UPDATEs: a success needs the generation started, a start needs it not started.
+WITH sreq AS (
+    -- One instant per start (at): started_at and the lease are both counted from it, so a
+    -- lease that ends at the timeout is exactly started_at + timeout_seconds (expire_lease).
+    SELECT a.*, clock_timestamp() AS at
+    FROM unnest(%(start_ids)s::uuid[], %(start_tokens)s::bigint[], %(owners)s::text[],
+                %(start_outbox)s::uuid[]) AS a(id, token, owner, outbox_id)
+), started AS (
+    UPDATE core_taskrun t
+    SET started_fencing_token = t.fencing_token, started_at = sreq.at, finished_at = NULL,
+        lease_owner = sreq.owner,
+        -- The worker's lease, or the task's timeout when that is shorter (LEAST inside, so
+        -- a timeout of any size never makes a timestamp out of PostgreSQL's range).
+        lease_expires_at = sreq.at + make_interval(
+            secs => LEAST(COALESCE(k.timeout_seconds, %(worker_lease)s), %(worker_lease)s))
+    FROM core_task k, sreq
+    WHERE t.id = sreq.id AND k.id = t.task_id
+      AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
+      AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
+              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id
+), delivered AS (
+    -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
+    -- that claimed it and never published, is stamped as delivered by its start.
+    UPDATE core_outboxmessage o
+    SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1, next_attempt_at = NULL
+    FROM started s
+    WHERE o.id = s.outbox_id AND o.published_at IS NULL
+), creq AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[]) AS a(id, token, output)
+), done AS (
+    UPDATE core_taskrun t
+    SET state = 'succeeded', output = creq.output::jsonb, error = '', finished_at = clock_timestamp(),
+        lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
+    FROM creq
+    WHERE t.id = creq.id AND (t.state || '') = 'running' AND t.fencing_token = creq.token   -- by primary key
+      AND t.started_fencing_token = creq.token
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, 0 AS ev_ord,
+           'succeeded'::text AS ev_kind, 'running'::text AS ev_from, 'succeeded'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM done d
+    UNION ALL
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token, 1 AS ev_ord,
+           'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('worker', s.owner) AS ev_detail
+    FROM started s
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.ev_ord, tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+-- ('d', id, workflow_run_id, state at [4], fencing_token at [9]) per success, padded with
+-- NULLs to the starts' width, then ('s', task_run_start_many's row) per start.
+SELECT 'd', d.id, d.workflow_run_id, NULL, d.state, NULL, NULL, NULL, NULL, d.fencing_token,
+       NULL, NULL, NULL, NULL, NULL FROM done d
+UNION ALL
+SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
+       s.fencing_token, s.timeout_seconds, r.input,
+       -- Dependency outputs by key, whole while their running total of JSON bytes (by key)
+       -- fits upstream_bytes; each one past it as a summary (StartedAttempt.upstream).
+       COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
+                    ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
+                                            'truncated', true) END)
+                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
+                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                       FROM core_taskdependency d
+                       JOIN core_task uk ON uk.id = d.depends_on_id
+                       JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
+                       WHERE d.task_id = s.task_id) x), '{}'::jsonb),
+       -- idx_event_taskrun_created: this generation's claim, for the dispatch-latency metric.
+       EXTRACT(EPOCH FROM clock_timestamp() - (
+           SELECT e.created_at FROM core_taskrunevent e
+           WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
+           ORDER BY e.created_at DESC LIMIT 1)),
+       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
+FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
+
+
+-- name: task_run_promote_and_claim_dependents
+-- The fan-in rule: each pending dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> running (token + 1, dispatch lease) with one outbox row; uniq_taskrun_per_run_task, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
+-- Two events per dependent, as if promoted and then claimed ('promoted' with the old token, then 'claimed'), one row version instead of two.
+WITH me AS (
+    -- The (run, task) of each generation of this batch that is now succeeded.
+    SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
+    FROM core_taskrun t JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+         ON t.id = a.id AND t.fencing_token = a.token
+    WHERE (t.state || '') = 'succeeded'   -- by primary key (file header)
+), claimed AS (
+    UPDATE core_taskrun d
+    SET state = 'running', fencing_token = d.fencing_token + 1, lease_owner = %(owner)s,
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+    -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
+    -- run's pending rows; a dependent of two of these tasks is updated once.
+    WHERE d.workflow_run_id = me.run AND d.task_id = dep.task_id AND (d.state || '') = 'pending'
+      AND NOT EXISTS (
+          SELECT 1 FROM core_taskdependency e
+          JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
+          WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
+), outbox AS (
+    INSERT INTO core_outboxmessage
+        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
+         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
+                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
+           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
+           -- Reserved for the claimer's own publish right after its commit: the relay's
+           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
+           CASE WHEN %(reserve)s::float8 > 0
+                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
+    FROM claimed c
+    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
+    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
+    RETURNING id, task_run_id
+), tr AS (
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token - 1 AS fencing_token,
+           0 AS ev_ord, 'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM claimed c
+    UNION ALL
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           1, 'claimed', 'ready', 'running', jsonb_build_object('lease_owner', %(owner)s::text)
+    FROM claimed c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.ev_ord, tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+-- A row per claimed generation, then a row per outbox row written (joined in Python:
+-- as a join here, planned with nested loops only, it would compare every pair).
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
+UNION ALL
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
+
+
+-- name: task_run_heartbeat_many
+-- Extend the worker leases of running generations (ids, tokens) by lease seconds, never past started_at + timeout_seconds; core_taskrun_pkey.
+UPDATE core_taskrun t
+SET lease_expires_at = LEAST(
+    clock_timestamp() + make_interval(secs => %(lease)s),
+    -- started_at + timeout_seconds, the timeout bounded first by what the LEAST can
+    -- pick anyway (elapsed + lease), so no timestamp out of range is ever computed.
+    CASE WHEN k.timeout_seconds IS NULL THEN 'infinity'::timestamptz
+         ELSE t.started_at + make_interval(secs => LEAST(
+             k.timeout_seconds, EXTRACT(EPOCH FROM clock_timestamp() - t.started_at)::float8 + %(lease)s))
+    END)
+FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+WHERE t.id = a.id AND t.fencing_token = a.token AND (t.state || '') = 'running' AND k.id = t.task_id
+  AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
+RETURNING t.id;
+
+
+-- name: task_run_fail_attempt
+-- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind; core_taskrun_pkey.
+-- SET expressions read the row's old values, so t.attempt < k.max_attempts is about this attempt.
+-- 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS (tests/unit/test_sql_statements.py checks it).
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+            -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
+            THEN clock_timestamp() + make_interval(
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+            ELSE NULL END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.started_fencing_token = %(token)s
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              t.not_before
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id,
+           CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
+           %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+    FROM done d
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
+
+
+-- name: task_run_fail_undelivered
+-- A claimed, never-started generation whose outbox row was dead-lettered fails (retryable false: failed at once); an event of kind; core_taskrun_pkey.
+-- The same SET as task_run_fail_attempt; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+            -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
+            THEN clock_timestamp() + make_interval(
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+            ELSE NULL END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.started_fencing_token IS DISTINCT FROM %(token)s
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              t.not_before
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id,
+           CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
+           %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+    FROM done d
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
+
+
+-- name: task_run_fail_expired_lease
+-- A started generation whose lease expired fails this attempt (retried with backoff while attempts remain) and its token is bumped so its completion can never match; an event of kind; core_taskrun_pkey.
+-- The same SET as task_run_fail_attempt plus the token bump; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+            -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
+            THEN clock_timestamp() + make_interval(
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+            ELSE NULL END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        fencing_token = t.fencing_token + 1, error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.lease_expires_at < clock_timestamp()
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              t.not_before
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id,
+           CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
+           %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+    FROM done d
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
+
+
+-- name: task_run_requeue_never_started
+-- A claimed generation that never started and whose dispatch lease expired goes back to ready (token + 1, no attempt used) with a 'dispatch_expired' event; core_taskrun_pkey.
+WITH back AS (
+    UPDATE core_taskrun t
+    SET state = 'ready', fencing_token = t.fencing_token + 1, lease_owner = NULL, lease_expires_at = NULL
+    WHERE t.id = %(id)s AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.lease_expires_at < clock_timestamp()
+      AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+), tr AS (
+    SELECT b.*, 'dispatch_expired'::text AS ev_kind, 'running'::text AS ev_from, 'ready'::text AS ev_to,
+           jsonb_build_object('reason', 'not started before its lease expired') AS ev_detail
+    FROM back b
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id FROM back;
+
+
+-- name: task_run_lease_reached_timeout
+-- Whether a task run's lease ended at its task's timeout_seconds (a timed-out attempt, not a lost worker); core_taskrun_pkey.
+SELECT k.timeout_seconds IS NOT NULL
+       -- Less a microsecond: an interval holds whole microseconds, a timeout may not.
+       AND EXTRACT(EPOCH FROM t.lease_expires_at - t.started_at) >= k.timeout_seconds - 0.000001
+FROM core_taskrun t JOIN core_task k ON k.id = t.task_id WHERE t.id = %(id)s;
+
+
+-- name: task_run_get_expired_leases
+-- Up to limit (id, fencing_token) of running task runs whose lease expired, oldest expiry first; idx_taskrun_lease_expiry (partial: state = 'running').
+-- statement_timestamp(), not clock_timestamp(): a volatile function cannot bound an index
+-- scan, and the planner would then rather filter idx_taskrun_state_age's running rows.
+-- With a stable bound the partial idx_taskrun_lease_expiry serves the range and the order.
+SELECT id, fencing_token FROM core_taskrun
+WHERE state = 'running' AND lease_expires_at < statement_timestamp()   -- idx_taskrun_lease_expiry (partial)
+ORDER BY lease_expires_at LIMIT %(limit)s;
+
+
+-- name: task_run_skip_descendants
+-- Every not-yet-started (pending or ready) descendant of task in the run becomes skipped with a 'skipped' event (reason); idx_taskrun_run_state.
+WITH RECURSIVE below(task_id) AS (
+    SELECT task_id FROM core_taskdependency WHERE depends_on_id = %(task)s
+    UNION
+    SELECT e.task_id FROM core_taskdependency e JOIN below b ON e.depends_on_id = b.task_id
+), open AS (
+    SELECT d.id, d.state FROM core_taskrun d
+    WHERE d.workflow_run_id = %(run)s AND d.state IN ('pending', 'ready')
+      AND d.task_id IN (SELECT task_id FROM below)
+    ORDER BY d.id
+    FOR UPDATE
+), skipped AS (
+    UPDATE core_taskrun d SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL
+    FROM open o
+    WHERE d.id = o.id AND d.state IN ('pending', 'ready')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, o.state AS old_state
+), tr AS (
+    SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
+           'skipped'::text AS ev_kind, s.old_state AS ev_from, 'skipped'::text AS ev_to,
+           jsonb_build_object('reason', %(reason)s::text) AS ev_detail
+    FROM skipped s
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT count(*) FROM skipped;
+
+
+-- name: task_run_cancel_open
+-- Every open (pending, ready, running) task run of a run still pending or running becomes cancelled, a running one's token bumped, with a 'cancelled' event (reason); idx_taskrun_run_state.
+WITH open AS (
+    -- Lock the open rows in id order first (fewer deadlocks with completions) and
+    -- remember their state for the events.
+    SELECT t.id, t.state FROM core_taskrun t
+    WHERE t.workflow_run_id = %(run)s AND t.state IN ('pending', 'ready', 'running')
+      AND EXISTS (SELECT 1 FROM core_workflowrun r WHERE r.id = t.workflow_run_id
+                  AND r.state IN ('pending', 'running'))
+    ORDER BY t.id
+    FOR UPDATE
+), c AS (
+    UPDATE core_taskrun t
+    SET state = 'cancelled', finished_at = clock_timestamp(), lease_owner = NULL,
+        lease_expires_at = NULL, not_before = NULL,
+        fencing_token = t.fencing_token + CASE WHEN t.state = 'running' THEN 1 ELSE 0 END
+    FROM open o
+    WHERE t.id = o.id AND t.state IN ('pending', 'ready', 'running')
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, o.state AS old_state
+), tr AS (
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           'cancelled'::text AS ev_kind, c.old_state AS ev_from, 'cancelled'::text AS ev_to,
+           jsonb_build_object('reason', %(reason)s::text) AS ev_detail
+    FROM c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT count(*) FROM c;
+
+
+-- name: task_run_get_generation
+-- A task run's run, state, fencing token and started token (to record why a start or completion was refused); core_taskrun_pkey.
+SELECT workflow_run_id, state, fencing_token, started_fencing_token FROM core_taskrun WHERE id = %(id)s;

@@ -1,0 +1,130 @@
+"""The engine's vocabulary: run states, task-run states, event kinds and queue names.
+
+Every other module spells these through the names here. The database holds the same
+lists as CHECK constraints (seed 000, "Why varchar + CHECK"): ``wfrun_state_valid``,
+``taskrun_state_valid`` and ``taskrunevent_kind_valid`` are built from these enums in
+``engine.models``, and tests/unit/test_constraints.py checks that each member is
+accepted and anything else refused, so the enum and the constraint cannot drift.
+
+The enums are Django ``TextChoices`` (a ``str`` subclass): a member compares equal to
+its value, so ``run.state == RunState.SUCCEEDED`` and ``"succeeded" in RUN_TERMINAL_STATES``
+both hold, and a member passed as a query parameter is its value.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RunState(models.TextChoices):
+    """The five WorkflowRun states of seed 000 (``wfrun_state_valid``)."""
+
+    #: Created; its task runs exist and its roots are ready. Becomes running when the
+    #: first task run is claimed.
+    PENDING = "pending"
+    #: At least one task run has been claimed and not every task run has finished.
+    RUNNING = "running"
+    #: Every task run succeeded (terminal).
+    SUCCEEDED = "succeeded"
+    #: A task run failed, or the run outlived its workflow's run timeout (terminal).
+    FAILED = "failed"
+    #: Cancelled by a person, an API key or the system before it finished (terminal).
+    CANCELLED = "cancelled"
+
+
+class TaskRunState(models.TextChoices):
+    """The seven TaskRun states of seed 000 (``taskrun_state_valid``)."""
+
+    #: Waiting for its dependencies to succeed.
+    PENDING = "pending"
+    #: Every dependency succeeded (or it has none): waiting to be claimed, not before
+    #: ``not_before`` when a retry backs off.
+    READY = "ready"
+    #: Claimed: holds a lease (``lease_expires_at``) and a fencing token. The lease is a
+    #: dispatch lease until a worker starts the generation, a worker lease after.
+    RUNNING = "running"
+    #: An attempt succeeded; ``output`` holds its result (terminal).
+    SUCCEEDED = "succeeded"
+    #: Its last attempt failed, or a failure was not retryable (terminal).
+    FAILED = "failed"
+    #: An upstream task failed or was cancelled, so this one can never run (terminal).
+    SKIPPED = "skipped"
+    #: Its run was cancelled or timed out before it finished (terminal).
+    CANCELLED = "cancelled"
+
+
+class EventKind(models.TextChoices):
+    """What a TaskRunEvent records (``taskrunevent_kind_valid``). Run-level events have
+    no task run; the others name the task run and, from the claim on, its generation."""
+
+    #: The run and its task runs were created (run level).
+    RUN_STARTED = "run_started"
+    #: Every task run finished, so the run took its final state (run level; also written
+    #: when a cancel or a run timeout closes the run).
+    RUN_FINISHED = "run_finished"
+    #: pending -> ready: every dependency of the task run succeeded.
+    PROMOTED = "promoted"
+    #: ready -> running: a claimer bumped the fencing token (a new generation), took a
+    #: dispatch lease and wrote the generation's outbox row.
+    CLAIMED = "claimed"
+    #: A worker started the generation's handler (at most once per generation); the
+    #: dispatch lease became a worker lease.
+    STARTED = "started"
+    #: running -> succeeded: the attempt's completion was recorded.
+    SUCCEEDED = "succeeded"
+    #: An attempt raised: back to ready for another attempt (after its backoff), or
+    #: failed when none is left or the error is not retryable.
+    ATTEMPT_FAILED = "attempt_failed"
+    #: The reaper found a started attempt past its ``timeout_seconds``.
+    ATTEMPT_TIMED_OUT = "attempt_timed_out"
+    #: The reaper found a started attempt whose worker lease ran out (the worker
+    #: stopped heartbeating).
+    LEASE_EXPIRED = "lease_expired"
+    #: The reaper found a claimed generation never started before its dispatch lease
+    #: ran out (the message was lost): back to ready, no attempt used.
+    DISPATCH_EXPIRED = "dispatch_expired"
+    #: The generation's outbox row was dead-lettered (the broker refused it every
+    #: time): the task run fails without waiting for a message that will not come.
+    DISPATCH_DEAD_LETTERED = "dispatch_dead_lettered"
+    #: A message arrived for a generation a worker had already started (redelivery).
+    DUPLICATE_DELIVERY_IGNORED = "duplicate_delivery_ignored"
+    #: A message arrived for a generation that is no longer current (reaped, cancelled
+    #: or superseded).
+    STALE_DISPATCH_IGNORED = "stale_dispatch_ignored"
+    #: A completion came from a generation that is no longer current: not recorded.
+    STALE_COMPLETION_REJECTED = "stale_completion_rejected"
+    #: An upstream task failed or was cancelled: this one will never run.
+    SKIPPED = "skipped"
+    #: The task run was cancelled with its run (cancel or run timeout).
+    CANCELLED = "cancelled"
+
+
+#: Run states a run never leaves (``wfrun_finished_at_matches_state``: exactly these
+#: have ``finished_at``).
+RUN_TERMINAL_STATES: tuple[str, ...] = (RunState.SUCCEEDED.value, RunState.FAILED.value, RunState.CANCELLED.value)
+#: Run states still going.
+RUN_OPEN_STATES: tuple[str, ...] = (RunState.PENDING.value, RunState.RUNNING.value)
+#: Task-run states a task run never leaves (a retry reuses the row while it is open).
+TASK_TERMINAL_STATES: tuple[str, ...] = (
+    TaskRunState.SUCCEEDED.value, TaskRunState.FAILED.value, TaskRunState.SKIPPED.value, TaskRunState.CANCELLED.value,
+)
+#: Task-run states still open: a cancel takes these.
+TASK_OPEN_STATES: tuple[str, ...] = (TaskRunState.PENDING.value, TaskRunState.READY.value, TaskRunState.RUNNING.value)
+
+#: Queue of the clock's and the nudges' actors (schedule, relay, reap, triggers, sweep,
+#: housekeeping).
+CONTROL_QUEUE = "flowforge.control"
+#: Queue of the execute messages (``OutboxMessage.routing_key`` of every dispatch).
+TASK_QUEUE = "flowforge.tasks"
+
+__all__ = [
+    "CONTROL_QUEUE",
+    "RUN_OPEN_STATES",
+    "RUN_TERMINAL_STATES",
+    "TASK_OPEN_STATES",
+    "TASK_QUEUE",
+    "TASK_TERMINAL_STATES",
+    "EventKind",
+    "RunState",
+    "TaskRunState",
+]

@@ -1,0 +1,219 @@
+"""Recording starts and completions: one interface, an inline and a batching implementation.
+
+After River's ``internal/jobcompleter``: the attempt flow (``engine.worker.execute``)
+talks to a ``Completer`` and does not know whether its requests share a transaction.
+
+- ``Completer.start(request)`` starts a delivered generation: StartedAttempt, or None
+  when the message is stale or a duplicate (recorded as an event).
+- ``Completer.complete(completion)`` is the one way to record how an attempt ended. A
+  ``Success`` goes to ``task_runs.start_and_complete_many`` with the process's other starts
+  and successes; a ``Failure`` is its own transaction (``task_runs.fail_attempt``).
+  Returns (CompletionResult, Dispatch to continue with or None), or None when a success
+  without dependents was queued behind a batch in flight (write-behind, below).
+
+``InlineCompleter`` records each request at once, alone, in the calling thread (tests;
+what ``BatchCompleter`` does when no batch is running). ``BatchCompleter`` runs requests
+through a ``Combiner``: one transaction in flight per process; under load one commit
+covers several threads' starts and successes. Its write-behind: a success without
+dependents (nothing to continue with, nothing to publish) submitted while a batch is in
+flight does not wait; it goes into the next batch and its result is counted and logged
+by ``_record_queued_success``. A process that dies first leaves the attempt to the
+reaper, as a death during the handler would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Protocol
+
+from django.conf import settings
+
+from engine import metrics
+from engine.db import atomic_retry
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
+from engine.relay import publish_dispatches
+from engine.repositories import task_runs, types
+from engine.worker.combiner import Combiner
+
+log = logging.getLogger(__name__)
+
+# (CompletionResult, the dependent this thread continues with or None)
+Recorded = tuple[types.CompletionResult, types.Dispatch | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """A delivered execute message to start."""
+
+    request: types.StartRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class Success:
+    """A successful attempt to record; ``may_continue``: its thread can run one of the
+    dependents this completion claims itself, instead of sending it through the broker."""
+
+    request: types.SuccessRequest
+    workflow_run_id: uuid.UUID
+    may_continue: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A failed attempt to record: ``error`` (already cut, ``output.error_text``) and
+    whether another attempt may follow (False for a PermanentTaskError)."""
+
+    task_run_id: uuid.UUID
+    fencing_token: int
+    error: str
+    retryable: bool
+
+
+class Completer(Protocol):
+    """Records the starts and completions of a worker process's attempts."""
+
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
+        """Start a delivered generation; None for a stale or duplicate message."""
+        ...
+
+    def complete(self, completion: Success | Failure) -> Recorded | None:
+        """Record how an attempt ended; None when a success was queued (write-behind)."""
+        ...
+
+
+class InlineCompleter:
+    """Each request recorded at once, alone, in the calling thread (for tests: no
+    threads, no queue; the same statements and results as BatchCompleter)."""
+
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
+        """``Completer.start``, in its own transaction."""
+        return record_batch([Start(request)])[0]
+
+    def complete(self, completion: Success | Failure) -> Recorded | None:
+        """``Completer.complete``, in its own transaction (never None: nothing is queued)."""
+        if isinstance(completion, Failure):
+            return record_failure(completion)
+        return record_batch([completion])[0]
+
+
+class BatchCompleter:
+    """Starts and successes of the process's threads go through one Combiner over
+    ``run_batch`` (default ``record_batch``), at most ``max_batch`` requests per
+    transaction; successes without dependents are written behind (module docstring)."""
+
+    def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64):
+        self.combiner: Combiner = Combiner(run_batch or record_batch, max_batch=max_batch)
+
+    def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
+        """``Completer.start``, batched with the process's other starts and successes."""
+        return self.combiner.submit(Start(request))
+
+    def complete(self, completion: Success | Failure) -> Recorded | None:
+        """``Completer.complete``: a success is batched (written behind when it has no
+        dependents); a failure is its own transaction."""
+        if isinstance(completion, Failure):
+            return record_failure(completion)
+        if completion.request.has_dependents:
+            # Waits: the dependents it claims are published by whichever thread ran the
+            # batch, except the one this thread may continue with.
+            return self.combiner.submit(completion)
+        request = completion.request
+        return self.combiner.submit(
+            completion, wait=False,
+            on_result=functools.partial(_record_queued_success, request.task_run_id, request.fencing_token),
+        )
+
+
+def record_batch(items: list[Start | Success]) -> list:
+    """Record a batch of starts and successes in one transaction and one round trip
+    (``task_runs.start_and_complete_many``), then publish the dependents the successes
+    claimed (``_publish_claimed``). Returns, per item, a start's StartedAttempt or None,
+    or a success's (CompletionResult, Dispatch or None). Raises what the statement raises
+    (after its connection retries)."""
+    successes = [item for item in items if isinstance(item, Success)]
+    started, results, dispatches = task_runs.start_and_complete_many(
+        starts=[item.request for item in items if isinstance(item, Start)],
+        successes=[item.request for item in successes],
+        worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
+        # The lease of dependents these completions claim: until a worker starts them.
+        dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+        owner=process_owner("worker"),
+        connection_attempts=8,
+        reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+    )
+    completed = iter(_publish_claimed(successes, results, dispatches))
+    started_iter = iter(started)
+    return [next(started_iter) if isinstance(item, Start) else next(completed) for item in items]
+
+
+def _publish_claimed(
+    items: list[Success], results: list[types.CompletionResult], dispatches: tuple[types.Dispatch, ...]
+) -> list[Recorded]:
+    """After the commit of a batch of successes: publish the dependents they claimed,
+    keeping back at most one per thread that may continue (same run first), returned
+    beside that thread's result. No message is sent for those: the thread's start of it
+    stamps its outbox row (``StartRequest.outbox_id``), so a continuation costs no
+    transaction of its own; if the thread dies first, the relay publishes the row once
+    the claim's reservation has passed (``INLINE_PUBLISH_RESERVATION_SECONDS``)."""
+    free = [d for d in dispatches if d.outbox_id is not None]
+    continuations: dict[int, types.Dispatch] = {}
+    for i, (item, result) in enumerate(zip(items, results, strict=True)):
+        if not (free and item.may_continue and result.accepted):
+            continue
+        pick = next((d for d in free if d.workflow_run_id == item.workflow_run_id), free[0])
+        free.remove(pick)
+        continuations[i] = pick
+    kept = {id(d) for d in continuations.values()}
+    # After the commit, one publish (and one stamp) for the rest of the batch's dependents.
+    publish_dispatches([d for d in dispatches if id(d) not in kept], reserved=True)
+    return [(result, continuations.get(i)) for i, result in enumerate(results)]
+
+
+def record_failure(failure: Failure) -> Recorded:
+    """Record a failed attempt in its own transaction (retried on deadlock and on a lost
+    connection), then publish the generations its advance claimed (``result.dispatches``,
+    through the relay). Returns (CompletionResult, None): a failure never continues."""
+    result = atomic_retry(
+        lambda: task_runs.fail_attempt(
+            task_run_id=failure.task_run_id,
+            fencing_token=failure.fencing_token,
+            error=failure.error,
+            retryable=failure.retryable,
+        ),
+        connection_attempts=8,
+    )
+    publish_dispatches(result.dispatches)
+    return result, None
+
+
+def count_completion(result: types.CompletionResult) -> str:
+    """Count a recorded completion in the metrics; returns its outcome ("rejected",
+    "retrying" or the task run's new state)."""
+    if not result.accepted:
+        metrics.incr("flowforge_task_attempts_total", "rejected")
+        return "rejected"
+    if result.run_state is not None:
+        metrics.incr("flowforge_runs_finished_total", result.run_state)
+    outcome = "retrying" if result.retry_in_seconds is not None else result.state or "unknown"
+    metrics.incr("flowforge_task_attempts_total", outcome)
+    return outcome
+
+
+def _record_queued_success(task_run_id: uuid.UUID, fencing_token: int, outcome: Recorded | None,
+                           error: BaseException | None) -> None:
+    """The result of a success that went into a later batch (write-behind): counted like
+    any completion; a rejection (the generation was reaped, cancelled or superseded
+    meanwhile) or a failure to record it is logged with the attempt's ids."""
+    if error is not None:
+        log.error("recording the success of task run %s generation %s failed (%s: %s); its lease will "
+                  "expire and the reaper dispatches it again", task_run_id, fencing_token,
+                  type(error).__name__, error)
+        return
+    result, _following = outcome
+    if count_completion(result) == "rejected":
+        log.warning("the success of task run %s generation %s was rejected: the generation was reaped, "
+                    "cancelled or superseded before it was recorded", task_run_id, fencing_token)

@@ -1,0 +1,67 @@
+"""What an attempt leaves behind: its output encoded once as JSON text, or its error cut short.
+
+``encode_output`` is the only place a handler's return value becomes stored text; the
+completion (``types.SuccessRequest.output_json``) carries that text as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+
+from engine.handlers import PermanentTaskError
+from flowforge.jsonb import strip_nul
+
+# Characters of a failed attempt's error kept (the task run's ``error`` and its event's
+# detail): a handler's exception message is unbounded, and every run detail, event page
+# and event stream would carry it once per attempt.
+MAX_ERROR_CHARS = 4000
+
+
+def error_text(exc: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``, cut to MAX_ERROR_CHARS characters (an ellipsis and
+    how many characters were dropped mark a cut)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    note = f"… ({len(text) - MAX_ERROR_CHARS + 60} more characters cut)"
+    return text[: MAX_ERROR_CHARS - 60] + note
+
+
+class OutputTooLarge(PermanentTaskError):
+    """A handler returned more than FLOWFORGE_MAX_OUTPUT_BYTES of output."""
+
+
+class OutputNotJson(PermanentTaskError):
+    """A handler returned a value JSON cannot encode."""
+
+
+def encode_output(output: Any) -> str:
+    """``output`` (NULs stripped) as the JSON text to store, when it fits
+    FLOWFORGE_MAX_OUTPUT_BYTES (a size in bytes of UTF-8 JSON).
+
+    Raises OutputTooLarge (naming both sizes) rather than storing a truncated value
+    that dependents would misread, and OutputNotJson for a value JSON cannot encode
+    (NaN and Infinity included); both fail the task without retries, since another
+    attempt returns the same. The text goes to the completion as it is, so an output is
+    encoded once (``types.SuccessRequest.output_json``).
+    """
+    try:
+        encoded = json.dumps(strip_nul(output), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise OutputNotJson(f"task output is not JSON-encodable: {exc}") from exc
+    size = len(encoded.encode())
+    if size > settings.FLOWFORGE_MAX_OUTPUT_BYTES:
+        raise OutputTooLarge(
+            f"task output is {size} bytes of JSON, over FLOWFORGE_MAX_OUTPUT_BYTES "
+            f"({settings.FLOWFORGE_MAX_OUTPUT_BYTES}); return a summary or a reference instead"
+        )
+    return encoded
+
+
+def cap_output(output: Any) -> Any:
+    """``output`` as it will be stored: ``encode_output(output)`` decoded again (NULs
+    stripped, keys made strings). Raises what ``encode_output`` raises."""
+    return json.loads(encode_output(output))

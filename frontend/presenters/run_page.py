@@ -1,0 +1,265 @@
+"""What the run page and its live fragment show, loaded in a constant number of queries.
+
+``build_run_view`` reads the run's retries, its task runs with their tasks (as tuples,
+not models), the workflow's edges, the attempt events for the timeline and the latest
+events for the log; the DAG drawing is cached by workflow version and task states
+(``dag_svg``) and the rows that grow with the run are built without template loops
+(frontend.presenters.run_rows), so a 200-task run's page costs about twice a 5-task
+one's (bench/bench_pages.py). ``started_by`` reads the run's ``run.started`` audit row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from django.core.cache import cache
+from django.db.models import F, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Left
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import SafeString
+
+from audit.models import AuditLog
+from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
+from engine.outputs import output_bytes_expression
+from frontend.dag import longest_path_layers, render_dag_svg
+from frontend.presenters.run_rows import EventRow, render_event_rows, render_task_rows, render_timeline_rows
+from frontend.presenters.text import cut, event_detail_text, human_duration, seconds_between
+from frontend.presenters.timeline import (
+    TIMELINE_KINDS,
+    TaskRow,
+    Timeline,
+    attempts_from_events,
+    build_timeline,
+)
+from tenancy.permissions import Action, can
+
+# Events shown on the run page (the latest ones); the event-log page has them all.
+EVENT_LOG_LIMIT = 200
+# Characters of a task's output and error shown in the task table.
+OUTPUT_PREVIEW_CHARS = 120
+ERROR_PREVIEW_CHARS = 300
+# Retries of a run linked from its header.
+RETRY_LINKS_LIMIT = 20
+
+
+def depth_of(task_ids: Iterable[uuid.UUID], edges: Iterable[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, int]:
+    """Each task's longest distance from a root, for ``(task, depends_on)`` edges (the
+    DAG drawing's layering: frontend.dag.longest_path_layers)."""
+    layers, _ = longest_path_layers(list(task_ids), [(dep, task) for task, dep in edges])
+    return layers
+
+
+@dataclasses.dataclass
+class RunView:
+    """Everything the run page and its live fragment show."""
+
+    run: WorkflowRun
+    rows: list[TaskRow]
+    edges: list[tuple[uuid.UUID, uuid.UUID, str]]
+    timeline: Timeline
+    events: list[EventRow]
+    events_replace: bool  # the fragment's events replace the log instead of extending it
+    events_truncated: bool  # the log shows only the latest EVENT_LOG_LIMIT events
+    last_seq: int
+    counts: dict[str, int]
+    duration: str
+    retries: list[WorkflowRun]
+    can_operate: bool
+    dag_svg: str
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.run.is_terminal
+
+    @property
+    def task_rows_html(self) -> SafeString:
+        return render_task_rows(self.rows)
+
+    @property
+    def timeline_rows_html(self) -> SafeString:
+        return render_timeline_rows(self.timeline)
+
+    @property
+    def event_rows_html(self) -> SafeString:
+        return render_event_rows(self.events)
+
+
+# The columns of an event-log row, in EventRow's order after ``seq``/``created_at``.
+EVENT_COLUMNS = ("seq", "created_at", "task_run_id", "kind", "from_state", "to_state", "attempt", "detail")
+
+
+def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[EventRow]:
+    """EventRows from EVENT_COLUMNS tuples; ``keys`` maps task-run ids to task keys."""
+    return [
+        EventRow(
+            seq=seq,
+            created_at=created_at,
+            task_key=keys.get(task_run_id, "") if task_run_id else "",
+            kind=kind,
+            from_state=from_state,
+            to_state=to_state,
+            attempt=attempt,
+            detail=event_detail_text(detail),
+        )
+        for seq, created_at, task_run_id, kind, from_state, to_state, attempt, detail in events
+    ]
+
+
+# Seconds a drawn DAG is kept in the cache (see _dag_svg).
+DAG_CACHE_SECONDS = 24 * 3600
+
+
+def dag_svg(rows: Sequence[TaskRow], edges, *, run: WorkflowRun) -> str:
+    """The workflow's DAG with each node coloured by its task run's state (frontend.dag);
+    a node links to its row in the task table.
+
+    The drawing depends only on the workflow version (immutable) and the task states,
+    so it is cached under both (and the organization, like every tenant cache key):
+    laying out 200 tasks takes ~50 ms, and a finished run's page, the one most viewed,
+    then costs what a 5-task page costs. Pages of active runs draw it afresh on most
+    updates (their states change), and viewers of one run share each drawing.
+    """
+    states = {r.task_id: r.state for r in rows}
+    digest = hashlib.sha256(
+        "|".join(f"{task_id}={state}" for task_id, state in sorted(states.items(), key=lambda kv: str(kv[0])))
+        .encode()
+    ).hexdigest()[:32]
+    key = f"ff:run-dag:v1:{run.organization_id}:{run.workflow_id}:{digest}"
+    svg = cache.get(key)
+    if svg is not None:
+        return svg
+    tasks = [
+        {"id": r.task_id, "key": r.key, "type": r.type, "position_x": r.position_x, "position_y": r.position_y}
+        for r in rows
+    ]
+    # frontend.dag takes edges from the upstream task to its dependent.
+    edge_list = [(dep, task, label) for task, dep, label in edges]
+    svg = str(render_dag_svg(tasks, edge_list, states=states, link=lambda t: f"#task-{t['key']}"))
+    cache.set(key, svg, DAG_CACHE_SECONDS)
+    return svg
+
+
+def build_run_view(
+    request: HttpRequest, run: WorkflowRun, *, events_after: int | None = None
+) -> RunView:
+    """Load and shape what the run page (``events_after`` None) or its fragment shows.
+
+    Queries (constant): retries, task runs with tasks, edges, timeline events, log events.
+    With ``events_after`` the log holds the events after that seq (at most
+    EVENT_LOG_LIMIT; when more are new, the latest EVENT_LOG_LIMIT and
+    ``events_replace``), else the latest EVENT_LOG_LIMIT events.
+    """
+    org = request.membership.organization
+    now = timezone.now()
+    retries = list(
+        WorkflowRun.objects.for_organization(org)
+        .filter(retry_of=run)
+        .order_by("created_at")
+        .only("id", "state", "created_at", "retry_of_id", "organization_id")[:RETRY_LINKS_LIMIT]
+    )
+    # Plain tuples, not models: 200 task runs with their tasks are 400 model instances otherwise.
+    task_runs = list(
+        TaskRun.objects.for_organization(org)
+        .filter(workflow_run=run)  # idx_taskrun_run_state
+        .values_list(
+            "id", "task_id", "task__key", "task__type", "state", "task__max_attempts", "task__position_x",
+            "task__position_y", "started_at", "finished_at",
+            # Outputs (up to 256 KiB each) and errors are cut in the database; an output's
+            # size is read there too, for the link to the whole output.
+            Left(Cast("output", TextField()), OUTPUT_PREVIEW_CHARS + 1),
+            Left(F("error"), ERROR_PREVIEW_CHARS + 1),
+            output_bytes_expression(),
+        )
+    )
+    edges = list(
+        TaskDependency.objects.for_organization(org)
+        .filter(workflow_id=run.workflow_id)
+        .values_list("task_id", "depends_on_id", "label")
+    )
+    attempt_events = (
+        TaskRunEvent.objects.for_organization(org)
+        .filter(workflow_run=run, kind__in=TIMELINE_KINDS, task_run__isnull=False, seq__lte=run.last_event_seq)
+        .order_by("seq")
+        # The error as text, read in the database: no JSON decoding of every event's detail.
+        .values_list("task_run_id", "kind", "created_at", "attempt", "to_state", KeyTextTransform("error", "detail"))
+    )
+    attempts = attempts_from_events(attempt_events)
+    depth = depth_of((tr[1] for tr in task_runs), ((t, d) for t, d, _ in edges))
+    run_path = reverse("frontend:run_detail", kwargs={"run_id": run.pk})  # once, not per row
+    rows = [
+        TaskRow(
+            id=tr_id, task_id=task_id, key=key, type=type_, state=state, max_attempts=max_attempts,
+            position_x=px, position_y=py, started_at=started_at, finished_at=finished_at,
+            depth=depth.get(task_id, 0), attempts=attempts.get(tr_id, []),
+            output_preview=cut(output, OUTPUT_PREVIEW_CHARS), error_preview=cut(error, ERROR_PREVIEW_CHARS),
+            # A preview that was cut links to the whole output.
+            output_bytes=output_bytes,
+            output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
+        )
+        for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, output, error,
+             output_bytes) in task_runs
+    ]
+    rows.sort(key=lambda r: (r.depth, r.key))
+    keys = {r.id: r.key for r in rows}
+    # Events up to the run's seq as read with the run (frontend.views.runs), before the task runs:
+    # the states shown are then at least as new as the last event shown, and the client's
+    # cursor (last_seq) never passes an event whose effect the page does not show yet.
+    # Newer events are the next fragment's (their notifications come after this read).
+    log = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, seq__lte=run.last_event_seq)
+    replace = events_after is None
+    if events_after is not None:
+        log = log.filter(seq__gt=events_after)
+    latest = list(
+        log.order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
+    )
+    truncated = len(latest) > EVENT_LOG_LIMIT
+    if truncated and events_after is not None:
+        replace = True  # more is new than the log keeps: start it afresh
+    events = event_rows(reversed(latest[:EVENT_LOG_LIMIT]), keys)
+    counts: dict[str, int] = defaultdict(int)
+    for r in rows:
+        counts[r.state] += 1
+    return RunView(
+        run=run,
+        rows=rows,
+        edges=edges,
+        timeline=build_timeline(run, rows, now=now),
+        events=events,
+        events_replace=replace,
+        events_truncated=truncated,
+        last_seq=run.last_event_seq,
+        counts=dict(counts),
+        duration=human_duration(seconds_between(run.started_at or run.created_at, run.finished_at or now)),
+        retries=retries,
+        can_operate=can(request.membership.role, Action.RUN_OPERATE),
+        dag_svg=dag_svg(rows, edges, run=run),
+    )
+
+
+def started_by(org, run: WorkflowRun) -> str:
+    """Who started ``run``: a person's email, an API key's prefix, a cron trigger, or the system."""
+    if run.trigger_id:
+        return f"cron trigger {run.trigger.name}" if run.trigger else "a cron trigger"
+    entry = (
+        AuditLog.objects.for_organization(org)
+        .filter(target_id=str(run.pk), action="run.started")  # idx_auditlog_target_id
+        .only("actor_type", "actor_email", "actor_api_key_prefix")
+        .first()
+    )
+    if entry is not None:
+        if entry.actor_type == "api_key":
+            return f"API key {entry.actor_api_key_prefix}" + (f" ({entry.actor_email})" if entry.actor_email else "")
+        if entry.actor_email:
+            return entry.actor_email
+        if entry.actor_type == "system":
+            return "FlowForge (system)"
+    if run.triggered_by is not None:
+        return run.triggered_by.email
+    return "—"

@@ -1,0 +1,63 @@
+"""Small presentation helpers of the run pages: durations, sizes, one-line JSON."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+
+def human_duration(seconds: float | None) -> str:
+    """``seconds`` as a short human duration ("340 ms", "12.4 s", "3 m 05 s", "2 h 07 m"); "" for None."""
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        m, s = divmod(int(seconds), 60)
+        return f"{m} m {s:02d} s"
+    h, rem = divmod(int(seconds), 3600)
+    return f"{h} h {rem // 60:02d} m"
+
+
+def human_bytes(n: int) -> str:
+    """``n`` bytes as "812 B", "4.0 KiB", "255.0 KiB", "1.2 MiB"."""
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def seconds_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:
+    """Seconds from ``start`` to ``end``; None when either is missing."""
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
+
+
+def compact_json(value: Any, *, limit: int) -> str:
+    """``value`` as one line of JSON, cut to ``limit`` characters with an ellipsis."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(", ", ": "), default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def event_detail_text(detail: Any) -> str:
+    """An event's detail as ``key: value`` pairs on one line (errors first), at most 240 characters."""
+    if not isinstance(detail, dict) or not detail:
+        return ""
+    keys = sorted(detail, key=lambda k: (k != "error", k != "reason", k))
+    parts = [f"{k}: {compact_json(detail[k], limit=160)}" for k in keys if detail[k] not in (None, "", {})]
+    return compact_json("; ".join(parts), limit=240)
+
+
+def cut(text: str | None, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis; "" for no text or a JSON null."""
+    if not text or text == "null":  # no output, or a JSON null
+        return ""
+    return text if len(text) <= limit else text[: limit - 1] + "…"

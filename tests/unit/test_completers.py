@@ -1,0 +1,146 @@
+"""engine.worker.batching: the InlineCompleter (tests) and the BatchCompleter (production)
+record the same results for the same requests, whether the BatchCompleter runs them
+alone or several in one batch. Real PostgreSQL and Redis (the claims are published)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection
+
+from engine.repositories import types
+from engine.scheduler import schedule_once
+from engine.services import start_run
+from engine.worker.batching import BatchCompleter, Completer, Failure, InlineCompleter, Success, record_batch
+from tests.unit.test_runtime_inprocess import broker, event_kinds, task_runs  # noqa: F401  (broker: a fixture)
+
+TASKS = [
+    {"key": "a", "type": "noop"},
+    {"key": "b", "type": "noop", "depends_on": ["a"]},
+    {"key": "c", "type": "fail", "max_attempts": 2, "retry_backoff_seconds": 3600},
+    {"key": "d", "type": "noop"},
+    {"key": "e", "type": "fail", "max_attempts": 3},
+]
+CLAIMED = "acde"  # the roots: claimed by the scheduler, started by the completer under test
+
+
+def _held_batches(release: threading.Event, entered: threading.Event, sizes: list[int]):
+    """A run_batch that holds its first batch until ``release`` is set, so the requests
+    submitted meanwhile queue and go together into the next batch; ``sizes`` gets the
+    number of requests in each batch."""
+    first = [True]
+
+    def run_batch(items):
+        sizes.append(len(items))
+        if first[0]:
+            first[0] = False
+            entered.set()
+            assert release.wait(10)
+        return record_batch(items)
+
+    return run_batch
+
+
+def _start_all(completer: Completer, requests: dict[str, types.StartRequest], *, together: bool) -> dict:
+    """Start each request; with ``together``, the first runs alone (held) and the others,
+    submitted from their own threads meanwhile, as one batch."""
+    if not together:
+        return {key: completer.start(request) for key, request in requests.items()}
+    started: dict = {}
+
+    def start(key):
+        try:
+            started[key] = completer.start(requests[key])
+        finally:
+            connection.close()
+
+    first, *rest = requests
+    lead = threading.Thread(target=start, args=(first,))
+    lead.start()
+    assert completer.entered.wait(10)
+    others = [threading.Thread(target=start, args=(key,)) for key in rest]
+    for t in others:
+        t.start()
+    while len(completer.combiner._queue) < len(rest):
+        threading.Event().wait(0.001)
+    completer.release.set()
+    for t in [lead, *others]:
+        t.join(10)
+    return started
+
+
+def record_with(completer: Completer, org, make_workflow, *, together: bool = False) -> dict:
+    """Run one workflow's requests through ``completer``; returns what it returned and what
+    the database holds afterwards, with ids replaced by task keys."""
+    wf = make_workflow(org, TASKS, name=f"parity-{type(completer).__name__}-{together}")
+    run = start_run(workflow=wf, run_input={})
+    assert schedule_once() == len(CLAIMED)  # (the retry of an earlier run's "c" is not due yet)
+    rows = task_runs(run.pk)
+    key_of = {row.pk: key for key, row in rows.items()}
+    tok = {key: rows[key].fencing_token for key in CLAIMED}
+    requests = {key: types.StartRequest(rows[key].pk, tok[key], f"w-{key}") for key in CLAIMED}
+    requests["stale"] = types.StartRequest(rows["d"].pk, tok["d"] + 5, "w-stale")
+    started = _start_all(completer, requests, together=together)
+    started["duplicate"] = completer.start(types.StartRequest(rows["a"].pk, tok["a"], "w-again"))
+
+    def success(key, output_json, *, token=None, continues=False):
+        return Success(types.SuccessRequest(rows[key].pk, token or tok[key], None, key == "a",
+                                                  output_json=output_json), run.pk, continues)
+
+    recorded = {
+        "a": completer.complete(success("a", '{"n": 1}', continues=True)),  # claims b, keeps it for the thread
+        "d": completer.complete(success("d", '{"n": 2}')),                  # no dependents (write-behind when busy)
+        "c": completer.complete(Failure(rows["c"].pk, tok["c"], "RuntimeError: once", True)),
+        "e": completer.complete(Failure(rows["e"].pk, tok["e"], "OutputTooLarge: too big", False)),
+        "stale": completer.complete(success("d", "null", token=tok["d"] + 5)),
+    }
+    return {
+        "started": {k: s and (key_of[s.task_run_id], s.task_type, s.attempt, s.fencing_token, s.has_dependents,
+                              s.upstream) for k, s in started.items()},
+        "recorded": {k: (r.accepted, r.state, r.run_state, r.retry_in_seconds is not None,
+                         following and key_of[following.task_run_id], len(r.dispatches))
+                     for k, (r, following) in recorded.items()},
+        "rows": {key: (row.state, row.attempt, row.fencing_token, row.output, row.error, row.lease_owner)
+                 for key, row in task_runs(run.pk).items()},
+        "events": {key: event_kinds(run.pk, key) for key in rows},
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_inline_and_batch_completers_record_the_same_results_for_the_same_requests(org, make_workflow):
+    inline = record_with(InlineCompleter(), org, make_workflow)
+    batch = record_with(BatchCompleter(), org, make_workflow)
+    assert batch == inline
+
+    # ... and those results are the right ones.
+    assert inline["started"]["stale"] is None and inline["started"]["duplicate"] is None
+    assert inline["started"]["a"][:5] == ("a", "noop", 1, 1, True)
+    assert inline["recorded"] == {
+        "a": (True, "succeeded", None, False, "b", 0),
+        "d": (True, "succeeded", None, False, None, 0),
+        "c": (True, "ready", None, True, None, 0),
+        "e": (True, "failed", None, False, None, 0),
+        "stale": (False, None, None, False, None, 0),
+    }
+    rows = inline["rows"]
+    assert rows["a"][:4] == ("succeeded", 1, 1, {"n": 1}) and rows["d"][:4] == ("succeeded", 1, 1, {"n": 2})
+    assert rows["b"][0] == "running" and rows["c"][:3] == ("ready", 2, 1)  # attempt 2 waits for its backoff
+    assert rows["e"][0] == "failed" and rows["e"][4] == "OutputTooLarge: too big"
+    assert inline["events"]["d"][-2:] == ["succeeded", "stale_completion_rejected"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_starts_that_share_a_batch_get_the_results_they_get_alone(org, make_workflow):
+    inline = record_with(InlineCompleter(), org, make_workflow)
+    release, entered = threading.Event(), threading.Event()
+    sizes: list[int] = []
+    completer = BatchCompleter(_held_batches(release, entered, sizes))
+    completer.release, completer.entered = release, entered
+    batch = record_with(completer, org, make_workflow, together=True)
+    # The lead's start ran alone; the other four (one of them stale) shared the next batch.
+    assert sizes[:2] == [1, 4]
+    assert batch["started"] == inline["started"]
+    assert batch == inline

@@ -1,0 +1,141 @@
+"""Each hot statement, planned as the hot path plans it, reaches its rows through the seed
+index (or primary key) its comment in ``engine/sql`` names.
+
+The plan is a prepared statement's generic plan (``plan_cache_mode = force_generic_plan``:
+what a connection keeps after its first executions) under the driver's planner settings
+(``driver.INDEX_PROBES_ONLY``), explained with ANALYZE inside a transaction that is rolled
+back, on a small seeded database: a few runs with ready, running, started, succeeded and
+expired task runs and unpublished outbox rows.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection, transaction
+
+from bench import hot_queries
+from engine.models import TaskRun
+from engine.repositories import driver, task_runs
+from engine.repositories.types import StartRequest, SuccessRequest
+from engine.services import start_run
+from engine.sql import descriptions, queries
+from engine.states import TASK_QUEUE
+from tests import engine_helpers
+
+# The SQL type of each parameter the hot statements take.
+TYPES = {
+    "limit": "bigint", "owner": "text", "lease": "float8", "queue": "text", "reserve": "float8", "ids": "uuid[]",
+    "tokens": "bigint[]", "outputs": "text[]", "start_ids": "uuid[]", "start_tokens": "bigint[]",
+    "owners": "text[]", "start_outbox": "uuid[]", "worker_lease": "float8", "upstream_bytes": "bigint",
+    "id": "uuid", "token": "bigint", "error": "text", "retryable": "boolean", "kind": "text",
+}
+
+# (statement, what runs it, the index its plan must use)
+HOT = [
+    ("task_run_claim_ready", "scheduler", "idx_taskrun_state_age"),
+    ("task_run_claim_ready_among", "a claim of given task runs", "core_taskrun_pkey"),
+    ("task_run_start_many", "worker: start", "core_taskrun_pkey"),
+    ("task_run_succeed_many", "worker: succeed", "core_taskrun_pkey"),
+    ("task_run_start_and_succeed_many", "worker: start + succeed", "core_taskrun_pkey"),
+    ("task_run_promote_and_claim_dependents", "worker: promote and claim", "uniq_taskrun_per_run_task"),
+    ("run_finish_if_done_many", "worker: finish", "idx_taskrun_run_state"),
+    ("task_run_heartbeat_many", "worker: heartbeat", "core_taskrun_pkey"),
+    ("task_run_fail_attempt", "worker: fail", "core_taskrun_pkey"),
+    ("task_run_get_expired_leases", "lease reaper", "idx_taskrun_lease_expiry"),
+    ("task_run_fail_expired_lease", "lease reaper", "core_taskrun_pkey"),
+    ("task_run_requeue_never_started", "lease reaper", "core_taskrun_pkey"),
+    ("outbox_get_pending", "relay: outbox drain", "idx_outbox_pending"),
+]
+
+_SCAN = re.compile(r"(?:Index|Index Only|Bitmap Index) Scan(?: Backward)? (?:using|on) (\w+)")
+
+
+def generic_plan(sql: str, params: dict) -> str:
+    """EXPLAIN (ANALYZE) of ``sql``'s generic plan as the driver prepares it, under the
+    driver's planner settings, in a transaction rolled back."""
+    name, text, order = driver.prepared_form(sql)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(driver.INDEX_PROBES_ONLY)
+            cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            cur.execute(f"PREPARE ff_plan_probe({', '.join(TYPES[n] for n in order)}) AS {text}")
+            try:
+                cur.execute(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE ff_plan_probe({', '.join(['%s'] * len(order))})",
+                            [params[n] for n in order])
+                plan = "\n".join(r[0] for r in cur.fetchall())
+            finally:
+                cur.execute("DEALLOCATE ff_plan_probe")
+        transaction.set_rollback(True)
+    return plan
+
+
+@pytest.fixture
+def seeded(org, make_workflow):
+    """Parameters for every hot statement, naming rows of a small seeded database."""
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
+                             {"key": "c", "type": "noop", "depends_on": ["a", "b"]}])
+    runs = [start_run(workflow=wf) for _ in range(4)]
+    claimed = task_runs.claim_ready_many(limit=4, lease_seconds=60, owner="test")
+    started = engine_helpers.start_attempts([StartRequest(d.task_run_id, d.fencing_token, "w") for d in claimed],
+                                            lease_seconds=60)
+    assert all(started)
+    done = claimed[:2]
+    engine_helpers.complete_successes([SuccessRequest(d.task_run_id, d.fencing_token, None)
+                                       for d in done], lease_seconds=60, owner="test")
+    with connection.cursor() as cur:  # one running lease expired
+        cur.execute("UPDATE core_taskrun SET lease_expires_at = clock_timestamp() - interval '1 minute' WHERE id = %s",
+                    [claimed[2].task_run_id])
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE core_taskrun")
+        cur.execute("ANALYZE core_outboxmessage")
+    ready = list(TaskRun.objects.unscoped().filter(workflow_run__in=runs, state="ready").values_list("id", flat=True))
+    ids, tokens = [d.task_run_id for d in done], [d.fencing_token for d in done]
+    s_ids, s_tokens = [d.task_run_id for d in claimed[2:]], [d.fencing_token for d in claimed[2:]]
+    return {
+        "limit": 200, "owner": "test", "lease": 60.0, "queue": TASK_QUEUE, "reserve": 0.0, "ids": ready,
+        "tokens": tokens, "outputs": ["null"] * len(ids), "start_ids": s_ids, "start_tokens": s_tokens,
+        "owners": ["w"] * len(s_ids), "start_outbox": [None] * len(s_ids), "worker_lease": 60.0,
+        "upstream_bytes": 1024 * 1024, "id": claimed[2].task_run_id, "token": claimed[2].fencing_token,
+        "error": "boom", "retryable": True, "kind": "attempt_failed",
+        # The statements that address succeeded or started generations by id get those.
+        "_done_ids": ids, "_started_ids": s_ids, "_run_ids": [r.pk for r in runs],
+    }
+
+
+def _params_for(name: str, seeded: dict) -> dict:
+    params = dict(seeded)
+    if name in ("task_run_succeed_many", "task_run_start_and_succeed_many", "task_run_promote_and_claim_dependents",
+                "run_finish_if_done_many"):
+        params["ids"] = seeded["_done_ids"]
+    elif name == "task_run_heartbeat_many":
+        params["ids"], params["tokens"] = seeded["_started_ids"], seeded["start_tokens"]
+    return params
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("name", "runner", "index"), HOT, ids=[h[0] for h in HOT])
+def test_each_hot_statement_uses_the_index_its_comment_names(seeded, name, runner, index):
+    assert index in descriptions[name], f"{name}'s comment does not name {index}"
+    plan = generic_plan(queries[name], _params_for(name, seeded))
+    used = set(_SCAN.findall(plan))
+    assert index in used, (name, runner, plan)
+    # No statement reads a whole execution table.
+    for table in ("core_taskrun", "core_outboxmessage", "core_workflowrun", "core_taskrunevent"):
+        assert f"Seq Scan on {table} " not in plan, (name, plan)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_benchmarks_hot_queries_use_their_indexes_under_the_drivers_planner_settings(seeded):
+    """``bench.hot_queries`` measures these statements by name; each one's plan uses the
+    index the bench expects (run progress: the API's per-run count by state)."""
+    for key, spec in hot_queries.QUERIES.items():
+        params = spec["params"]({"run_sample": seeded["_run_ids"]})
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(driver.INDEX_PROBES_ONLY)
+                cur.execute("EXPLAIN (ANALYZE, COSTS OFF) " + spec["sql"], params)
+                plan = "\n".join(r[0] for r in cur.fetchall())
+            transaction.set_rollback(True)
+        assert spec["index"] in set(_SCAN.findall(plan)), (key, plan)
