@@ -317,4 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    # SIGTERM (a caller's time limit) unwinds like an error: each scenario's finally stops its
+    # web server, workers and clock (their own sessions) and its private PostgreSQL and Redis.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())
