@@ -10,8 +10,7 @@ queries, whatever the page holds.
 
 from __future__ import annotations
 
-from django.db.models import Count, OuterRef, Prefetch, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import Prefetch
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import status
@@ -44,6 +43,7 @@ from api.serializers import (
 from engine.access import access_workflow
 from engine.definitions import DefinitionError, validate_document
 from engine.models import Task, TaskDependency, Workflow
+from engine.reporting import task_count
 from engine.services import ConfirmationRequired, apply_definition, archive_workflow, restore_workflow
 from tenancy.access import organization_id_of
 from tenancy.permissions import Action
@@ -87,16 +87,7 @@ def _workflow_detail(organization, pk):
 
 
 def _with_task_counts(queryset, organization):
-    task_counts = (
-        Task.objects.for_organization(organization)
-        .filter(workflow=OuterRef("pk"))
-        .order_by()
-        .values("workflow")
-        .annotate(n=Count("id"))
-        .values("n")
-    )
-    # A correlated count (DISTINCT ON cannot be combined with GROUP BY in the ORM).
-    return queryset.annotate(task_count=Coalesce(Subquery(task_counts), 0))
+    return queryset.annotate(task_count=task_count(organization))
 
 
 class WorkflowListView(OrganizationAPIView):

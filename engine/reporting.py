@@ -1,4 +1,5 @@
-"""Read models of a run for the command line: progress counts and a full summary."""
+"""Read models: a run's progress counts and full summary (command line), and the task count
+of each workflow version that the API's and the web UI's workflow lists show."""
 
 from __future__ import annotations
 
@@ -6,7 +7,26 @@ import dataclasses
 import uuid
 from collections import Counter
 
-from engine.models import TaskRun, TaskRunEvent, WorkflowRun
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+
+from engine.models import Task, TaskRun, TaskRunEvent, WorkflowRun
+
+
+def task_count(organization) -> Coalesce:
+    """An annotation for a Workflow queryset: the version's number of tasks (0 for none).
+
+    A correlated count, because DISTINCT ON (the lists show the latest version of each
+    name) cannot be combined with GROUP BY in the ORM."""
+    counts = (
+        Task.objects.for_organization(organization)
+        .filter(workflow=OuterRef("pk"))
+        .order_by()
+        .values("workflow")
+        .annotate(n=Count("id"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counts), 0)
 
 
 @dataclasses.dataclass

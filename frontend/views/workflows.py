@@ -25,7 +25,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from engine.access import access_workflow
 from engine.definitions import DefinitionError
 from engine.handlers import REGISTRY
-from engine.models import Task, Workflow, WorkflowRun, WorkflowState
+from engine.models import Workflow, WorkflowRun, WorkflowState
+from engine.reporting import task_count
 from engine.services import (
     ConfirmationRequired,
     WorkflowNotStartable,
@@ -77,14 +78,6 @@ def workflow_list(request: HttpRequest) -> HttpResponse:
     """The latest version of each workflow name, with its task count, number of
     versions and its latest run: one query whatever the number of workflows."""
     org = request.membership.organization
-    tasks = (
-        Task.objects.for_organization(org)
-        .filter(workflow=OuterRef("pk"))
-        .order_by()
-        .values("workflow")
-        .annotate(n=Count("id"))
-        .values("n")
-    )
     versions = (
         Workflow.objects.for_organization(org)
         .filter(name=OuterRef("name"))
@@ -102,7 +95,7 @@ def workflow_list(request: HttpRequest) -> HttpResponse:
         .order_by("name", "-version")
         .distinct("name")
         .annotate(
-            task_count=Coalesce(Subquery(tasks), 0),
+            task_count=task_count(org),
             version_count=Coalesce(Subquery(versions), 0),
             last_run_id=Subquery(last_run.values("id")[:1]),
             last_run_state=Subquery(last_run.values("state")[:1]),
