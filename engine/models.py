@@ -39,6 +39,22 @@ class WorkflowState(models.TextChoices):
     ARCHIVED = "archived"
 
 
+class RunLimitPolicy(models.TextChoices):
+    """What a start does when its workflow already has ``max_running_runs`` runs going
+    (issue 16; after Hatchet's and Temporal's overlap policies)."""
+
+    #: The new run waits (state pending, nothing ready) until one finishes, oldest first.
+    QUEUE = "queue"
+    #: The new run is recorded and cancelled at once.
+    CANCEL_NEWEST = "cancel_newest"
+    #: The oldest running run is cancelled to make room for the new one.
+    CANCEL_OLDEST = "cancel_oldest"
+
+
+#: Priorities (runs and tasks): higher is claimed first within an organization's share.
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
+
+
 class TriggerSource(models.TextChoices):
     """Through which channel a run was started."""
 
@@ -67,6 +83,13 @@ class Workflow(models.Model):
     definition = models.JSONField(default=dict)
     # Bound on a whole run, in seconds; the stuck-run sweep fails a run that exceeds it.
     run_timeout_seconds = models.FloatField(null=True, blank=True)
+    # Concurrency limits (definition's "concurrency"), counted across every version of the
+    # name: task runs claimed or running at once, and runs going at once (with the policy
+    # for a start over that limit).
+    max_running_tasks = models.IntegerField(null=True, blank=True)
+    max_running_runs = models.IntegerField(null=True, blank=True)
+    run_limit_policy = models.CharField(max_length=20, choices=RunLimitPolicy.choices,
+                                        db_default=RunLimitPolicy.QUEUE)
     created_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -85,6 +108,16 @@ class Workflow(models.Model):
                 condition=Q(run_timeout_seconds__isnull=True) | Q(run_timeout_seconds__gt=0),
                 name="workflow_run_timeout_positive",
             ),
+            models.CheckConstraint(
+                condition=Q(max_running_tasks__isnull=True) | Q(max_running_tasks__gte=1),
+                name="workflow_max_running_tasks_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_running_runs__isnull=True) | Q(max_running_runs__gte=1),
+                name="workflow_max_running_runs_positive",
+            ),
+            models.CheckConstraint(condition=_in("run_limit_policy", RunLimitPolicy.values),
+                                   name="workflow_run_limit_policy_valid"),
         ]
 
     def __str__(self) -> str:
@@ -108,6 +141,17 @@ class Task(models.Model):
     # Optional canvas position for drawing the DAG (seed 003).
     position_x = models.IntegerField(null=True, blank=True)
     position_y = models.IntegerField(null=True, blank=True)
+    # Added to its run's priority (PRIORITY_MIN..PRIORITY_MAX).
+    priority = models.SmallIntegerField(db_default=0)
+    # A named concurrency key of the organization (may hold "{{ input.path }}" placeholders,
+    # rendered per run) and the most task runs holding it at once.
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    # A named rate-limit bucket of the organization: at most rate_limit claims per
+    # fixed window of rate_window_seconds (1 or 60).
+    rate_key = models.CharField(max_length=200, null=True, blank=True)
+    rate_limit = models.IntegerField(null=True, blank=True)
+    rate_window_seconds = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
 
     objects = OrganizationScopedManager()
@@ -123,6 +167,18 @@ class Task(models.Model):
             models.CheckConstraint(
                 condition=Q(timeout_seconds__isnull=True) | Q(timeout_seconds__gt=0),
                 name="task_timeout_positive",
+            ),
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="task_priority_range"),
+            models.CheckConstraint(
+                condition=Q(concurrency_key__isnull=True, concurrency_limit__isnull=True)
+                | Q(concurrency_key__isnull=False, concurrency_limit__gte=1),
+                name="task_concurrency_limit_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_key__isnull=True, rate_limit__isnull=True, rate_window_seconds__isnull=True)
+                | Q(rate_key__isnull=False, rate_limit__gte=1, rate_window_seconds__in=[1, 60]),
+                name="task_rate_limit_valid",
             ),
         ]
 
@@ -178,6 +234,8 @@ class WorkflowRun(models.Model):
         "engine.ScheduledTrigger", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
     error = models.TextField(blank=True, default="")
+    # PRIORITY_MIN..PRIORITY_MAX, set at start; each task run's is this plus its task's.
+    priority = models.SmallIntegerField(db_default=0)
     # Last per-run event sequence number handed out; the row lock on this run is
     # what makes TaskRunEvent.seq gap-free and commit-ordered (seed 001).
     last_event_seq = models.BigIntegerField(default=0)
@@ -200,6 +258,8 @@ class WorkflowRun(models.Model):
                 name="wfrun_finished_at_matches_state",
             ),
             models.CheckConstraint(condition=Q(last_event_seq__gte=0), name="wfrun_event_seq_non_negative"),
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="wfrun_priority_range"),
         ]
         indexes = [
             # "the last N runs of this workflow" (seed 000): GET /api/v1/runs/?workflow=<id>.
@@ -245,6 +305,16 @@ class TaskRun(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # Retry backoff: a ready row is not claimed before this time.
     not_before = models.DateTimeField(null=True, blank=True)
+    # Run priority + task priority: higher is claimed first within the organization.
+    priority = models.SmallIntegerField(db_default=0)
+    # The task's concurrency key, rendered with the run's input: while running, this task
+    # run holds one of the key's permits (leased with it: released by every transition out
+    # of running, the reaper's included).
+    concurrency_key = models.CharField(max_length=400, null=True, blank=True)
+    # When it last became ready (start, promotion, retry backoff's end, requeue): claim wait.
+    ready_at = models.DateTimeField(null=True, blank=True)
+    # Why it is not claimed yet, as the scheduler last saw it ('' when it was not held back).
+    wait_reason = models.CharField(max_length=200, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
@@ -284,6 +354,14 @@ class TaskRun(models.Model):
             models.Index(fields=["workflow_run", "state"], name="idx_taskrun_run_state"),
             # The lease reaper: WHERE state = 'running' AND lease_expires_at < now() (seed 000).
             models.Index(fields=["lease_expires_at"], name="idx_taskrun_lease_expiry", condition=Q(state="running")),
+            # The fair claim: per organization, highest priority then oldest ready first
+            # (seed 001's dequeue index: partial, so claimed rows leave it).
+            models.Index(F("organization"), F("priority").desc(), F("created_at"), name="idx_taskrun_ready_claim",
+                         condition=Q(state="ready")),
+            # Permits and quotas: running (claimed or started) task runs per organization
+            # and per concurrency key; the holders are the task runs themselves.
+            models.Index(fields=["organization", "concurrency_key"], name="idx_taskrun_running_org",
+                         condition=Q(state="running")),
         ]
 
     def __str__(self) -> str:
@@ -336,6 +414,33 @@ class TaskRunEvent(models.Model):
 
     def __str__(self) -> str:
         return f"event {self.seq} {self.kind} of run {self.workflow_run_id}"
+
+
+class RateLimitBucket(models.Model):
+    """One fixed window of one named rate-limit bucket of an organization (seed 001's
+    RateLimitBuckets): ``count`` claims in [window_start, window_start + window_seconds).
+    One upsert per bucket per claim statement; windows past are pruned by housekeeping."""
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=200)
+    window_seconds = models.IntegerField()
+    window_start = models.DateTimeField()
+    count = models.IntegerField(db_default=0)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_ratelimitbucket"
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "key", "window_seconds", "window_start"],
+                                    name="uniq_ratelimit_bucket_window"),
+            models.CheckConstraint(condition=Q(count__gte=0), name="ratelimit_count_non_negative"),
+        ]
+        indexes = [models.Index(fields=["window_start"], name="idx_ratelimit_window_start")]
+
+    def __str__(self) -> str:
+        return f"{self.key} @ {self.window_start} ({self.count})"
 
 
 class OutboxMessage(models.Model):

@@ -97,6 +97,12 @@ class EventKind(models.TextChoices):
     SKIPPED = "skipped"
     #: The task run was cancelled with its run (cancel or run timeout).
     CANCELLED = "cancelled"
+    #: A ready task run is held back by a limit (detail.reason, e.g. "concurrency stripe
+    #: 5/5"): written when the scheduler first sees that reason (run level when a run waits
+    #: for its workflow's run limit).
+    WAITING = "waiting"
+    #: A queued run (pending: its workflow's max_running_runs was reached) was let in.
+    RUN_ADMITTED = "run_admitted"
 
 
 #: Run states a run never leaves (``wfrun_finished_at_matches_state``: exactly these

@@ -295,6 +295,25 @@ FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))
 FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))
+# --- Sharing the workers between organizations (issue 16; docs/scheduling.md) ---
+# Generations of one organization claimed but not yet started (in the broker or a
+# worker's prefetch), per unit of its weight: the broker queue holds at most this much of
+# one organization's backlog in front of another's work. Keep it at least the worker
+# threads of the whole deployment (plus their prefetch), or one organization alone cannot
+# keep every worker busy.
+FLOWFORGE_DISPATCH_AHEAD = int(os.environ.get("FLOWFORGE_DISPATCH_AHEAD", "64"))
+# Each plan's defaults: weight (share of the workers against other organizations with
+# ready work), max_running_task_runs (claimed or running at once), max_runs_per_minute
+# (runs started in any 60 s, every channel), max_definition_bytes (stored definitions,
+# every version). An organization's *_override columns replace single values (admin).
+FLOWFORGE_PLANS = {
+    "free": {"weight": 1, "max_running_task_runs": 100, "max_runs_per_minute": 600,
+             "max_definition_bytes": 10 * 1024 * 1024},
+    "team": {"weight": 2, "max_running_task_runs": 400, "max_runs_per_minute": 3000,
+             "max_definition_bytes": 50 * 1024 * 1024},
+    "business": {"weight": 4, "max_running_task_runs": 2000, "max_runs_per_minute": 12000,
+                 "max_definition_bytes": 250 * 1024 * 1024},
+}
 # Clock periods in seconds: the safety net behind the on-commit nudges.
 FLOWFORGE_CLOCK_SCHEDULE_SECONDS = env_float("FLOWFORGE_CLOCK_SCHEDULE_SECONDS", 1.0)
 FLOWFORGE_CLOCK_REAP_SECONDS = env_float("FLOWFORGE_CLOCK_REAP_SECONDS", 2.0)

@@ -59,16 +59,62 @@ class User(AbstractBaseUser, PermissionsMixin):
         return self.email
 
 
+class Plan(models.TextChoices):
+    """An organization's plan: the defaults of its scheduling weight and quotas
+    (``settings.FLOWFORGE_PLANS``); staff change it, and any single limit, in the admin."""
+
+    FREE = "free"
+    TEAM = "team"
+    BUSINESS = "business"
+
+
 class Organization(models.Model):
-    """The tenant. Every tenant row carries its id."""
+    """The tenant. Every tenant row carries its id.
+
+    Scheduling and quotas (issue 16): ``plan`` gives the defaults
+    (``settings.FLOWFORGE_PLANS``); each ``*_override`` column, when set, replaces its
+    plan's value for this organization. ``tenancy.limits.effective_limits`` resolves them.
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    plan = models.CharField(max_length=20, choices=Plan.choices, db_default=Plan.FREE)
+    # Share of the workers against other organizations with ready work (weighted fair share).
+    weight_override = models.SmallIntegerField(null=True, blank=True)
+    # At most this many task runs claimed or running at once.
+    max_running_task_runs_override = models.IntegerField(null=True, blank=True)
+    # At most this many runs started in any 60 s.
+    max_runs_per_minute_override = models.IntegerField(null=True, blank=True)
+    # At most this many bytes of stored workflow definitions (every version, JSON text).
+    max_definition_bytes_override = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "core_organization"
+        constraints = [
+            models.CheckConstraint(condition=models.Q(plan__in=["free", "team", "business"]), name="org_plan_valid"),
+            models.CheckConstraint(
+                condition=models.Q(weight_override__isnull=True)
+                | models.Q(weight_override__gte=1, weight_override__lte=100),
+                name="org_weight_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_running_task_runs_override__isnull=True)
+                | models.Q(max_running_task_runs_override__gte=1),
+                name="org_max_running_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_runs_per_minute_override__isnull=True)
+                | models.Q(max_runs_per_minute_override__gte=1),
+                name="org_max_runs_per_minute_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_definition_bytes_override__isnull=True)
+                | models.Q(max_definition_bytes_override__gte=1),
+                name="org_max_definition_bytes_positive",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug
