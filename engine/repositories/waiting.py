@@ -75,3 +75,26 @@ def note_waiting(*, limit: int = NOTE_LIMIT) -> int:
         return 0
     rows = fetch(queries["task_run_note_waiting"], {"limit": int(limit), **_limits_params()})
     return int(rows[0][1]) if rows else 0
+
+
+def attach(run, task_runs=None) -> None:
+    """Set ``waiting_reason`` on ``run`` (a WorkflowRun) and on each of its task runs
+    (``task_runs``, else its prefetched ``task_runs``): the reason for a ready task run
+    and for a run queued by its workflow's run limit, None otherwise. At most two
+    statements, none when nothing is ready or pending (what the API's run and the run page
+    show)."""
+    rows = list(run.task_runs.all()) if task_runs is None else list(task_runs)
+    ready = [tr.pk for tr in rows if tr.state == "ready"]
+    found = reasons(task_run_ids=ready) if ready else {}
+    for tr in rows:
+        tr.waiting_reason = found.get(tr.pk)
+    run.waiting_reason = run_reasons([run.pk]).get(run.pk) if run.state == "pending" else None
+
+
+def attach_runs(runs) -> None:
+    """Set ``waiting_reason`` on each run of ``runs`` (a page of WorkflowRuns): the run
+    limit reason of a queued run, None otherwise; one statement when any is pending."""
+    pending = [r.pk for r in runs if r.state == "pending"]
+    found = run_reasons(pending) if pending else {}
+    for r in runs:
+        r.waiting_reason = found.get(r.pk)
