@@ -218,7 +218,8 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "api.schema.ProblemAutoSchema",
-    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session), in Redis.
+    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session) and
+    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG per organization, in Redis.
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
@@ -244,6 +245,10 @@ FLOWFORGE_MAX_BODY_BYTES = int(os.environ.get("FLOWFORGE_MAX_BODY_BYTES", str(10
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLOWFORGE_MAX_BODY_BYTES
 # Requests per minute per API key (Redis-backed); past it, 429 with Retry-After.
 FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIMIT_PER_MINUTE", "600"))
+# Requests per minute per organization (all its keys and session users together; issue
+# 16), by default four keys' worth; past it, 429 naming the organization's budget. 0 disables it.
+FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = int(os.environ.get(
+    "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", str(4 * FLOWFORGE_API_RATE_LIMIT_PER_MINUTE)))
 # Failed API key authentications per client address per minute; past it, 429 without
 # verifying (each failure costs an Argon2 check). 0 disables the limit.
 FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_KEY_FAILURES_PER_MINUTE", "30"))
