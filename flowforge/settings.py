@@ -325,6 +325,9 @@ FLOWFORGE_CLOCK_REAP_SECONDS = env_float("FLOWFORGE_CLOCK_REAP_SECONDS", 2.0)
 FLOWFORGE_CLOCK_RELAY_SECONDS = env_float("FLOWFORGE_CLOCK_RELAY_SECONDS", 2.0)
 # When set, /metrics requires "Authorization: Bearer <this>".
 FLOWFORGE_METRICS_TOKEN = os.environ.get("FLOWFORGE_METRICS_TOKEN", "")
+# Organizations labelled by slug in /metrics' per-organization gauges (the most ready +
+# running task runs); the rest are summed under org="other", bounding the series.
+FLOWFORGE_METRICS_TOP_ORGS = int(os.environ.get("FLOWFORGE_METRICS_TOP_ORGS", "10"))
 FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
 FLOWFORGE_CLOCK_SWEEP_SECONDS = env_float("FLOWFORGE_CLOCK_SWEEP_SECONDS", 10.0)
 FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)
