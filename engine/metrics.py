@@ -44,8 +44,9 @@ COUNTERS = {
 }
 HISTOGRAMS = {
     "flowforge_dispatch_latency_seconds": ("From claim to handler start.", DISPATCH_BUCKETS),
+    "flowforge_claim_wait_seconds": ("From ready (past any retry backoff) to claimed: the wait for a "
+                                     "worker's share, a permit, a rate window or a quota.", CLAIM_WAIT_BUCKETS),
     "flowforge_task_duration_seconds": ("Handler run time of one attempt.", DURATION_BUCKETS),
-    "flowforge_claim_wait_seconds": ("From a task run becoming ready (ready_at) to its claim.", CLAIM_WAIT_BUCKETS),
 }
 
 # The label of the organizations past FLOWFORGE_METRICS_TOP_ORGS in the per-organization gauges.
