@@ -279,3 +279,19 @@ def test_concurrent_claimers_never_exceed_a_key_or_the_room(make_org, make_workf
     assert len(got) == 7
     assert sum(d.workflow_run_id == run_id for d in got) <= 3
     assert TaskRun.objects.unscoped().filter(organization=a, state="running", concurrency_key="k").count() <= 3
+
+
+@pytest.mark.django_db
+def test_housekeeping_prunes_buckets_of_past_windows_only(org):
+    from django.utils import timezone
+
+    from engine.services import purge_old_rate_limit_buckets
+
+    now = timezone.now()
+    old = RateLimitBucket.objects.create(organization=org, key="g", window_seconds=60,
+                                         window_start=now - dt.timedelta(minutes=5), count=4)
+    current = RateLimitBucket.objects.create(organization=org, key="g", window_seconds=60,
+                                             window_start=now.replace(second=0, microsecond=0), count=2)
+    assert purge_old_rate_limit_buckets() == 1
+    assert list(RateLimitBucket.objects.unscoped().values_list("pk", flat=True)) == [current.pk]
+    assert not RateLimitBucket.objects.unscoped().filter(pk=old.pk).exists()
