@@ -20,7 +20,7 @@ from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
 from engine.scheduler import note_waiting_if_due, schedule_once
-from engine.states import CONTROL_QUEUE, TASK_QUEUE
+from engine.states import CONTROL_QUEUE, TASK_FIRST_QUEUE, TASK_QUEUE
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
 from flowforge.broker import setup as setup_broker
@@ -74,15 +74,27 @@ def housekeeping() -> None:
     live.purge_expired()
 
 
-@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
+# Dramatiq priorities (lower runs first among the messages a worker has fetched): the
+# control actors and the first lane at 0, the bulk lane after them. So an organization's
+# first task, or a claim, never waits behind another organization's fetched backlog.
+BULK_PRIORITY = 10
+
+
+@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=BULK_PRIORITY)
 def execute_task_run(task_run_id: str, fencing_token: int) -> None:
     """Run one generation of one task run (see ``engine.worker.execute.execute``)."""
     execute(task_run_id, fencing_token, continue_inline=True)
 
 
-@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS)
+@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=BULK_PRIORITY)
 def execute_task_runs(dispatches: list[list]) -> None:
     """Run several generations, [[task_run_id, fencing_token], ...], in turn (a message of
     a claim burst: ``engine.relay.group_rows``; see ``engine.worker.execute.execute_many``)."""
     execute_many([(task_run_id, int(token)) for task_run_id, token in dispatches])
 
+
+@dramatiq.actor(queue_name=TASK_FIRST_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=0)
+def execute_task_run_first(task_run_id: str, fencing_token: int) -> None:
+    """``execute_task_run`` on the first lane (``engine.states.TASK_FIRST_QUEUE``): one of
+    an organization's first generations waiting for a worker."""
+    execute(task_run_id, fencing_token, continue_inline=True)

@@ -25,7 +25,7 @@ from typing import Any
 import dramatiq
 
 import flowforge.broker
-from engine.states import CONTROL_QUEUE, TASK_QUEUE
+from engine.states import CONTROL_QUEUE, TASK_FIRST_QUEUE, TASK_QUEUE
 
 #: Each actor's name -> the queue ``engine.actors`` declares it on.
 ACTOR_QUEUES: dict[str, str] = {
@@ -37,6 +37,7 @@ ACTOR_QUEUES: dict[str, str] = {
     "housekeeping": CONTROL_QUEUE,
     "execute_task_run": TASK_QUEUE,
     "execute_task_runs": TASK_QUEUE,
+    "execute_task_run_first": TASK_FIRST_QUEUE,
 }
 
 # How long a claimer's own publish has the outbox rows of its claim to itself, in
@@ -87,7 +88,13 @@ def dispatch_message(pairs: Sequence[tuple[str, int]], queue_name: str = TASK_QU
     """One execute message for (task_run_id, fencing_token) generations on ``queue_name``
     (an outbox row's ``routing_key``): ``execute_task_run(task_run_id, fencing_token)``
     for one, ``execute_task_runs([[task_run_id, fencing_token], ...])`` (run in that
-    order by one worker thread) for more."""
+    order by one worker thread) for more; on the first lane (TASK_FIRST_QUEUE),
+    ``execute_task_run_first`` for exactly one. Raises ValueError for several pairs on
+    the first lane (its messages are never grouped)."""
+    if queue_name == TASK_FIRST_QUEUE:
+        if len(pairs) != 1:
+            raise ValueError(f"a first-lane message carries one generation, not {len(pairs)}")
+        return message("execute_task_run_first", args=tuple(pairs[0]), queue_name=queue_name)
     if len(pairs) == 1:
         return message("execute_task_run", args=tuple(pairs[0]), queue_name=queue_name)
     return message("execute_task_runs", args=([list(p) for p in pairs],), queue_name=queue_name)

@@ -23,7 +23,7 @@ from django.db import connection, transaction
 
 from engine import sql
 from engine.dispatch import dispatch_message, enqueue_many
-from engine.states import TASK_QUEUE
+from engine.states import TASK_FIRST_QUEUE
 from flowforge.jsonb import strip_nul
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.U
     FLOWFORGE_DISPATCH_FANOUT: ``group_rows``), in one pipelined broker round trip;
     returns (published ids, [(failed id, error)]). A message the broker refused fails
     every row it carried."""
-    # Grouped per queue (every execute row names the task queue today).
+    # Grouped per queue (the bulk lane, TASK_QUEUE, and the first lane, TASK_FIRST_QUEUE).
     by_queue: dict[str, list[tuple[uuid.UUID, tuple[str, int]]]] = {}
     for outbox_id, routing_key, payload in rows:
         if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
@@ -70,7 +70,9 @@ def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.U
     messages: list[dramatiq.Message] = []
     carried: list[list[uuid.UUID]] = []
     for queue_name, items in by_queue.items():
-        for group in group_rows(items, settings.FLOWFORGE_DISPATCH_FANOUT):
+        # The first lane's messages carry one generation each (dispatch_message).
+        fanout = 0 if queue_name == TASK_FIRST_QUEUE else settings.FLOWFORGE_DISPATCH_FANOUT
+        for group in group_rows(items, fanout):
             carried.append([outbox_id for outbox_id, _pair in group])
             messages.append(dispatch_message([pair for _id, pair in group], queue_name))
     ok: list[uuid.UUID] = []
@@ -136,7 +138,7 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     has passed.
     """
     rows = [
-        (d.outbox_id, TASK_QUEUE, {"task_run_id": d.task_run_id, "fencing_token": d.fencing_token})
+        (d.outbox_id, d.queue, {"task_run_id": d.task_run_id, "fencing_token": d.fencing_token})
         for d in dispatches
         if d.outbox_id is not None
     ]

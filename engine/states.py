@@ -120,13 +120,20 @@ TASK_OPEN_STATES: tuple[str, ...] = (TaskRunState.PENDING.value, TaskRunState.RE
 #: Queue of the clock's and the nudges' actors (schedule, relay, reap, triggers, sweep,
 #: housekeeping).
 CONTROL_QUEUE = "flowforge.control"
-#: Queue of the execute messages (``OutboxMessage.routing_key`` of every dispatch).
+#: Queue of the execute messages (``OutboxMessage.routing_key`` of a dispatch): the bulk lane.
 TASK_QUEUE = "flowforge.tasks"
+#: The first lane: the execute messages of an organization's first few generations
+#: waiting for a worker (FLOWFORGE_DISPATCH_FIRST x weight; ``task_run_claim_fair`` picks
+#: the lane). Its actor has a higher Dramatiq priority than the bulk lane's, so a worker
+#: takes them before any bulk message it has fetched, and one organization's backlog in
+#: the bulk lane never stands in front of another organization's first task.
+TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
 __all__ = [
     "CONTROL_QUEUE",
     "RUN_OPEN_STATES",
     "RUN_TERMINAL_STATES",
+    "TASK_FIRST_QUEUE",
     "TASK_OPEN_STATES",
     "TASK_QUEUE",
     "TASK_TERMINAL_STATES",

@@ -307,6 +307,10 @@ FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))
 # threads of the whole deployment (plus their prefetch), or one organization alone cannot
 # keep every worker busy.
 FLOWFORGE_DISPATCH_AHEAD = int(os.environ.get("FLOWFORGE_DISPATCH_AHEAD", "64"))
+# Of those, how many (per unit of weight) go to the first lane (engine.states.TASK_FIRST_QUEUE),
+# which workers take before any bulk message: an organization with little waiting starts
+# its next task ahead of another organization's whole backlog.
+FLOWFORGE_DISPATCH_FIRST = int(os.environ.get("FLOWFORGE_DISPATCH_FIRST", "2"))
 # Each plan's defaults: weight (share of the workers against other organizations with
 # ready work), max_running_task_runs (claimed or running at once), max_runs_per_minute
 # (runs started in any 60 s, every channel), max_definition_bytes (stored definitions,

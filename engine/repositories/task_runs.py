@@ -48,7 +48,7 @@ from engine.repositories.types import (
     SuccessRequest,
 )
 from engine.sql import queries
-from engine.states import TASK_QUEUE, TASK_TERMINAL_STATES
+from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES
 from flowforge.jsonb import strip_nul
 from tenancy.limits import plan_table
 
@@ -84,9 +84,10 @@ def _json_text(value: Any) -> str:
 
 def _dispatches(rows: list[tuple]) -> list[Dispatch]:
     """The Dispatches of a claim's rows (a row per claimed generation with a NULL sixth
-    column and its wait in seconds seventh, then a row per outbox row written), in claim order."""
+    column, its wait in seconds seventh and its lane eighth, then a row per outbox row
+    written), in claim order."""
     outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
-    return [Dispatch(*row[:5], outbox_ids.get(row[0]), float(row[6]) if row[6] is not None else None)
+    return [Dispatch(*row[:5], outbox_ids.get(row[0]), float(row[6]) if row[6] is not None else None, row[7])
             for row in rows if row[5] is None]
 
 
@@ -103,13 +104,16 @@ _NO_ORG = uuid.UUID(int=0)
 def claim_params(*, limit: int, lease_seconds: float, owner: str, reserve_seconds: float = 0.0) -> dict[str, Any]:
     """The parameters ``task_run_claim_fair`` shares with every claimer (the organizations
     to claim for, ``orgs``/``org_of``/``only_ids``, are each caller's): the batch ``limit``,
-    the dispatch lease and owner, the publish reservation, FLOWFORGE_DISPATCH_AHEAD and
-    the plans' weights and quotas (``tenancy.limits.plan_table``)."""
+    the dispatch lease and owner, the publish reservation, the two lanes
+    (FLOWFORGE_DISPATCH_FIRST), FLOWFORGE_DISPATCH_AHEAD and the plans' weights and quotas
+    (``tenancy.limits.plan_table``)."""
     return {
         "limit": limit,
         "owner": owner,
         "lease": float(lease_seconds),
         "queue": TASK_QUEUE,
+        "first_queue": TASK_FIRST_QUEUE,
+        "first": int(settings.FLOWFORGE_DISPATCH_FIRST),
         "reserve": float(reserve_seconds),
         "ahead": int(settings.FLOWFORGE_DISPATCH_AHEAD),
         "lookahead": CLAIM_LOOKAHEAD,

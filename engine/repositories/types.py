@@ -7,6 +7,8 @@ import dataclasses
 import uuid
 from typing import Any
 
+from engine.states import TASK_QUEUE
+
 
 @dataclasses.dataclass(frozen=True)
 class Dispatch:
@@ -21,6 +23,9 @@ class Dispatch:
     outbox_id: uuid.UUID | None
     #: Seconds from when it became claimable (ready, past any backoff) to its claim.
     waited_seconds: float | None = None
+    #: The queue its message goes to (its outbox row's routing_key): the bulk lane, or the
+    #: first lane for one of its organization's first generations waiting for a worker.
+    queue: str = TASK_QUEUE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,7 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 
 
 -- name: task_run_claim_fair
--- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket_window, uniq_outbox_per_taskrun_generation.
+-- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row on its lane and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket_window, uniq_outbox_per_taskrun_generation.
 -- Gates (issue 16; seed 001's semaphores and rate buckets):
 --   room     an organization's claimed-not-started generations stay under ahead x weight
 --            (the broker holds that much of its backlog at most, ahead of anyone else's),
@@ -74,6 +74,9 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 --   workflow running task runs of a workflow name under its max_running_tasks;
 --   rate     claims in the current fixed window of a bucket under its limit, counted by
 --            one upsert per bucket (a fixed window admits up to 2x at a boundary).
+-- Lanes: an organization's first first x weight generations waiting for a worker go to
+-- first_queue (a Dramatiq actor of higher priority: ahead of every bulk backlog), the rest
+-- to queue, so another organization's backlog never stands in front of its first task.
 -- Rows a full key, workflow or bucket holds back are skipped in the index scan, so they do
 -- not block the rows behind them. A row a partly full gate turns away can cost another row
 -- its place in this pass (never a limit): the next claim takes it.
@@ -93,7 +96,7 @@ WITH now_ AS (
     WHERE o.id IN (SELECT unnest(%(orgs)s::uuid[])
                    UNION SELECT organization_id FROM core_taskrun WHERE id = ANY(%(org_of)s::uuid[]))
 ), room AS (
-    SELECT org.id, org.weight,
+    SELECT org.id, org.weight, u.dispatched,
            LEAST(org.max_running - u.running, %(ahead)s::int * org.weight - u.dispatched) AS room
     FROM org CROSS JOIN LATERAL (
         SELECT count(*) AS running,
@@ -128,7 +131,7 @@ WITH now_ AS (
     FROM core_ratelimitbucket b JOIN org ON org.id = b.organization_id, now_
     WHERE b.window_start = to_timestamp(floor(extract(epoch FROM now_.at) / b.window_seconds) * b.window_seconds)
 ), cand AS (
-    SELECT c.*, room.weight, room.room
+    SELECT c.*, room.weight, room.room, room.dispatched
     FROM room CROSS JOIN LATERAL (
         SELECT t.id, t.organization_id, t.priority, t.created_at, t.concurrency_key, t.ready_at, t.not_before,
                k.concurrency_limit, k.rate_key, k.rate_limit, k.rate_window_seconds,
@@ -186,6 +189,8 @@ WITH now_ AS (
     WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (file header)
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token,
               picked.rate_key, picked.rate_window_seconds,
+              CASE WHEN picked.dispatched + picked.org_rn <= %(first)s::int * picked.weight
+                   THEN %(first_queue)s ELSE %(queue)s END AS lane,
               -- Seconds it waited to be claimed, from when it became claimable.
               EXTRACT(EPOCH FROM clock_timestamp()
                       - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited
@@ -202,7 +207,7 @@ WITH now_ AS (
     INSERT INTO core_outboxmessage
         (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
          fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
-    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
+    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', c.lane,
            jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
                               'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
            c.fencing_token, c.attempt, 0, '', clock_timestamp(),
@@ -236,12 +241,13 @@ WITH now_ AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
--- A row per claimed generation (with the seconds it waited), then a row per outbox row
+-- A row per claimed generation (with the seconds it waited and its lane), then a row per outbox row
 -- written (joined in Python: as a join here, planned with nested loops only, it would
 -- compare every pair).
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited FROM claimed c
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited, c.lane
+FROM claimed c
 UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL FROM outbox o;
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL FROM outbox o;
 
 
 -- name: task_run_start_many

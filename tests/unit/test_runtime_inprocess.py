@@ -28,6 +28,7 @@ from engine.worker.combiner import Combiner, _Slot
 from tests import engine_helpers
 
 TASK_QUEUE = "flowforge.tasks"
+TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
 
 @pytest.fixture(autouse=True)
@@ -51,13 +52,14 @@ def broker():
 
 
 def published_task_messages(broker) -> list[tuple[str, int]]:
-    """(task_run_id, fencing_token) of execute_task_run messages waiting in Redis."""
-    raw = broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs")
+    """(task_run_id, fencing_token) of the execute messages waiting in Redis, on both lanes
+    (``execute_task_run`` on the bulk lane, ``execute_task_run_first`` on the first)."""
     out = []
-    for data in raw.values():
-        msg = dramatiq.Message.decode(data)
-        assert msg.actor_name == "execute_task_run"
-        out.append((msg.args[0], msg.args[1]))
+    for queue, actor in ((TASK_QUEUE, "execute_task_run"), (TASK_FIRST_QUEUE, "execute_task_run_first")):
+        for data in broker.client.hgetall(f"{broker.namespace}:{queue}.msgs").values():
+            msg = dramatiq.Message.decode(data)
+            assert msg.actor_name == actor
+            out.append((msg.args[0], msg.args[1]))
     return sorted(out)
 
 

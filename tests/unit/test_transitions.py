@@ -18,7 +18,7 @@ from django.db.models import Count
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
 from engine.repositories import driver, runs, task_runs, types
 from engine.sql import queries
-from engine.states import TASK_QUEUE
+from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE
 from tenancy.models import Organization
 from tests import engine_helpers
 
@@ -196,6 +196,10 @@ def test_claim_ready_takes_oldest_first_bumps_token_and_writes_one_outbox_row_pe
     assert {d.task_run_id for d in rest} == {task_run(run_id, "x").pk, task_run(run_id, "y").pk}
     assert all(d.fencing_token == 1 for d in rest)
 
+    # The organization's first FLOWFORGE_DISPATCH_FIRST (2) generations waiting for a worker
+    # ride the first lane (z, then one of x and y), the third the bulk lane.
+    assert first[0].queue == TASK_FIRST_QUEUE
+    assert sorted(d.queue for d in rest) == sorted([TASK_FIRST_QUEUE, TASK_QUEUE])
     for d in first + rest:
         msgs = list(OutboxMessage.objects.unscoped().filter(task_run_id=d.task_run_id))
         assert len(msgs) == 1
@@ -203,7 +207,7 @@ def test_claim_ready_takes_oldest_first_bumps_token_and_writes_one_outbox_row_pe
         assert m.id == d.outbox_id
         assert m.fencing_token_snapshot == d.fencing_token == 1
         assert m.attempt_snapshot == 1
-        assert m.routing_key == TASK_QUEUE
+        assert m.routing_key == d.queue
         assert m.published_at is None
         assert m.workflow_run_id == run_id and m.organization_id == org.pk
         assert m.payload["task_run_id"] == str(d.task_run_id)
