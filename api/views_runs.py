@@ -159,9 +159,15 @@ class RunListView(OrganizationAPIView):
             200: OpenApiResponse(RunSerializer, description="A repeat of an earlier start with the same "
                                  "Idempotency-Key and body: the first run."),
             **problem(400, "Invalid body: `workflow` names no workflow of the organization, `input` is not a JSON "
-                      "object (or holds NaN/Infinity), or the Idempotency-Key is malformed.",
+                      "object (or holds NaN/Infinity, or lacks a field a task's concurrency key needs), "
+                      "`priority` is not a whole number from -10 to 10, or the Idempotency-Key is malformed.",
                       problem_example(400, "The request is invalid; see errors.", "invalid", errors={
                           "workflow": ["no workflow 'etl' in organization 'acme'"]})),
+            **problem(429, "The organization's runs-per-minute quota (max_runs_per_minute) is reached; "
+                      "`Retry-After` says in how many seconds a start fits again.",
+                      problem_example(429, "runs per minute quota (max_runs_per_minute) reached: the organization "
+                                      "started 600 runs in the last 60 s, its limit is 600; retry in 12.3 s",
+                                      "quota_exceeded")),
             **problem(409, "The workflow is a draft or archived, or the Idempotency-Key was used with another body.",
                       problem_example(409, "workflow etl v2 is archived; only active workflows can start runs",
                                       "conflict")),
@@ -179,11 +185,12 @@ class RunListView(OrganizationAPIView):
         workflow = self._resolve(data)
         try:
             if key is None:
-                run, created = start_run(workflow=workflow, run_input=data["input"], actor=self.actor), True
+                run, created = start_run(workflow=workflow, run_input=data["input"], actor=self.actor,
+                                         priority=data["priority"]), True
             else:
                 run, created = start_run_idempotent(
                     actor=self.actor, key=key, request_hash=idempotency.request_hash(data), workflow=workflow,
-                    run_input=data["input"])
+                    run_input=data["input"], priority=data["priority"])
         except (WorkflowNotStartable, IdempotencyConflict) as exc:
             raise Conflict(str(exc)) from exc
         headers = {"Location": _run_url(request, run)}

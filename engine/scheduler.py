@@ -8,7 +8,7 @@ from django.conf import settings
 
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
 from engine.relay import publish_dispatches
-from engine.repositories import driver, task_runs
+from engine.repositories import driver, runs, task_runs
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,7 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     outbox rows right after its commit (no extra broker hop through the relay
     actor; the relay's periodic drain is the safety net if this publish fails).
     Returns how many task runs were claimed. Must not run inside a transaction."""
+    runs.admit_queued()  # runs queued behind a workflow's run limit whose turn has come: roots ready
     limit = limit or settings.FLOWFORGE_CLAIM_BATCH
     owner = process_owner("scheduler")
     # A claimed generation holds a dispatch lease until a worker starts it (then the
