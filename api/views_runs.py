@@ -149,7 +149,11 @@ class RunListView(OrganizationAPIView):
         "version's id. Send an `Idempotency-Key` header to make retries safe: a repeat with the same key and "
         "body returns the first run with 200 (and `Idempotent-Replayed: true`) instead of starting another; the "
         "same key with a different body is a 409. Keys are per caller (user or API key) and kept 24 hours. "
-        "NUL characters in `input` strings are removed (PostgreSQL's jsonb cannot store them).",
+        "NUL characters in `input` strings are removed (PostgreSQL's jsonb cannot store them). `priority` "
+        "(-10 to 10, default 0) orders the run's task runs within the organization's share. Over the "
+        "organization's runs-per-minute quota (max_runs_per_minute, every channel counted) the start is a 429 "
+        "`quota_exceeded` with `Retry-After`. A workflow with a run limit (`concurrency.max_running_runs`) "
+        "queues the run (state `pending`), cancels it, or cancels its oldest runs, as its policy says.",
         parameters=[OpenApiParameter(idempotency.HEADER, str, OpenApiParameter.HEADER,
                                      description="1 to 200 visible ASCII characters chosen by the client "
                                      "(a UUID is a good choice).")],
@@ -163,11 +167,6 @@ class RunListView(OrganizationAPIView):
                       "`priority` is not a whole number from -10 to 10, or the Idempotency-Key is malformed.",
                       problem_example(400, "The request is invalid; see errors.", "invalid", errors={
                           "workflow": ["no workflow 'etl' in organization 'acme'"]})),
-            **problem(429, "The organization's runs-per-minute quota (max_runs_per_minute) is reached; "
-                      "`Retry-After` says in how many seconds a start fits again.",
-                      problem_example(429, "runs per minute quota (max_runs_per_minute) reached: the organization "
-                                      "started 600 runs in the last 60 s, its limit is 600; retry in 12.3 s",
-                                      "quota_exceeded")),
             **problem(409, "The workflow is a draft or archived, or the Idempotency-Key was used with another body.",
                       problem_example(409, "workflow etl v2 is archived; only active workflows can start runs",
                                       "conflict")),
