@@ -358,7 +358,9 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
                         _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=old),
                                            actor=actor, reason=reason)
                 else:
-                    queued_reason = f"workflow run limit {going}/{limit}"
+                    # Running runs over the limit, as the run's wait reason says it
+                    # (engine/sql/waiting.sql run_wait_reasons); queued runs ahead count too.
+                    queued_reason = f"workflow run limit {running}/{limit}"
         runs.create_with_task_runs(
             workflow_id=workflow.pk,
             organization_id=org_id,

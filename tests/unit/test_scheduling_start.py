@@ -329,7 +329,7 @@ def test_queue_holds_a_run_over_the_limit_and_admits_it_when_one_finishes(org):
         ("run_started", "pending", {"trigger_source": "cli", "retry_of": None}),
         ("waiting", "pending", {"reason": "workflow run limit 1/1"}),
     ]
-    assert run_events(refreshed(third))[1] == ("waiting", "pending", {"reason": "workflow run limit 2/1"})
+    assert run_events(refreshed(third))[1] == ("waiting", "pending", {"reason": "workflow run limit 1/1"})
     assert runs.admit_queued() == 0  # no room yet
 
     result = finish(first)
