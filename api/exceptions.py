@@ -13,8 +13,11 @@ ran, Django's own 500 page) are turned into the same shape by
 
 Service-layer errors are translated here, so views can let them propagate:
 tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError → 400
-naming its field, a missing (or another organization's) object → 404, a body over
-the limit → 413. Like DRF, a handled error rolls the request's transaction back
+naming its field, a refused start's InvalidStart → 400 naming its field, a missing (or
+another organization's) object → 404, a body over the limit → 413, an organization's
+quota (tenancy.limits.QuotaExceeded) → 429 with Retry-After for the runs-per-minute
+quota, else 422, both with code ``quota_exceeded`` and the members ``limit``,
+``allowed`` and ``used``. Like DRF, a handled error rolls the request's transaction back
 (ATOMIC_REQUESTS), except a refused authentication (401): nothing was written before
 it but its ``api_key.auth_failed`` audit record, which is kept. Anything else is a
 bug: it is logged, reported to Django's ``got_request_exception`` signal (so the
@@ -26,6 +29,7 @@ traceback.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from http import HTTPStatus
 from typing import Any
@@ -41,7 +45,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.views import set_rollback
 
 from api.authentication import unsupported_scheme_detail
+from engine.services import InvalidStart
 from engine.triggers import TriggerError
+from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
 
@@ -94,6 +100,24 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "payload_too_large"
 
 
+class QuotaProblem(exceptions.APIException):
+    """An organization's quota refused the request (tenancy.limits.QuotaExceeded): 429
+    with Retry-After (whole seconds, rounded up) when waiting helps (runs per minute),
+    else 422 (stored definitions size). The problem names the quota (``limit``), its
+    value (``allowed``) and what is in use (``used``)."""
+
+    default_code = "quota_exceeded"
+
+    def __init__(self, exc: QuotaExceeded):
+        super().__init__(str(exc), code="quota_exceeded")
+        self.quota = exc
+        if exc.retry_after_seconds is not None:
+            self.status_code = status.HTTP_429_TOO_MANY_REQUESTS
+            self.wait = max(1, math.ceil(exc.retry_after_seconds))  # DRF sends it as Retry-After
+        else:
+            self.status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+
+
 def body_too_large_detail() -> str:
     from django.conf import settings
 
@@ -117,8 +141,10 @@ def _translate(exc: Exception) -> Exception:
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
-    if isinstance(exc, TriggerError):
+    if isinstance(exc, TriggerError | InvalidStart):
         return exceptions.ValidationError({exc.field: [exc.message]})
+    if isinstance(exc, QuotaExceeded):
+        return QuotaProblem(exc)
     if isinstance(exc, ObjectDoesNotExist | Http404):
         # Same body whatever the model or reason: never confirm another tenant's ids, nor
         # name the model (get_object_or_404's Http404 says "No WorkflowRun matches ...").
@@ -229,6 +255,10 @@ def problem_exception_handler(exc: Exception, context: dict):
         problem["errors"] = data if isinstance(data, dict) else {"non_field_errors": data}
     elif isinstance(data, dict) and "detail" in data:
         problem["detail"] = str(data["detail"])
+        if isinstance(exc, QuotaProblem):
+            problem.update(limit=exc.quota.limit, allowed=exc.quota.allowed, used=exc.quota.used)
+            if exc.quota.retry_after_seconds is not None:
+                problem["retry_after_seconds"] = round(exc.quota.retry_after_seconds, 3)
     else:
         problem["detail"] = str(data)
     response.data = problem

@@ -46,9 +46,10 @@ def idempotency_key(request: Request) -> str | None:
 def request_hash(validated: dict[str, Any]) -> str:
     """SHA-256 (hex) of the canonical JSON of a validated start request: keys sorted, no
     whitespace, so two bodies that mean the same start hash alike whatever their
-    formatting or key order (an omitted ``input`` equals ``{}``)."""
-    canonical = json.dumps(
-        {"workflow": validated["workflow"], "version": validated.get("version"), "input": validated.get("input", {})},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False,
-    )
+    formatting or key order (an omitted ``input`` equals ``{}``, an omitted ``priority``
+    equals 0, and a priority of 0 hashes as the bodies before priorities existed did)."""
+    body = {"workflow": validated["workflow"], "version": validated.get("version"), "input": validated.get("input", {})}
+    if validated.get("priority"):
+        body["priority"] = validated["priority"]
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()

@@ -94,6 +94,12 @@ class ProblemSerializer(serializers.Serializer):
     errors = FieldErrorsField(required=False, help_text="Per-field messages of an invalid request (400).")
     request_id = serializers.CharField(required=False, help_text="The request id (500 only): quote it when "
                                        "reporting the error.")
+    limit = serializers.CharField(required=False, help_text="The organization's quota that refused the request "
+                                  "(`quota_exceeded` only): max_runs_per_minute or max_definition_bytes.")
+    allowed = serializers.IntegerField(required=False, help_text="The quota's value (`quota_exceeded` only).")
+    used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only).")
+    retry_after_seconds = serializers.FloatField(required=False, help_text="Seconds until the request fits the "
+                                                 "quota again (429 `quota_exceeded` only).")
 
 
 def problem_example(status: int, detail: str, code: str, *, name: str | None = None,

@@ -288,6 +288,18 @@ class RunSerializer(_RunFieldsMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class StrictPriorityField(serializers.IntegerField):
+    """A priority: a JSON integer from -10 to 10 (not a string, a boolean or a float)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(min_value=-10, max_value=10, **kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError(f"must be a whole number from -10 to 10, got {data!r}")
+        return super().to_internal_value(data)
+
+
 class RunStartInputSerializer(serializers.Serializer):
     """Body of POST /runs/: which workflow (a name, or a version's id), optionally which
     version of a name (default: the latest active one), and the run's input object."""
@@ -295,6 +307,9 @@ class RunStartInputSerializer(serializers.Serializer):
     workflow = serializers.CharField(max_length=200)
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT32_MAX)
     input = serializers.JSONField(required=False, default=dict)
+    priority = StrictPriorityField(required=False, default=0,
+                                   help_text="-10 to 10, default 0: higher is claimed first within the "
+                                   "organization's share; each task run's is this plus its task's.")
 
     def validate_input(self, value: Any) -> dict:
         if not isinstance(value, dict):

@@ -124,7 +124,7 @@ class TriggerSerializer(serializers.ModelSerializer):
     class Meta:
         model = ScheduledTrigger
         fields = ["id", "name", "workflow_name", "cron_expression", "timezone", "input", "catch_up", "enabled",
-                  "next_fire_at", "next_fire_times", "last_fired_at", "created_by", "created_at"]
+                  "priority", "next_fire_at", "next_fire_times", "last_fired_at", "created_by", "created_at"]
         read_only_fields = fields
 
     @extend_schema_field({"type": "array", "items": {"type": "string", "format": "date-time"},
@@ -152,6 +152,9 @@ class TriggerWriteSerializer(serializers.Serializer):
                                  help_text="Instants missed while the clock was down: fire none (skip), "
                                  "the latest, or all.")
     enabled = StrictBooleanField(default=True)
+    priority = serializers.IntegerField(default=0, min_value=-10, max_value=10,
+                                        help_text="The priority of the runs it starts, -10 to 10 (higher is "
+                                        "claimed first within the organization's share).")
 
 
 # --- members and invitations -----------------------------------------------------------------------

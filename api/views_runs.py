@@ -154,7 +154,11 @@ class RunListView(OrganizationAPIView):
         "version's id. Send an `Idempotency-Key` header to make retries safe: a repeat with the same key and "
         "body returns the first run with 200 (and `Idempotent-Replayed: true`) instead of starting another; the "
         "same key with a different body is a 409. Keys are per caller (user or API key) and kept 24 hours. "
-        "NUL characters in `input` strings are removed (PostgreSQL's jsonb cannot store them).",
+        "NUL characters in `input` strings are removed (PostgreSQL's jsonb cannot store them). `priority` "
+        "(-10 to 10, default 0) orders the run's task runs within the organization's share. Over the "
+        "organization's runs-per-minute quota (max_runs_per_minute, every channel counted) the start is a 429 "
+        "`quota_exceeded` with `Retry-After`. A workflow with a run limit (`concurrency.max_running_runs`) "
+        "queues the run (state `pending`), cancels it, or cancels its oldest runs, as its policy says.",
         parameters=[OpenApiParameter(idempotency.HEADER, str, OpenApiParameter.HEADER,
                                      description="1 to 200 visible ASCII characters chosen by the client "
                                      "(a UUID is a good choice).")],
@@ -164,7 +168,8 @@ class RunListView(OrganizationAPIView):
             200: OpenApiResponse(RunSerializer, description="A repeat of an earlier start with the same "
                                  "Idempotency-Key and body: the first run."),
             **problem(400, "Invalid body: `workflow` names no workflow of the organization, `input` is not a JSON "
-                      "object (or holds NaN/Infinity), or the Idempotency-Key is malformed.",
+                      "object (or holds NaN/Infinity, or lacks a field a task's concurrency key needs), "
+                      "`priority` is not a whole number from -10 to 10, or the Idempotency-Key is malformed.",
                       problem_example(400, "The request is invalid; see errors.", "invalid", errors={
                           "workflow": ["no workflow 'etl' in organization 'acme'"]})),
             **problem(409, "The workflow is a draft or archived, or the Idempotency-Key was used with another body.",
@@ -184,11 +189,12 @@ class RunListView(OrganizationAPIView):
         workflow = self._resolve(data)
         try:
             if key is None:
-                run, created = start_run(workflow=workflow, run_input=data["input"], actor=self.actor), True
+                run, created = start_run(workflow=workflow, run_input=data["input"], actor=self.actor,
+                                         priority=data["priority"]), True
             else:
                 run, created = start_run_idempotent(
                     actor=self.actor, key=key, request_hash=idempotency.request_hash(data), workflow=workflow,
-                    run_input=data["input"])
+                    run_input=data["input"], priority=data["priority"])
         except (WorkflowNotStartable, IdempotencyConflict) as exc:
             raise Conflict(str(exc)) from exc
         headers = {"Location": _run_url(request, run)}

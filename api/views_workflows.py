@@ -129,7 +129,13 @@ class WorkflowListView(OrganizationAPIView):
         description="Validate a definition document and store it as the next version of its name (version 1 "
         "for a new name), active.",
         request=DefinitionDocumentSerializer,
-        responses={201: WorkflowDetailSerializer, **DEFINITION_PROBLEM},
+        responses={201: WorkflowDetailSerializer, **DEFINITION_PROBLEM,
+                   **problem(422, "The organization's stored definitions would exceed its quota "
+                             "(max_definition_bytes); the problem's `used` and `allowed` are in bytes.",
+                             problem_example(422, "stored definitions quota (max_definition_bytes) exceeded: the "
+                                             "organization stores 10485000 bytes of workflow definitions, this "
+                                             "version adds 1200, and the limit is 10485760 bytes",
+                                             "quota_exceeded"))},
         examples=[OpenApiExample("definition", request_only=True, value=DEFINITION_EXAMPLE),
                   OpenApiExample("created", response_only=True, status_codes=["201"], value=WORKFLOW_EXAMPLE)],
     )

@@ -32,6 +32,7 @@ from engine.models import (
 from engine.services import WorkflowNotStartable, start_run
 from engine.triggers import next_instant
 from tenancy.actors import Actor
+from tenancy.limits import QuotaExceeded
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,13 @@ def _fire(trigger: ScheduledTrigger, instant: dt.datetime) -> str:
                 actor=Actor(organization=org, role="owner", channel="cron"),
                 trigger_source=TriggerSource.CRON, trigger=trigger,
                 audit_metadata={"trigger": trigger.name, "scheduled_for": instant.isoformat()},
+                priority=trigger.priority,
             )
             TriggerFiring.objects.for_organization(org).filter(pk=firing.pk).update(workflow_run=run)
         return "started"
-    except (WorkflowNotStartable, ValueError) as exc:
+    # A quota refusal (runs per minute) is a firing error like the others: recorded on the
+    # firing, the instant not retried (catch-up policies decide about missed instants).
+    except (WorkflowNotStartable, ValueError, QuotaExceeded) as exc:
         TriggerFiring.objects.for_organization(org).filter(pk=firing.pk).update(outcome="failed", detail=str(exc)[:2000])
         log.warning("trigger %s (%s) could not start a run for %s: %s", trigger.name, trigger.pk, instant, exc)
         return "failed"

@@ -6,7 +6,19 @@ A document is JSON (or YAML) of the shape::
      "tasks": [{"key": "extract", "type": "python", "config": {...},
                 "depends_on": ["..."], "max_attempts": 3,
                 "retry_backoff_seconds": 1.0, "timeout_seconds": 60,
-                "position": {"x": 0, "y": 0}}]}
+                "position": {"x": 0, "y": 0},
+                "priority": 0,
+                "concurrency": {"key": "customer-{{ input.customer_id }}", "limit": 2},
+                "rate_limit": {"key": "github", "per_second": 10}}],
+     "concurrency": {"max_running_tasks": 10, "max_running_runs": 2, "policy": "queue"}}
+
+Scheduling fields (issue 16; docs/api.md "Scheduling fields"): a task's ``priority``
+(PRIORITY_MIN..PRIORITY_MAX, added to its run's), ``concurrency`` (a named key of the
+organization, optionally templated from the run input, and the most task runs of this
+task holding it at once), ``rate_limit`` (a named fixed-window bucket: ``per_second`` or
+``per_minute``); the workflow's ``concurrency`` (``max_running_tasks``,
+``max_running_runs`` and the ``policy`` for a start over the latter), counted across
+every version of the name. ``render_concurrency_key`` fills a key's placeholders at start.
 
 ``validate_document`` either returns a normalized copy or raises DefinitionError
 listing every problem with the task (and field) it concerns. It writes nothing.
@@ -30,9 +42,27 @@ KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 KEY_FORM = "1-100 letters, digits, '_', '-' or '.'"  # what KEY_RE accepts, for error messages
 TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
-    "position", "edge_labels",
+    "position", "edge_labels", "priority", "concurrency", "rate_limit",
 }
-DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds"}
+DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency"}
+# Priorities of tasks and runs: engine.models.PRIORITY_MIN/MAX, the CHECK constraints'
+# range (tests/unit/test_scheduling_definitions.py checks they agree; this module is
+# imported without the app registry, by parse-only callers).
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
+# Concurrency and rate-limit keys: the text outside placeholders, and the whole key as
+# written (Task.concurrency_key / rate_key hold 200 characters).
+LIMIT_KEY_CHARS_RE = re.compile(r"^[A-Za-z0-9_.:-]*$")
+LIMIT_KEY_FORM = "letters, digits, '_', '.', ':' or '-'"
+LIMIT_KEY_MAX = 200
+# A rendered concurrency key (TaskRun.concurrency_key holds 400 characters).
+RENDERED_KEY_MAX = 400
+# "{{ input.a.b }}": a dotted path into the run input, nothing else between the braces.
+PLACEHOLDER_RE = re.compile(r"\{\{\s*input((?:\.[A-Za-z0-9_-]+)+)\s*\}\}")
+CONCURRENCY_FIELDS = {"key", "limit"}
+RATE_LIMIT_FIELDS = {"key", "per_second", "per_minute"}
+RATE_WINDOWS = {"per_second": 1, "per_minute": 60}
+WORKFLOW_CONCURRENCY_FIELDS = {"max_running_tasks", "max_running_runs", "policy"}
+RUN_LIMIT_POLICIES = ("queue", "cancel_newest", "cancel_oldest")  # engine.models.RunLimitPolicy
 MAX_TASKS = 5000
 # Problems listed in one DefinitionError; past it one more entry says how many were left out
 # (a document can hold tens of thousands of bad references, and the answer stays small).
@@ -198,6 +228,151 @@ def _number(errors, path, value, *, minimum, integer=False, allow_none=False, ma
     return int(value) if integer else float(value)
 
 
+def _limit_key(errors, path, value, *, placeholders: bool) -> str | None:
+    """Check a concurrency or rate-limit key as written: a string of 1..LIMIT_KEY_MAX
+    characters, LIMIT_KEY_FORM outside placeholders, and (``placeholders``) any number of
+    ``{{ input.<dotted path> }}``. Returns it, or None after appending the error."""
+    if value is None or value == "":
+        errors.append({"path": path, "message": f"required: a name of 1-{LIMIT_KEY_MAX} {LIMIT_KEY_FORM}"})
+        return None
+    if not isinstance(value, str):
+        errors.append({"path": path, "message": f"must be a string, got {value!r}"})
+        return None
+    if len(value) > LIMIT_KEY_MAX:
+        errors.append({"path": path, "message": f"at most {LIMIT_KEY_MAX} characters, got {len(value)}"})
+        return None
+    literal = PLACEHOLDER_RE.sub("", value) if placeholders else value
+    if "{" in literal or "}" in literal:
+        if placeholders:
+            message = (f"{value!r}: a placeholder must be {{{{ input.<dotted path> }}}}, e.g. "
+                       "{{ input.customer_id }}; nothing else may stand between the braces")
+        else:
+            message = f"{value!r}: placeholders are not allowed in a rate-limit key"
+        errors.append({"path": path, "message": message})
+        return None
+    if not LIMIT_KEY_CHARS_RE.match(literal):
+        bad = sorted({c for c in literal if not LIMIT_KEY_CHARS_RE.match(c)})
+        errors.append({"path": path, "message": f"{value!r}: {''.join(bad)!r} not allowed; use {LIMIT_KEY_FORM}"})
+        return None
+    return value
+
+
+def _unknown_fields(errors, path, value: dict, allowed: set[str]) -> None:
+    for extra in sorted(set(value) - allowed, key=str):
+        errors.append({"path": f"{path}.{extra}", "message": f"unknown field; allowed: {', '.join(sorted(allowed))}"})
+
+
+def _task_concurrency(errors, where: str, raw: Any) -> dict[str, Any] | None:
+    """A task's ``concurrency`` as {"key", "limit"}, or None (absent or invalid)."""
+    if raw is None:
+        return None
+    path = f"{where}.concurrency"
+    if not isinstance(raw, dict):
+        errors.append({"path": path, "message": 'must be an object {"key": "<name>", "limit": <n>}'})
+        return None
+    _unknown_fields(errors, path, raw, CONCURRENCY_FIELDS)
+    key = _limit_key(errors, f"{path}.key", raw.get("key"), placeholders=True)
+    if "limit" not in raw or raw["limit"] is None:
+        # Seed 001's trap: a key without a limit must not silently limit nothing.
+        errors.append({"path": f"{path}.limit", "message": "required: the most task runs holding the key at once "
+                       "(a whole number, at least 1); a key without a limit is unconfigured"})
+        return None
+    limit = _number(errors, f"{path}.limit", raw["limit"], minimum=1, integer=True, maximum=INT32_MAX)
+    if key is None or limit is None:
+        return None
+    return {"key": key, "limit": limit}
+
+
+def _task_rate_limit(errors, where: str, raw: Any) -> dict[str, Any] | None:
+    """A task's ``rate_limit`` as {"key", "per_second" | "per_minute"}, or None."""
+    if raw is None:
+        return None
+    path = f"{where}.rate_limit"
+    if not isinstance(raw, dict):
+        errors.append({"path": path, "message": 'must be an object {"key": "<name>", "per_second": <n>} '
+                       'or {"key": "<name>", "per_minute": <n>}'})
+        return None
+    _unknown_fields(errors, path, raw, RATE_LIMIT_FIELDS)
+    key = _limit_key(errors, f"{path}.key", raw.get("key"), placeholders=False)
+    given = [w for w in RATE_WINDOWS if raw.get(w) is not None]
+    if len(given) != 1:
+        errors.append({"path": path, "message": "give exactly one of per_second or per_minute"
+                       + (", not both" if len(given) == 2 else "")})
+        return None
+    window = given[0]
+    limit = _number(errors, f"{path}.{window}", raw[window], minimum=1, integer=True, maximum=INT32_MAX)
+    if key is None or limit is None:
+        return None
+    return {"key": key, window: limit}
+
+
+def _workflow_concurrency(errors, raw: Any) -> dict[str, Any] | None:
+    """The workflow's ``concurrency`` block, normalized: the limits given, and ``policy``
+    (default queue). None when absent or empty."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        errors.append({"path": "concurrency", "message": "must be an object with max_running_tasks, "
+                       "max_running_runs and policy (each optional)"})
+        return None
+    _unknown_fields(errors, "concurrency", raw, WORKFLOW_CONCURRENCY_FIELDS)
+    out: dict[str, Any] = {}
+    for name in ("max_running_tasks", "max_running_runs"):
+        if raw.get(name) is not None:
+            value = _number(errors, f"concurrency.{name}", raw[name], minimum=1, integer=True, maximum=INT32_MAX)
+            if value is not None:
+                out[name] = value
+    policy = raw.get("policy", "queue")
+    if policy is None:
+        policy = "queue"
+    if policy not in RUN_LIMIT_POLICIES:
+        errors.append({"path": "concurrency.policy",
+                       "message": f"must be one of {', '.join(RUN_LIMIT_POLICIES)}, got {policy!r}"})
+        return None
+    if not out and "policy" not in raw:
+        return None
+    out["policy"] = policy
+    return out
+
+
+def placeholders(template: str) -> list[str]:
+    """The dotted paths (``customer.id``) of a concurrency key's placeholders, in order."""
+    return [m.group(1)[1:] for m in PLACEHOLDER_RE.finditer(template)]
+
+
+def render_concurrency_key(template: str, run_input: dict[str, Any], *, task_key: str) -> str:
+    """``template`` with each ``{{ input.<path> }}`` replaced by that value of the run
+    input: a string as is, a number or boolean as JSON writes it (``7``, ``2.5``,
+    ``true``). Raises ValueError naming the task and the field when the path is missing,
+    or its value is an object, an array or null, or the rendered key is empty or longer
+    than RENDERED_KEY_MAX characters."""
+
+    def value_of(match: re.Match) -> str:
+        path = match.group(1)[1:]
+        field = f"input.{path}"
+        value: Any = run_input
+        for part in path.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError(f"task {task_key!r}: its concurrency key {template!r} needs {field}, "
+                                 "which the run input does not have")
+            value = value[part]
+        if value is None or isinstance(value, dict | list):
+            kind = "null" if value is None else "an object" if isinstance(value, dict) else "an array"
+            raise ValueError(f"task {task_key!r}: its concurrency key {template!r} needs {field} to be a string, "
+                             f"number or boolean, not {kind}")
+        if isinstance(value, str):
+            return value.replace("\x00", "")
+        return json.dumps(value)
+
+    rendered = PLACEHOLDER_RE.sub(value_of, template)
+    if not rendered:
+        raise ValueError(f"task {task_key!r}: its concurrency key {template!r} renders to an empty key")
+    if len(rendered) > RENDERED_KEY_MAX:
+        raise ValueError(f"task {task_key!r}: its concurrency key {template!r} renders to {len(rendered)} "
+                         f"characters; at most {RENDERED_KEY_MAX}")
+    return rendered
+
+
 def dependency_limits() -> tuple[int, int]:
     """(dependencies per task, dependencies per workflow) allowed: the settings
     FLOWFORGE_MAX_DEPENDENCIES_PER_TASK and FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW."""
@@ -214,8 +389,14 @@ def validate_document(doc: Any) -> dict[str, Any]:
     empty workflow, more than MAX_TASKS tasks, duplicate task keys, a task listing more
     dependencies than FLOWFORGE_MAX_DEPENDENCIES_PER_TASK, a workflow with more than
     FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW in total, an unknown dependency, a
-    self-dependency, a cycle (listing the keys on it), an unknown type and a config
-    that the type rejects. Raises DefinitionError with the problems found (at most
+    self-dependency, a cycle (listing the keys on it), an unknown type, a config
+    that the type rejects, and bad scheduling fields (a priority outside
+    PRIORITY_MIN..PRIORITY_MAX, a concurrency or rate limit below 1 or not a whole
+    number, a concurrency key without a limit, a key with characters outside
+    LIMIT_KEY_FORM or a placeholder other than ``{{ input.<dotted path> }}``, a rate
+    limit with both or neither of per_second and per_minute, an unknown field in any of
+    these objects, one key with two limits in one document, a run-limit policy other
+    than queue, cancel_newest or cancel_oldest). Raises DefinitionError with the problems found (at most
     MAX_ERRORS_LISTED of them, then how many more).
 
     Time is linear in the size of the document (tasks + dependencies + configs): every
@@ -254,8 +435,10 @@ def validate_document(doc: Any) -> dict[str, Any]:
         errors.append({"path": "tasks", "message": f"at most {MAX_TASKS} tasks, got {len(tasks)}"})
         raise DefinitionError(errors)
 
+    workflow_concurrency = _workflow_concurrency(errors, doc.get("concurrency"))
     normalized: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
+    concurrency_limits: dict[str, tuple[str, int]] = {}  # key as written -> (first task, its limit)
     for i, raw in enumerate(tasks):
         where = f"tasks[{i}]"
         if not isinstance(raw, dict):
@@ -320,6 +503,18 @@ def validate_document(doc: Any) -> dict[str, Any]:
                           maximum=MAX_RETRY_BACKOFF_SECONDS, unit=" (a day)")
         timeout = _number(errors, f"{where}.timeout_seconds", raw.get("timeout_seconds"), minimum=0.001, allow_none=True,
                           maximum=MAX_TASK_TIMEOUT_SECONDS, unit=" (30 days)")
+        priority = _number(errors, f"{where}.priority", raw.get("priority", 0), minimum=PRIORITY_MIN,
+                           integer=True, maximum=PRIORITY_MAX)
+        concurrency = _task_concurrency(errors, where, raw.get("concurrency"))
+        if concurrency is not None:
+            first = concurrency_limits.setdefault(concurrency["key"], (key, concurrency["limit"]))
+            if first[1] != concurrency["limit"]:
+                errors.append({
+                    "path": f"{where}.concurrency.limit",
+                    "message": f"key {concurrency['key']!r} has limit {first[1]} in task {first[0]!r}; "
+                    "one key has one limit within a workflow",
+                })
+        rate_limit = _task_rate_limit(errors, where, raw.get("rate_limit"))
         position = raw.get("position")
         if position is not None and not (
             isinstance(position, dict)
@@ -362,6 +557,14 @@ def validate_document(doc: Any) -> dict[str, Any]:
             "retry_backoff_seconds": backoff if backoff is not None else 1.0,
             "timeout_seconds": timeout,
         }
+        # Set only when given (like position): a document without them normalizes, and
+        # is stored, as before they existed.
+        if priority:
+            task["priority"] = priority
+        if concurrency is not None:
+            task["concurrency"] = concurrency
+        if rate_limit is not None:
+            task["rate_limit"] = rate_limit
         if position is not None:
             task["position"] = {"x": position["x"], "y": position["y"]}
         if edge_labels:
@@ -399,4 +602,6 @@ def validate_document(doc: Any) -> dict[str, Any]:
     out = {"name": name, "description": description, "tasks": normalized}
     if run_timeout is not None:
         out["timeout_seconds"] = run_timeout
+    if workflow_concurrency is not None:
+        out["concurrency"] = workflow_concurrency
     return strip_nul(out)

@@ -517,6 +517,8 @@ class ScheduledTrigger(models.Model):
     input = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     catch_up = models.CharField(max_length=10, choices=CatchUpPolicy.choices, default=CatchUpPolicy.LATEST)
+    # The priority of the runs it starts (PRIORITY_MIN..PRIORITY_MAX).
+    priority = models.SmallIntegerField(db_default=0)
     # The next instant to fire, in UTC; the tick's query reads enabled rows due now.
     next_fire_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
@@ -532,6 +534,8 @@ class ScheduledTrigger(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["organization", "name"], name="uniq_trigger_org_name"),
             models.CheckConstraint(condition=_in("catch_up", CatchUpPolicy.values), name="trigger_catch_up_valid"),
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="trigger_priority_range"),
         ]
         indexes = [
             # The cron tick: WHERE enabled AND next_fire_at <= now() ORDER BY next_fire_at.

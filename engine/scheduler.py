@@ -10,7 +10,7 @@ from django.conf import settings
 from engine import metrics
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
 from engine.relay import publish_dispatches
-from engine.repositories import driver, task_runs, waiting
+from engine.repositories import driver, runs, task_runs, waiting
 from engine.repositories.types import Dispatch
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     publish fails). Organizations with ready work are taken CLAIM_ORGS_PER_PASS at a time
     in id order, so every one of them is visited in one call however many there are.
     Returns how many task runs were claimed. Must not run inside a transaction."""
+    runs.admit_queued()  # runs queued behind a workflow's run limit whose turn has come: roots ready
     limit = limit or settings.FLOWFORGE_CLAIM_BATCH
     owner = process_owner("scheduler")
     # A claimed generation holds a dispatch lease until a worker starts it (then the

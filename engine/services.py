@@ -16,12 +16,23 @@ from django.db import connection, transaction
 from audit import services as audit
 from engine import dispatch, metrics, sql
 from engine.db import retry_transient
-from engine.definitions import DefinitionError, validate_document
-from engine.models import Task, TaskDependency, TriggerSource, Workflow, WorkflowRun, WorkflowState
+from engine.definitions import DefinitionError, render_concurrency_key, validate_document
+from engine.models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    RunLimitPolicy,
+    Task,
+    TaskDependency,
+    TriggerSource,
+    Workflow,
+    WorkflowRun,
+    WorkflowState,
+)
 from engine.repositories import runs
 from engine.states import RUN_OPEN_STATES
-from flowforge.jsonb import strip_nul
+from flowforge.jsonb import jsonb_safe, strip_nul
 from tenancy.actors import Actor
+from tenancy.limits import QuotaExceeded, effective_limits
 from tenancy.permissions import Action, require
 
 log = logging.getLogger(__name__)
@@ -37,6 +48,21 @@ class ConfirmationRequired(ValueError):
 
 class RunNotFinished(Exception):
     """The run is still going (a retry needs a finished run)."""
+
+
+class InvalidStart(ValueError):
+    """A start was refused for one field of it: ``field`` is ``priority`` or ``input``
+    (a concurrency key's placeholder that the input cannot fill); ``message`` says why.
+    Nothing was stored."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+# The start quota's window (tenancy.limits max_runs_per_minute).
+RUNS_QUOTA_WINDOW_SECONDS = 60.0
 
 
 def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -> tuple[Workflow, int]:
@@ -100,7 +126,7 @@ def retry_run(*, actor: Actor, run: WorkflowRun) -> WorkflowRun:
         raise RunNotFinished(f"run {run.pk} is {run.state}; only a finished run can be retried")
     with transaction.atomic():
         new = start_run(workflow=run.workflow, run_input=run.input, actor=actor,
-                        trigger_source=TriggerSource.RETRY, retry_of=run)
+                        trigger_source=TriggerSource.RETRY, retry_of=run, priority=run.priority)
         audit.record("run.retried", actor=actor, target=run, metadata={"new_run": str(new.pk), "channel": actor.channel})
     return new
 
@@ -119,20 +145,38 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     actor's organization (version 1 for a new name). Returns the new Workflow.
 
     Without an ``actor`` the system acts for ``organization`` (commands, bootstrap).
-    Raises Forbidden when the actor's role may not edit workflows, and
-    DefinitionError (storing nothing) when the document is invalid. Concurrent
-    applies of one name are serialized by a transaction-scoped advisory lock, so
-    each gets its own version number. Records ``workflow.version_created``.
+    Raises Forbidden when the actor's role may not edit workflows,
+    DefinitionError (storing nothing) when the document is invalid, and
+    tenancy.limits.QuotaExceeded (``max_definition_bytes``, storing nothing) when the
+    organization's stored definitions (the text of every version's definition) and this
+    one would exceed its quota. Concurrent applies of one name are serialized by a
+    transaction-scoped advisory lock, so each gets its own version number; concurrent
+    applies of one organization by another, taken first, so two cannot both fit in the
+    last bytes of the quota. Records ``workflow.version_created``.
     """
     actor = _actor(actor, organization)
     require(actor.role, Action.WORKFLOW_EDIT)
     organization = actor.organization
     created_by = created_by or actor.user
     normalized = validate_document(document)
+    stored = strip_nul(normalized)
+    concurrency = normalized.get("concurrency") or {}
     with transaction.atomic():
         with connection.cursor() as cur:
+            # Organization first, then name: every apply takes them in this order.
+            cur.execute(sql.queries["workflow_version_lock"], {"key": f"definition-bytes:{organization.pk}"})
             cur.execute(sql.queries["workflow_version_lock"],
                         {"key": f"workflow-version:{organization.pk}:{normalized['name']}"})
+            cur.execute(sql.queries["workflow_definition_bytes"],
+                        {"org": organization.pk, "doc": jsonb_safe(stored)})
+            used, adding = cur.fetchone()
+        allowed = effective_limits(organization).max_definition_bytes
+        if used + adding > allowed:
+            raise QuotaExceeded(
+                f"stored definitions quota (max_definition_bytes) exceeded: the organization stores {used} bytes "
+                f"of workflow definitions, this version adds {adding}, and the limit is {allowed} bytes; "
+                "delete old workflows or ask staff to raise the quota",
+                limit="max_definition_bytes", allowed=allowed, used=used)
         latest = (
             Workflow.objects.for_organization(organization)
             .filter(name=normalized["name"])
@@ -146,8 +190,11 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             version=(latest or 0) + 1,
             description=normalized["description"],
             run_timeout_seconds=normalized.get("timeout_seconds"),
+            max_running_tasks=concurrency.get("max_running_tasks"),
+            max_running_runs=concurrency.get("max_running_runs"),
+            run_limit_policy=concurrency.get("policy", RunLimitPolicy.QUEUE),
             state=state,
-            definition=strip_nul(normalized),
+            definition=stored,
             created_by=created_by,
         )
         tasks = Task.objects.bulk_create(
@@ -163,6 +210,13 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
                     timeout_seconds=t["timeout_seconds"],
                     position_x=(t.get("position") or {}).get("x"),
                     position_y=(t.get("position") or {}).get("y"),
+                    priority=t.get("priority", 0),
+                    # The key as written, placeholders and all: rendered per run at start.
+                    concurrency_key=(t.get("concurrency") or {}).get("key"),
+                    concurrency_limit=(t.get("concurrency") or {}).get("limit"),
+                    rate_key=(t.get("rate_limit") or {}).get("key"),
+                    rate_limit=_rate(t)[0],
+                    rate_window_seconds=_rate(t)[1],
                 )
                 for t in normalized["tasks"]
             ]
@@ -190,6 +244,16 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
                       "tasks": len(tasks), "channel": str(CHANNEL_SOURCES.get(actor.channel, TriggerSource.CLI))},
         )
     return workflow
+
+
+def _rate(task: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(limit, window seconds) of a normalized task's rate_limit, or (None, None)."""
+    rate = task.get("rate_limit")
+    if not rate:
+        return None, None
+    if "per_second" in rate:
+        return rate["per_second"], 1
+    return rate["per_minute"], 60
 
 
 def resolve_workflow(*, organization, workflow: str | uuid.UUID, version: int | None = None) -> Workflow:
@@ -222,14 +286,33 @@ CHANNEL_SOURCES = {"api": TriggerSource.API, "web": TriggerSource.WEB, "cli": Tr
 
 def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, actor: Actor | None = None,
               trigger_source: str | None = None, triggered_by=None, retry_of=None, trigger=None,
-              audit_metadata: dict[str, Any] | None = None) -> WorkflowRun:
+              audit_metadata: dict[str, Any] | None = None, priority: int = 0) -> WorkflowRun:
     """Start a run of ``workflow``: the run and all its task runs in one transaction,
     roots ready, then a nudge to the scheduler on commit. Records ``run.started``
     with who started it and through which channel.
 
+    ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
+    it plus its task's. Each task's concurrency key is rendered with ``run_input``
+    (``engine.definitions.render_concurrency_key``).
+
+    The organization's start quota (``max_runs_per_minute``, every channel): its runs
+    created in the last 60 s are counted under a per-organization advisory lock; at the
+    quota the start raises QuotaExceeded with ``retry_after_seconds`` (when the oldest
+    of them leaves the window).
+
+    The workflow's run limit (``max_running_runs``, every version of the name, under a
+    per-(organization, name) advisory lock), when its runs going (running + queued)
+    reach it: ``queue`` stores the run ``pending`` with every task run pending and a
+    ``waiting`` event (``runs.admit_queued`` starts it later); ``cancel_newest`` stores
+    it and cancels it at once (the returned run is ``cancelled``, its error says why);
+    ``cancel_oldest`` cancels the oldest runs going, then starts this one.
+
     Raises Forbidden when the actor may not operate runs, Workflow.DoesNotExist when
     the workflow is not the actor's organization's, WorkflowNotStartable for a draft
-    or archived workflow, and ValueError when ``run_input`` is not a JSON object.
+    or archived workflow, InvalidStart (a ValueError; ``field`` ``priority`` or
+    ``input``) for a priority out of range or not a whole number and for an input that
+    cannot fill a concurrency key's placeholder, ValueError when ``run_input`` is not a
+    JSON object, and QuotaExceeded; nothing is stored when it raises.
     """
     actor = _actor(actor, workflow.organization)
     require(actor.role, Action.RUN_OPERATE)
@@ -244,19 +327,53 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         json.dumps(run_input, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"run input is not storable JSON: {exc}") from exc
+    validate_priority(priority)
     if workflow.state != WorkflowState.ACTIVE:
         raise WorkflowNotStartable(
             f"workflow {workflow.name} v{workflow.version} is {workflow.state}; only active workflows can start runs"
         )
+    keys = concurrency_keys(workflow, strip_nul(run_input))
+    org_id = workflow.organization_id
     with transaction.atomic():
-        run_id = runs.create_with_task_runs(
+        _check_start_quota(actor.organization)
+        run_id = uuid.uuid4()
+        queued_reason = cancel_reason = None
+        held = False
+        limit = workflow.max_running_runs
+        if limit is not None:
+            runs.lock(runs.run_limit_lock_key(org_id, workflow.name))
+            running, queued = runs.count_open_of_name(organization_id=org_id, workflow_name=workflow.name)
+            going = running + queued
+            if going >= limit:
+                policy = workflow.run_limit_policy
+                if policy == RunLimitPolicy.CANCEL_NEWEST:
+                    cancel_reason = (f"cancelled: workflow {workflow.name} has {going}/{limit} runs going "
+                                     "(run limit, policy cancel_newest)")
+                    held = True  # stored with nothing ready, then cancelled below
+                elif policy == RunLimitPolicy.CANCEL_OLDEST:
+                    reason = (f"cancelled: workflow {workflow.name} reached its run limit of {limit} "
+                              f"(policy cancel_oldest); making room for run {run_id}")
+                    for old in runs.oldest_open_of_name(organization_id=org_id, workflow_name=workflow.name,
+                                                        limit=going - limit + 1):
+                        _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=old),
+                                           actor=actor, reason=reason)
+                else:
+                    # Running runs over the limit, as the run's wait reason says it
+                    # (engine/sql/waiting.sql run_wait_reasons); queued runs ahead count too.
+                    queued_reason = f"workflow run limit {running}/{limit}"
+        runs.create_with_task_runs(
             workflow_id=workflow.pk,
-            organization_id=workflow.organization_id,
+            organization_id=org_id,
             run_input=run_input,
             trigger_source=trigger_source,
             triggered_by_id=getattr(triggered_by, "pk", None),
             retry_of_id=getattr(retry_of, "pk", None),
             trigger_id=getattr(trigger, "pk", None),
+            priority=priority,
+            concurrency_keys=keys,
+            queued_reason=queued_reason,
+            held=held,
+            run_id=run_id,
         )
         audit.record(
             "run.started",
@@ -265,11 +382,58 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             metadata={
                 "workflow": workflow.name, "version": workflow.version, "channel": str(trigger_source),
                 "retry_of": str(retry_of.pk) if retry_of is not None else None, **(audit_metadata or {}),
+                **({"priority": priority} if priority else {}),
             },
         )
-        transaction.on_commit(nudge_scheduler)
+        if cancel_reason is not None:
+            _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=run_id), actor=actor,
+                               reason=cancel_reason)
+        else:
+            transaction.on_commit(nudge_scheduler)
         transaction.on_commit(lambda: metrics.incr("flowforge_runs_started_total", str(trigger_source)))
-    return WorkflowRun.objects.for_organization(workflow.organization_id).get(pk=run_id)
+    return WorkflowRun.objects.for_organization(org_id).get(pk=run_id)
+
+
+def validate_priority(priority: Any, *, field: str = "priority") -> int:
+    """``priority`` if it is a whole number from PRIORITY_MIN to PRIORITY_MAX (an int, not
+    a bool or a float), else InvalidStart naming ``field``."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidStart(field, f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}")
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        raise InvalidStart(field, f"must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority}")
+    return priority
+
+
+def concurrency_keys(workflow: Workflow, run_input: dict[str, Any]) -> dict[str, str]:
+    """{task key: its concurrency key rendered with ``run_input``} for the tasks of
+    ``workflow`` that have one, read from the stored definition (no query). Raises
+    InvalidStart('input', ...) naming the task and the field a placeholder needs."""
+    out: dict[str, str] = {}
+    for task in (workflow.definition or {}).get("tasks", ()):
+        template = (task.get("concurrency") or {}).get("key")
+        if template:
+            try:
+                out[task["key"]] = render_concurrency_key(template, run_input, task_key=task["key"])
+            except ValueError as exc:
+                raise InvalidStart("input", str(exc)) from None
+    return out
+
+
+def _check_start_quota(organization) -> None:
+    """Refuse a start over the organization's ``max_runs_per_minute`` (QuotaExceeded with
+    ``retry_after_seconds``). Takes the organization's start lock for the rest of the
+    caller's transaction, so concurrent starts count each other's runs (the lock is its
+    own statement: the count's snapshot is taken after it is granted)."""
+    allowed = effective_limits(organization).max_runs_per_minute
+    runs.lock(f"runs-per-minute:{organization.pk}")
+    used, free_in = runs.count_recent(organization_id=organization.pk, window_seconds=RUNS_QUOTA_WINDOW_SECONDS,
+                                      limit=allowed)
+    if used >= allowed:
+        retry_after = max(0.001, free_in or 0.0)
+        raise QuotaExceeded(
+            f"runs per minute quota (max_runs_per_minute) reached: the organization started {used} runs in the "
+            f"last {RUNS_QUOTA_WINDOW_SECONDS:g} s, its limit is {allowed}; retry in {retry_after:.1f} s",
+            limit="max_runs_per_minute", allowed=allowed, used=used, retry_after_seconds=retry_after)
 
 
 # Seconds an idempotency key is kept (at least 24 h, seed 001's IdempotencyKeys): a
@@ -293,7 +457,7 @@ def _idempotency_caller(actor: Actor, key: str) -> tuple[uuid.UUID | None, uuid.
 
 
 def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow: Workflow,
-                         run_input: dict[str, Any] | None = None) -> tuple[WorkflowRun, bool]:
+                         run_input: dict[str, Any] | None = None, priority: int = 0) -> tuple[WorkflowRun, bool]:
     """Start a run of ``workflow`` at most once per (organization, caller, ``key``) within
     IDEMPOTENCY_TTL_SECONDS (seed 000's ``uniq_idempotency_org_user_key``).
 
@@ -323,7 +487,7 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
                              "key": stored_key, "request_hash": request_hash, "ttl": IDEMPOTENCY_TTL_SECONDS})
                 claimed = cur.fetchone()
                 if claimed is not None:
-                    run = start_run(workflow=workflow, run_input=run_input, actor=actor)
+                    run = start_run(workflow=workflow, run_input=run_input, actor=actor, priority=priority)
                     cur.execute(sql.queries["idempotency_key_set_run"], {"run": run.pk, "id": claimed[0]})
                     return run, True
                 cur.execute(sql.queries["idempotency_key_get"], {"org": org_id, "user": user_id, "key": stored_key})
@@ -412,6 +576,9 @@ def _cancel(*, run: WorkflowRun, actor: Actor, reason: str) -> bool:
     changed = runs.cancel(workflow_run_id=run.pk, reason=reason)
     if changed:
         audit.record("run.cancelled", actor=actor, target=run, metadata={"reason": reason, "channel": actor.channel})
+        if run.workflow.max_running_runs is not None:
+            # A place under the run limit came free: the scheduler's tick admits the next queued run.
+            transaction.on_commit(nudge_scheduler)
     return changed
 
 
@@ -429,6 +596,7 @@ __all__ = [
     "IDEMPOTENCY_TTL_SECONDS",
     "DefinitionError",
     "IdempotencyConflict",
+    "InvalidStart",
     "WorkflowNotStartable",
     "apply_definition",
     "cancel_run",

@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
-from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow
+from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow
 from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
@@ -138,6 +138,14 @@ def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: Schedu
         if policy not in CatchUpPolicy.values:
             raise TriggerError("catch_up", f"must be one of {', '.join(CatchUpPolicy.values)}")
         out["catch_up"] = policy
+    if not partial or "priority" in data:
+        priority = data.get("priority", 0)
+        if priority is None:
+            priority = 0
+        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise TriggerError("priority", f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, "
+                               f"got {priority!r}")
+        out["priority"] = priority
     if "enabled" in data or not partial:
         enabled = data.get("enabled", True)
         if not isinstance(enabled, bool):
@@ -161,13 +169,13 @@ def _input_digest(value: dict[str, Any]) -> str:
 
 def _snapshot(t: ScheduledTrigger) -> dict[str, Any]:
     return {"name": t.name, "workflow_name": t.workflow_name, "cron_expression": t.cron_expression,
-            "timezone": t.timezone, "catch_up": t.catch_up, "enabled": t.enabled,
+            "timezone": t.timezone, "catch_up": t.catch_up, "enabled": t.enabled, "priority": t.priority,
             "input_sha256": _input_digest(t.input or {})}
 
 
 def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
     """Create a trigger from ``data`` (name, workflow_name, cron_expression, timezone,
-    input, catch_up, enabled). Raises Forbidden or TriggerError (naming the field)."""
+    input, catch_up, enabled, priority: of the runs it starts, -10..10, default 0). Raises Forbidden or TriggerError (naming the field)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=False, current=None)
     creator = actor.user or getattr(actor.api_key, "created_by", None)  # a key acts for its creator

@@ -140,6 +140,10 @@ class DefinitionForm(forms.Form):
 
 class StartRunForm(forms.Form):
     input = JsonObjectField(label="Run input (JSON object)", what="Run input", initial="{}")
+    priority = forms.IntegerField(
+        min_value=-10, max_value=10, initial=0, required=False, label="Priority",
+        help_text="-10 to 10: higher runs first within the organization's share.",
+    )
 
 
 class ArchiveForm(forms.Form):
@@ -189,6 +193,10 @@ class TriggerForm(forms.Form):
         help_text="What happens to firings missed while the scheduler was down.",
     )
     enabled = forms.BooleanField(required=False, initial=True, label="Enabled")
+    priority = forms.IntegerField(
+        min_value=-10, max_value=10, initial=0, required=False, label="Priority",
+        help_text="Of the runs it starts, -10 to 10: higher runs first within the organization's share.",
+    )
 
     def __init__(self, *args: Any, workflow_names: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -207,6 +215,7 @@ class TriggerForm(forms.Form):
             "input": d["input"],
             "catch_up": d["catch_up"],
             "enabled": bool(d["enabled"]),
+            "priority": d.get("priority") or 0,
         }
 
 

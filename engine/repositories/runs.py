@@ -1,15 +1,41 @@
 """Writes of runs (core_workflowrun): create one with its task runs, derive its terminal
-state, cancel it. Statements: ``engine/sql/runs.sql``. Call inside ``transaction.atomic``."""
+state, cancel it, admit runs queued behind their workflow's run limit. Statements:
+``engine/sql/runs.sql``. Call inside ``transaction.atomic`` (``admit_queued`` excepted:
+it opens a transaction per workflow name)."""
 
 from __future__ import annotations
 
+import json
+import typing
 import uuid
 from typing import Any
+
+from django.db import transaction
 
 from engine.repositories import events
 from engine.repositories.driver import fetch
 from engine.sql import queries
 from flowforge.jsonb import jsonb_safe
+
+
+class RunFinished(typing.NamedTuple):
+    """A run that took its terminal ``state``; ``limited``: its workflow has
+    max_running_runs, so a run queued behind that limit may be admitted now (nudge the
+    scheduler, whose tick runs ``admit_queued``)."""
+
+    state: str
+    limited: bool
+
+
+def lock(key: str) -> None:
+    """Take the transaction-scoped advisory lock on ``key`` (``run_lock``): held until
+    the caller's transaction ends. Keys: ``runs-per-minute:<org id>`` (the organization's
+    start quota), ``workflow-runs:<org id>:<workflow name>`` (a name's run limit)."""
+    fetch(queries["run_lock"], {"key": key})
+
+
+def run_limit_lock_key(organization_id, workflow_name: str) -> str:
+    return f"workflow-runs:{organization_id}:{workflow_name}"
 
 
 def create_with_task_runs(
@@ -21,14 +47,30 @@ def create_with_task_runs(
     triggered_by_id: uuid.UUID | None = None,
     retry_of_id: uuid.UUID | None = None,
     trigger_id: uuid.UUID | None = None,
+    priority: int = 0,
+    concurrency_keys: dict[str, str] | None = None,
+    queued_reason: str | None = None,
+    held: bool = False,
+    run_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
-    """Insert a WorkflowRun (``running``) and all its TaskRuns in one go: roots
-    ``ready``, the rest ``pending`` (the design brief's "Start"), and the
-    ``run_started`` event. Returns the run id.
+    """Insert a WorkflowRun and all its TaskRuns in one go, and the ``run_started`` event.
+    Returns the run id (``run_id`` when given).
 
+    Without ``queued_reason`` the run is ``running``, its roots ``ready`` (``ready_at``
+    now) and the rest ``pending`` (the design brief's "Start"). With it the run is
+    queued behind its workflow's run limit: ``pending``, every task run ``pending``, and
+    a run-level ``waiting`` event with ``detail.reason = queued_reason``;
+    ``admit_queued`` starts it later. ``held`` alone stores it the same way without the
+    event (a run the caller cancels at once: the run limit's ``cancel_newest``).
+
+    Each task run's priority is ``priority`` + its task's, and its concurrency key
+    ``concurrency_keys[task key]`` (the task's key rendered with the run input by the
+    caller: ``engine.definitions.render_concurrency_key``), NULL for a task without one.
     The caller has checked that the workflow may be started (it is active).
     """
-    run_id = uuid.uuid4()
+    run_id = run_id or uuid.uuid4()
+    held = held or queued_reason is not None
+    state = "pending" if held else "running"
     fetch(
         queries["run_insert"],
         {
@@ -40,16 +82,74 @@ def create_with_task_runs(
             "user": triggered_by_id,
             "retry_of": retry_of_id,
             "trigger": trigger_id,
+            "state": state,
+            "priority": priority,
         },
     )
-    fetch(queries["task_run_insert_for_run"], {"run": run_id, "wf": workflow_id})
+    fetch(queries["task_run_insert_for_run"], {
+        "run": run_id, "wf": workflow_id, "priority": priority, "held": held,
+        "keys": json.dumps(concurrency_keys or {}),
+    })
     events.append(
         workflow_run_id=run_id,
         kind="run_started",
-        to_state="running",
+        to_state=state,
         detail={"trigger_source": trigger_source, "retry_of": str(retry_of_id) if retry_of_id else None},
     )
+    if queued_reason is not None:
+        events.append(workflow_run_id=run_id, kind="waiting", to_state=state, detail={"reason": queued_reason})
     return run_id
+
+
+def count_recent(*, organization_id: uuid.UUID, window_seconds: float, limit: int) -> tuple[int, float | None]:
+    """(runs the organization created in the last ``window_seconds``, counted up to
+    ``limit``; seconds until the oldest of those counted leaves the window, None when
+    there are none) — ``run_count_recent``. At ``limit`` the quota is full until then."""
+    n, free_in = fetch(queries["run_count_recent"],
+                       {"org": organization_id, "window": float(window_seconds), "limit": limit})[0]
+    return n, free_in
+
+
+def count_open_of_name(*, organization_id: uuid.UUID, workflow_name: str) -> tuple[int, int]:
+    """(running, queued) runs of every version of ``workflow_name`` (``run_count_open_of_name``)."""
+    running, queued = fetch(queries["run_count_open_of_name"], {"org": organization_id, "name": workflow_name})[0]
+    return running, queued
+
+
+def oldest_open_of_name(*, organization_id: uuid.UUID, workflow_name: str, limit: int) -> list[uuid.UUID]:
+    """The ids of the ``limit`` oldest runs still going (running or queued) of every
+    version of ``workflow_name``, oldest first."""
+    rows = fetch(queries["run_list_oldest_open_of_name"],
+                 {"org": organization_id, "name": workflow_name, "limit": limit})
+    return [r[0] for r in rows]
+
+
+def admit_queued(*, limit: int = 1000, names_limit: int = 200) -> int:
+    """Admit runs queued behind their workflow's run limit (``max_running_runs``),
+    oldest first, while each workflow name has room: the run becomes ``running``
+    (``started_at``, a ``run_admitted`` event) and its roots ``ready`` (``ready_at``).
+    Returns how many runs were admitted. The scheduler's tick calls it.
+
+    One transaction per (organization, workflow name), up to ``names_limit`` names and
+    ``limit`` runs per name: the name's advisory lock (``run_lock``, the one a start
+    takes) in its own statement first, so the count of running runs in
+    ``run_admit_queued`` (a later statement, a fresh snapshot under READ COMMITTED) sees
+    every start and admission committed before, and two admitters never both fill the
+    last place. Must not run inside a transaction of the caller's (it would hold every
+    name's lock until that one ends)."""
+    admitted = 0
+    for organization_id, name in fetch(queries["run_list_queued_names"], {"limit": names_limit}):
+        with transaction.atomic():
+            lock(run_limit_lock_key(organization_id, name))
+            admitted += len(fetch(queries["run_admit_queued"], {"org": organization_id, "name": name, "limit": limit}))
+    return admitted
+
+
+def finish(*, workflow_run_id: uuid.UUID) -> RunFinished | None:
+    """``finish_if_done``, returning the new state with whether the run's workflow has a
+    run limit (``RunFinished``), or None."""
+    rows = fetch(queries["run_finish_if_done"], {"run": workflow_run_id})
+    return RunFinished(rows[0][1], bool(rows[0][2])) if rows else None
 
 
 def finish_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
@@ -59,8 +159,8 @@ def finish_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
     None when the run is not finished (or was already finished by someone else).
     Run after the statement that bumped the run's event counter, so it sees every
     transition of the run committed before."""
-    rows = fetch(queries["run_finish_if_done"], {"run": workflow_run_id})
-    return rows[0][1] if rows else None
+    finished = finish(workflow_run_id=workflow_run_id)
+    return finished.state if finished else None
 
 
 def cancel(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cancelled") -> bool:

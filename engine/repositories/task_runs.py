@@ -313,7 +313,7 @@ def start_and_complete_many(
         start_results.append(attempt)
 
     succeeded = {(row[0], row[1]): row for row in done}
-    run_states = dict(finished)
+    run_states = {r[0]: (r[1], bool(r[2])) for r in finished}  # run id -> (state, limited)
     results: list[CompletionResult] = []
     for req in successes:
         row = succeeded.pop((req.task_run_id, req.fencing_token), None)
@@ -326,7 +326,8 @@ def start_and_complete_many(
             )
             results.append(CompletionResult(accepted=False))
             continue
-        results.append(CompletionResult(accepted=True, state=row[3], run_state=run_states.pop(row[2], None)))
+        run_state, run_limited = run_states.pop(row[2], (None, False))
+        results.append(CompletionResult(accepted=True, state=row[3], run_state=run_state, run_limited=run_limited))
     return start_results, results, tuple(_dispatches(claimed))
 
 
@@ -446,8 +447,9 @@ def _advance_after_failure(row: tuple) -> CompletionResult:
     elif state == "ready" and not_before is not None:
         now = fetch(queries["database_now"], {})[0][0]
         retry_in = max(0.0, (not_before - now).total_seconds())
-    run_state = runs.finish_if_done(workflow_run_id=run_id) if state in TASK_TERMINAL_STATES else None
-    return CompletionResult(accepted=True, state=state, run_state=run_state, retry_in_seconds=retry_in)
+    finished = runs.finish(workflow_run_id=run_id) if state in TASK_TERMINAL_STATES else None
+    return CompletionResult(accepted=True, state=state, run_state=finished.state if finished else None,
+                            retry_in_seconds=retry_in, run_limited=bool(finished and finished.limited))
 
 
 def skip_descendants(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID, reason: str) -> int:

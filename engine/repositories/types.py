@@ -60,6 +60,8 @@ class CompletionResult:
     completion (recorded as an event, nothing else changed). ``state`` is the task
     run's new state; ``dispatches`` the dependents claimed in the same transaction;
     ``run_state`` the run's state when this completion finished it, else None;
+    ``run_limited`` True when it finished the run and the run's workflow has
+    max_running_runs (a queued run may be admitted now: nudge the scheduler);
     ``retry_in_seconds`` the backoff when the attempt will be retried."""
 
     accepted: bool
@@ -67,6 +69,7 @@ class CompletionResult:
     dispatches: tuple[Dispatch, ...] = ()
     run_state: str | None = None
     retry_in_seconds: float | None = None
+    run_limited: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

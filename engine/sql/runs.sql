@@ -5,16 +5,100 @@
 
 
 -- name: run_insert
--- A new run, running from now, its event counter at 0; core_workflowrun_pkey.
+-- A new run in state (running from now, or pending: queued behind its workflow's run limit, not started) with priority, its event counter at 0; core_workflowrun_pkey.
 INSERT INTO core_workflowrun
     (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
-     trigger_id, error, last_event_seq, created_at, started_at)
-VALUES (%(run)s, %(org)s, %(wf)s, 'running', %(input)s, %(source)s, %(user)s, %(retry_of)s,
-        %(trigger)s, '', 0, clock_timestamp(), clock_timestamp());
+     trigger_id, error, priority, last_event_seq, created_at, started_at)
+VALUES (%(run)s, %(org)s, %(wf)s, %(state)s, %(input)s, %(source)s, %(user)s, %(retry_of)s,
+        %(trigger)s, '', %(priority)s, 0, clock_timestamp(),
+        CASE WHEN %(state)s = 'running' THEN clock_timestamp() END);
+
+
+-- name: run_lock
+-- Take the transaction-scoped advisory lock on key (a text: 'runs-per-minute:<org>' for the organization's start quota, 'workflow-runs:<org>:<name>' for a workflow name's run limit) so the count that follows is exact under READ COMMITTED; no table or index: a lock on the key's 64-bit hash.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+
+-- name: run_count_recent
+-- The organization's (org) runs created in the last window seconds, counted up to limit (n), and the seconds until the oldest of those counted leaves the window (free_in); idx_wfrun_org_recent (organization, created_at DESC), at most limit entries.
+SELECT count(*)::int AS n,
+       EXTRACT(EPOCH FROM min(r.created_at) + make_interval(secs => %(window)s) - clock_timestamp())::float8 AS free_in
+FROM (SELECT created_at FROM core_workflowrun
+      WHERE organization_id = %(org)s AND created_at > clock_timestamp() - make_interval(secs => %(window)s)
+      ORDER BY created_at DESC LIMIT %(limit)s) r;
+
+
+-- name: run_count_open_of_name
+-- The runs of every version of workflow name in the organization (org) still going: running and pending (queued) counts; uniq_workflow_name_version for the versions, then idx_wfrun_wf_recent per version.
+SELECT count(*) FILTER (WHERE r.state = 'running')::int AS running,
+       count(*) FILTER (WHERE r.state = 'pending')::int AS queued
+FROM core_workflow w
+JOIN core_workflowrun r ON r.workflow_id = w.id
+WHERE w.organization_id = %(org)s AND w.name = %(name)s AND r.state IN ('pending', 'running');
+
+
+-- name: run_list_oldest_open_of_name
+-- The ids of the oldest limit runs still going (running or pending) of every version of workflow name in the organization (org), oldest first (cancel_oldest makes room by cancelling them); uniq_workflow_name_version, then idx_wfrun_wf_recent per version.
+SELECT r.id
+FROM core_workflow w
+JOIN core_workflowrun r ON r.workflow_id = w.id
+WHERE w.organization_id = %(org)s AND w.name = %(name)s AND r.state IN ('pending', 'running')
+ORDER BY r.created_at, r.id
+LIMIT %(limit)s;
+
+
+-- name: run_list_queued_names
+-- The (organization, workflow name) pairs with runs queued (pending) behind a run limit, up to limit pairs; idx_wfrun_state_age (state = 'pending'), then core_workflow_pkey.
+SELECT DISTINCT r.organization_id, w.name
+FROM core_workflowrun r
+JOIN core_workflow w ON w.id = r.workflow_id
+WHERE r.state = 'pending'
+LIMIT %(limit)s;
+
+
+-- name: run_admit_queued
+-- Admit the oldest queued (pending) runs of workflow name in the organization (org), up to limit, while the name has fewer running runs than each run's version allows (max_running_runs): run -> running (started_at, a 'run_admitted' event), its root task runs -> ready (ready_at); uniq_workflow_name_version, idx_wfrun_wf_recent, uniq_taskrun_per_run_task. Run after run_lock on 'workflow-runs:<org>:<name>', in the same transaction.
+WITH running AS (
+    SELECT count(*) AS n
+    FROM core_workflow w JOIN core_workflowrun r ON r.workflow_id = w.id
+    WHERE w.organization_id = %(org)s AND w.name = %(name)s AND r.state = 'running'
+), queued AS (
+    SELECT r.id, w.max_running_runs AS m,
+           row_number() OVER (ORDER BY r.created_at, r.id) AS place
+    FROM core_workflow w JOIN core_workflowrun r ON r.workflow_id = w.id
+    WHERE w.organization_id = %(org)s AND w.name = %(name)s AND r.state = 'pending'
+    ORDER BY r.created_at, r.id
+    LIMIT %(limit)s
+), picked AS (
+    -- Oldest first: the run in place p fits when p more running runs stay within its limit.
+    SELECT q.id FROM queued q, running c
+    WHERE c.n + q.place <= coalesce(q.m, 2147483647)
+), adm AS (
+    UPDATE core_workflowrun r
+    SET state = 'running', started_at = clock_timestamp(), last_event_seq = r.last_event_seq + 1
+    FROM picked p
+    WHERE r.id = p.id AND r.state = 'pending'
+    RETURNING r.id, r.organization_id, r.last_event_seq
+), roots AS (
+    UPDATE core_taskrun t
+    SET state = 'ready', ready_at = clock_timestamp()
+    FROM adm a
+    WHERE t.workflow_run_id = a.id AND t.state = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.task_id)
+    RETURNING t.id
+), ev AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), a.organization_id, a.id, NULL, a.last_event_seq, 'run_admitted',
+           'pending', 'running', NULL, NULL, '{}'::jsonb, clock_timestamp()
+    FROM adm a
+)
+SELECT a.id, (SELECT count(*) FROM roots) AS roots FROM adm a;
 
 
 -- name: run_finish_if_done
--- The run (run) becomes failed, cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; idx_taskrun_run_state (one probe for an open row).
+-- The run (run) becomes failed, cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; returns (id, state, limited: its workflow has max_running_runs); idx_taskrun_run_state (one probe for an open row).
 WITH runs AS (
     SELECT %(run)s::uuid AS id
 ), done_runs AS (
@@ -43,7 +127,7 @@ WITH runs AS (
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
-    RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
@@ -52,7 +136,10 @@ WITH runs AS (
            f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
     FROM fin f
 )
-SELECT id, state FROM fin;
+-- limited: the run's workflow has max_running_runs, so a queued run may be admitted now
+-- (the caller nudges the scheduler, whose tick admits it).
+SELECT f.id, f.state, (w.max_running_runs IS NOT NULL) AS limited
+FROM fin f JOIN core_workflow w ON w.id = f.workflow_id;
 
 
 -- name: run_finish_if_done_many
@@ -85,7 +172,7 @@ WITH runs AS (
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
-    RETURNING r.id, r.organization_id, r.state, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
@@ -94,7 +181,10 @@ WITH runs AS (
            f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
     FROM fin f
 )
-SELECT id, state FROM fin;
+-- limited: the run's workflow has max_running_runs, so a queued run may be admitted now
+-- (the caller nudges the scheduler, whose tick admits it).
+SELECT f.id, f.state, (w.max_running_runs IS NOT NULL) AS limited
+FROM fin f JOIN core_workflow w ON w.id = f.workflow_id;
 
 
 -- name: run_cancel
@@ -132,5 +222,6 @@ SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
 JOIN core_workflow w ON w.id = r.workflow_id
 WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
   -- As seconds, not as a timestamp: no run timeout can compute one out of range.
-  AND EXTRACT(EPOCH FROM clock_timestamp() - r.created_at) > w.run_timeout_seconds
+  -- From its start: a run queued behind its workflow's run limit was not running meanwhile.
+  AND EXTRACT(EPOCH FROM clock_timestamp() - coalesce(r.started_at, r.created_at)) > w.run_timeout_seconds
 ORDER BY r.created_at LIMIT %(limit)s;

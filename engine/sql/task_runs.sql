@@ -17,14 +17,19 @@
 
 
 -- name: task_run_insert_for_run
--- A new run's task runs, one per task of its workflow: roots ready, the rest pending (attempt 1, token 0); uniq_task_workflow_key (the workflow's tasks, by key).
+-- A new run's task runs, one per task of its workflow: roots ready from now (ready_at), the rest pending, all pending when held (a run queued behind its workflow's run limit); priority = the run's (priority) + the task's; concurrency_key = keys->>task key (rendered from the run input by the caller; NULL without one); attempt 1, token 0; uniq_task_workflow_key (the workflow's tasks, by key).
 INSERT INTO core_taskrun
-    (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at)
-SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id,
-       CASE WHEN EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.id)
-            THEN 'pending' ELSE 'ready' END,
-       1, 0, '', clock_timestamp()
-FROM core_task t WHERE t.workflow_id = %(wf)s
+    (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at,
+     priority, concurrency_key, ready_at)
+SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id, s.state, 1, 0, '', clock_timestamp(),
+       %(priority)s + t.priority, %(keys)s::jsonb ->> t.key,
+       CASE WHEN s.state = 'ready' THEN clock_timestamp() END
+FROM core_task t
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN %(held)s OR EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.id)
+                THEN 'pending' ELSE 'ready' END AS state
+) s
+WHERE t.workflow_id = %(wf)s
 ORDER BY t.key;
 
 

@@ -42,6 +42,7 @@ from frontend.presenters.run_list import RunFilterForm, RunRow, progress_by_run,
 from frontend.presenters.run_page import EVENT_COLUMNS, build_run_view, event_rows, started_by
 from frontend.presenters.run_rows import render_event_rows
 from frontend.presenters.text import human_duration, seconds_between
+from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, require
 
 # Runs per page of the run list.
@@ -276,7 +277,7 @@ def run_retry(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
         new = retry_run(actor=request.actor, run=run)
     except Forbidden as exc:
         raise PermissionDenied(str(exc)) from None
-    except (RunNotFinished, WorkflowNotStartable) as exc:
+    except (RunNotFinished, WorkflowNotStartable, QuotaExceeded, ValueError) as exc:
         messages.error(request, str(exc))
         return redirect("frontend:run_detail", run_id=run.pk)
     messages.success(request, "A new run was started with the same input.")

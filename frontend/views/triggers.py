@@ -175,6 +175,7 @@ def _save(request: HttpRequest, *, trigger: ScheduledTrigger | None) -> HttpResp
             "input": json.dumps(trigger.input, indent=2),
             "catch_up": trigger.catch_up,
             "enabled": trigger.enabled,
+            "priority": trigger.priority,
         }
         if trigger.workflow_name not in names:  # shown as is, even if its workflow is gone
             names.append(trigger.workflow_name)

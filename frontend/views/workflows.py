@@ -29,6 +29,7 @@ from engine.models import Workflow, WorkflowRun, WorkflowState
 from engine.reporting import task_count
 from engine.services import (
     ConfirmationRequired,
+    InvalidStart,
     WorkflowNotStartable,
     apply_definition,
     archive_workflow,
@@ -38,6 +39,7 @@ from engine.services import (
 from frontend.dag import load_graph, render_dag_svg
 from frontend.forms_workflows import ArchiveForm, DefinitionForm, StartRunForm
 from frontend.organization import organization_required
+from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, can, require
 
 # Lines of a version diff shown before it is cut (a 5000-task definition is long).
@@ -141,6 +143,8 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
                 raise PermissionDenied(str(exc)) from None
             except DefinitionError as exc:
                 form.set_definition_errors(exc.errors)
+            except QuotaExceeded as exc:  # the organization's stored definitions quota
+                form.add_error(None, str(exc))
             else:
                 messages.success(
                     request, f"Saved {workflow.name} version {workflow.version} ({workflow.state})."
@@ -278,11 +282,14 @@ def workflow_start(request: HttpRequest, workflow_id: uuid.UUID) -> HttpResponse
     form = StartRunForm(request.POST)
     if form.is_valid():
         try:
-            run = start_run(workflow=workflow, run_input=form.cleaned_data["input"], actor=request.actor)
+            run = start_run(workflow=workflow, run_input=form.cleaned_data["input"], actor=request.actor,
+                            priority=form.cleaned_data.get("priority") or 0)
         except Forbidden as exc:
             raise PermissionDenied(str(exc)) from None
-        except WorkflowNotStartable as exc:
+        except (WorkflowNotStartable, QuotaExceeded) as exc:
             form.add_error(None, str(exc))
+        except InvalidStart as exc:  # a priority out of range, an input a concurrency key cannot use
+            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         except ValueError as exc:  # not storable JSON (e.g. a NaN)
             form.add_error("input", str(exc))
         else:

@@ -561,6 +561,14 @@ def test_unknown_catch_up_policy_violates_trigger_catch_up_valid(org):
     assert ScheduledTrigger.objects.unscoped().get(pk=trig.pk).catch_up == "latest"
 
 
+def test_a_trigger_priority_outside_minus_10_to_10_violates_trigger_priority_range(org):
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "nightly")])
+    qs = ScheduledTrigger.objects.unscoped().filter(pk=trig.pk)
+    violation("trigger_priority_range", lambda: qs.update(priority=11))
+    violation("trigger_priority_range", lambda: qs.update(priority=-11))
+    assert qs.update(priority=-10) == 1 and qs.update(priority=10) == 1
+
+
 # --- ApiKey and Invitation (tenancy extras) -----------------------------------------------------
 
 

@@ -65,7 +65,9 @@ def test_a_run_past_its_workflow_timeout_is_failed_and_its_tasks_cancelled(org):
     d = claim_and_start(run)
     young = start_run(workflow=wf)
     WorkflowRun.objects.for_organization(org).filter(pk=run.pk).update(
-        created_at=timezone.now() - dt.timedelta(seconds=61))
+        # Both: a run's timeout counts from its start (a run queued behind its workflow's
+        # run limit starts later than it was created).
+        created_at=timezone.now() - dt.timedelta(seconds=61), started_at=timezone.now() - dt.timedelta(seconds=61))
     assert sweep_runs()["timed_out"] == 1
     run.refresh_from_db()
     assert run.state == "failed"

@@ -72,7 +72,10 @@ def test_the_shared_parts_are_written_the_same_in_each_statement():
 
     # One statement claims (ready -> running) and writes outbox rows: the fair claim.
     assert [n for n in queries if "INSERT INTO core_outboxmessage" in queries[n]] == ["task_run_claim_fair"]
-    assert [n for n in queries if "SET state = 'running'" in queries[n]] == ["task_run_claim_fair"]
+    # (run_admit_queued sets a queued *run* running, core_workflowrun; no task run.)
+    assert [n for n in queries if "SET state = 'running'" in queries[n]
+            and n != "run_admit_queued"] == ["task_run_claim_fair"]
+    assert "UPDATE core_taskrun t SET state = 'ready'" in driver.compact(queries["run_admit_queued"])
 
     starts = ("task_run_start_many", "task_run_start_and_succeed_many")
     assert len({part(n, "sreq AS (", "), creq AS (" if "succeed" in n else "), tr AS (") for n in starts}) == 1

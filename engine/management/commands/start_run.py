@@ -1,4 +1,4 @@
-"""manage.py start_run --org SLUG WORKFLOW [--version N] [--input JSON] [--wait]"""
+"""manage.py start_run --org SLUG WORKFLOW [--version N] [--input JSON] [--priority P] [--wait]"""
 
 import json
 import time
@@ -10,6 +10,7 @@ from engine.models import Workflow, WorkflowRun
 from engine.reporting import state_counts
 from engine.services import WorkflowNotStartable, resolve_workflow, start_run
 from engine.states import TASK_TERMINAL_STATES, RunState
+from tenancy.limits import QuotaExceeded
 
 
 class Command(BaseCommand):
@@ -20,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--org", required=True, help="organization slug or id")
         parser.add_argument("--workflow-version", dest="workflow_version", type=int, help="version to start (default: latest active)")
         parser.add_argument("--input", default="{}", help="run input, a JSON object")
+        parser.add_argument("--priority", type=int, default=0, help="the run's priority, -10 to 10 (default 0)")
         parser.add_argument("--wait", action="store_true", help="show progress until the run finishes")
         parser.add_argument("--timeout", type=float, default=600.0, help="seconds --wait waits (default 600)")
 
@@ -35,10 +37,10 @@ class Command(BaseCommand):
             raise CommandError("--input must be a JSON object, e.g. '{\"limit\": 10}'")
         try:
             wf = resolve_workflow(organization=org, workflow=opts["workflow"], version=opts["workflow_version"])
-            run = start_run(workflow=wf, run_input=run_input)
+            run = start_run(workflow=wf, run_input=run_input, priority=opts["priority"])
         except Workflow.DoesNotExist as exc:
             raise CommandError(str(exc)) from exc
-        except (WorkflowNotStartable, ValueError) as exc:
+        except (WorkflowNotStartable, ValueError, QuotaExceeded) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"run {run.pk} started ({wf.name} v{wf.version})")
         if not opts["wait"]:

@@ -1,0 +1,334 @@
+"""Definition documents: the scheduling fields of issue 16 — a task's priority,
+concurrency and rate_limit, the workflow's concurrency block — validated with the field
+named and nothing stored, normalized, and stored in their columns; the stored-definitions
+quota (max_definition_bytes) under a per-organization lock, through the service and the
+API (422). Real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from django.db import connection, connections
+
+from engine.definitions import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    RUN_LIMIT_POLICIES,
+    DefinitionError,
+    render_concurrency_key,
+    validate_document,
+)
+from engine.models import PRIORITY_MAX as MODEL_PRIORITY_MAX
+from engine.models import PRIORITY_MIN as MODEL_PRIORITY_MIN
+from engine.models import RunLimitPolicy, Task, TaskDependency, Workflow
+from engine.services import apply_definition
+from tenancy.limits import QuotaExceeded
+from tenancy.models import Organization, Role
+from tests.unit.test_api_auth import bearer
+from tests.unit.test_api_workflows import new_api_factory
+
+
+def doc(*tasks: dict, **top) -> dict:
+    return {"name": "charges", "tasks": list(tasks), **top}
+
+
+def task(key: str = "charge", **fields) -> dict:
+    return {"key": key, "type": "noop", **fields}
+
+
+def counts(org) -> tuple[int, int, int]:
+    return (Workflow.objects.for_organization(org).count(), Task.objects.for_organization(org).count(),
+            TaskDependency.objects.for_organization(org).count())
+
+
+def test_the_definitions_priority_range_and_policies_are_the_models():
+    assert (PRIORITY_MIN, PRIORITY_MAX) == (MODEL_PRIORITY_MIN, MODEL_PRIORITY_MAX) == (-10, 10)
+    assert set(RUN_LIMIT_POLICIES) == set(RunLimitPolicy.values)
+
+
+# (document, the path named, a part of its message)
+BAD = [
+    (doc(task(priority=11)), "tasks[charge].priority", "must be at most 10, got 11"),
+    (doc(task(priority=-11)), "tasks[charge].priority", "must be at least -10, got -11"),
+    (doc(task(priority=1.5)), "tasks[charge].priority", "must be a whole number, got 1.5"),
+    (doc(task(priority="3")), "tasks[charge].priority", "must be a whole number, got '3'"),
+    (doc(task(priority=True)), "tasks[charge].priority", "must be a whole number, got True"),
+    (doc(task(concurrency={"key": "stripe", "limit": 0})), "tasks[charge].concurrency.limit",
+     "must be at least 1, got 0"),
+    (doc(task(concurrency={"key": "stripe", "limit": -2})), "tasks[charge].concurrency.limit",
+     "must be at least 1, got -2"),
+    (doc(task(concurrency={"key": "stripe", "limit": 2.5})), "tasks[charge].concurrency.limit",
+     "must be a whole number, got 2.5"),
+    (doc(task(concurrency={"key": "stripe", "limit": "5"})), "tasks[charge].concurrency.limit",
+     "must be a whole number, got '5'"),
+    (doc(task(concurrency={"key": "stripe"})), "tasks[charge].concurrency.limit",
+     "a key without a limit is unconfigured"),
+    (doc(task(concurrency={"key": "stripe", "limit": None})), "tasks[charge].concurrency.limit",
+     "a key without a limit is unconfigured"),
+    (doc(task(concurrency={"key": "stripe", "limit": 5, "per": "org"})), "tasks[charge].concurrency.per",
+     "unknown field; allowed: key, limit"),
+    (doc(task(concurrency={"limit": 5})), "tasks[charge].concurrency.key", "required"),
+    (doc(task(concurrency={"key": "str ipe", "limit": 5})), "tasks[charge].concurrency.key", "' ' not allowed"),
+    (doc(task(concurrency={"key": "stripe/eu", "limit": 5})), "tasks[charge].concurrency.key", "'/' not allowed"),
+    (doc(task(concurrency={"key": "x" * 201, "limit": 5})), "tasks[charge].concurrency.key",
+     "at most 200 characters, got 201"),
+    (doc(task(concurrency={"key": 7, "limit": 5})), "tasks[charge].concurrency.key", "must be a string"),
+    (doc(task(concurrency={"key": "c-{{ customer_id }}", "limit": 2})), "tasks[charge].concurrency.key",
+     "a placeholder must be {{ input.<dotted path> }}"),
+    (doc(task(concurrency={"key": "c-{{ input.a | upper }}", "limit": 2})), "tasks[charge].concurrency.key",
+     "a placeholder must be {{ input.<dotted path> }}"),
+    (doc(task(concurrency={"key": "c-{{ input. }}", "limit": 2})), "tasks[charge].concurrency.key",
+     "a placeholder must be {{ input.<dotted path> }}"),
+    (doc(task(concurrency={"key": "c-{ input.a }", "limit": 2})), "tasks[charge].concurrency.key",
+     "a placeholder must be {{ input.<dotted path> }}"),
+    (doc(task(concurrency="stripe")), "tasks[charge].concurrency", "must be an object"),
+    (doc(task(rate_limit={"key": "github", "per_second": 10, "per_minute": 100})), "tasks[charge].rate_limit",
+     "exactly one of per_second or per_minute, not both"),
+    (doc(task(rate_limit={"key": "github"})), "tasks[charge].rate_limit", "exactly one of per_second or per_minute"),
+    (doc(task(rate_limit={"key": "github", "per_second": 0})), "tasks[charge].rate_limit.per_second",
+     "must be at least 1, got 0"),
+    (doc(task(rate_limit={"key": "github", "per_minute": -1})), "tasks[charge].rate_limit.per_minute",
+     "must be at least 1, got -1"),
+    (doc(task(rate_limit={"key": "github", "per_minute": 0.5})), "tasks[charge].rate_limit.per_minute",
+     "must be a whole number, got 0.5"),
+    (doc(task(rate_limit={"key": "github", "per_hour": 5})), "tasks[charge].rate_limit.per_hour",
+     "unknown field; allowed: key, per_minute, per_second"),
+    (doc(task(rate_limit={"key": "gh-{{ input.org }}", "per_second": 5})), "tasks[charge].rate_limit.key",
+     "placeholders are not allowed in a rate-limit key"),
+    (doc(task(rate_limit={"key": "git hub", "per_second": 5})), "tasks[charge].rate_limit.key", "' ' not allowed"),
+    (doc(task(rate_limit={"per_second": 5})), "tasks[charge].rate_limit.key", "required"),
+    (doc(task(), concurrency={"max_running_runs": 0}), "concurrency.max_running_runs", "must be at least 1, got 0"),
+    (doc(task(), concurrency={"max_running_tasks": -3}), "concurrency.max_running_tasks",
+     "must be at least 1, got -3"),
+    (doc(task(), concurrency={"max_running_tasks": 2.5}), "concurrency.max_running_tasks",
+     "must be a whole number, got 2.5"),
+    (doc(task(), concurrency={"max_running_runs": 2, "policy": "drop"}), "concurrency.policy",
+     "must be one of queue, cancel_newest, cancel_oldest, got 'drop'"),
+    (doc(task(), concurrency={"max_running_runs": 2, "overlap": "skip"}), "concurrency.overlap",
+     "unknown field; allowed: max_running_runs, max_running_tasks, policy"),
+    (doc(task(), concurrency=3), "concurrency", "must be an object"),
+    (doc(task("a", concurrency={"key": "stripe", "limit": 5}), task("b", concurrency={"key": "stripe", "limit": 3})),
+     "tasks[b].concurrency.limit", "key 'stripe' has limit 5 in task 'a'; one key has one limit within a workflow"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("document", "path", "message"), BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_a_bad_scheduling_field_is_refused_naming_it_and_nothing_is_stored(org, document, path, message):
+    before = counts(org)
+    with pytest.raises(DefinitionError) as excinfo:
+        apply_definition(organization=org, document=document)
+    assert [e for e in excinfo.value.errors if e["path"] == path and message in e["message"]], excinfo.value.errors
+    assert counts(org) == before
+
+
+@pytest.mark.django_db
+def test_one_key_with_one_limit_in_two_tasks_is_fine_and_so_are_two_keys():
+    normalized = validate_document(doc(task("a", concurrency={"key": "stripe", "limit": 5}),
+                                       task("b", concurrency={"key": "stripe", "limit": 5}),
+                                       task("c", concurrency={"key": "paypal", "limit": 1})))
+    assert [t["concurrency"] for t in normalized["tasks"]] == [
+        {"key": "stripe", "limit": 5}, {"key": "stripe", "limit": 5}, {"key": "paypal", "limit": 1}]
+
+
+@pytest.mark.django_db
+def test_scheduling_fields_are_normalized_and_absent_ones_stay_absent():
+    normalized = validate_document(doc(
+        task("a", priority=-3, concurrency={"key": "cust-{{input.customer.id}}:eu", "limit": 2},
+             rate_limit={"key": "github.api", "per_minute": 600}),
+        task("b", priority=0, rate_limit={"key": "github.api", "per_second": 10}),
+        task("c"),
+        concurrency={"max_running_runs": 2}))
+    a, b, c = normalized["tasks"]
+    assert (a["priority"], a["concurrency"], a["rate_limit"]) == (
+        -3, {"key": "cust-{{input.customer.id}}:eu", "limit": 2}, {"key": "github.api", "per_minute": 600})
+    assert b["rate_limit"] == {"key": "github.api", "per_second": 10}
+    assert not {"priority", "concurrency", "rate_limit"} & set(b) - {"rate_limit"}
+    assert not {"priority", "concurrency", "rate_limit"} & set(c)
+    assert normalized["concurrency"] == {"max_running_runs": 2, "policy": "queue"}
+    assert "concurrency" not in validate_document(doc(task()))
+    assert validate_document(doc(task(), concurrency={"max_running_tasks": 4, "policy": "cancel_oldest"}))[
+        "concurrency"] == {"max_running_tasks": 4, "policy": "cancel_oldest"}
+
+
+@pytest.mark.django_db
+def test_applying_stores_the_scheduling_columns(org):
+    wf = apply_definition(organization=org, document=doc(
+        task("a", priority=7, concurrency={"key": "customer-{{ input.customer_id }}", "limit": 2}),
+        task("b", rate_limit={"key": "github", "per_minute": 30}, depends_on=["a"]),
+        task("c", rate_limit={"key": "github", "per_second": 3}, priority=-10),
+        concurrency={"max_running_tasks": 4, "max_running_runs": 2, "policy": "cancel_newest"}))
+    wf.refresh_from_db()
+    assert (wf.max_running_tasks, wf.max_running_runs, wf.run_limit_policy) == (4, 2, "cancel_newest")
+    rows = {t.key: (t.priority, t.concurrency_key, t.concurrency_limit, t.rate_key, t.rate_limit,
+                    t.rate_window_seconds) for t in Task.objects.for_organization(org).filter(workflow=wf)}
+    assert rows == {
+        "a": (7, "customer-{{ input.customer_id }}", 2, None, None, None),
+        "b": (0, None, None, "github", 30, 60),
+        "c": (-10, None, None, "github", 3, 1),
+    }
+    plain = apply_definition(organization=org, document={"name": "plain", "tasks": [task("x")]})
+    plain.refresh_from_db()
+    assert (plain.max_running_tasks, plain.max_running_runs, plain.run_limit_policy) == (None, None, "queue")
+
+
+# --- rendering a key ----------------------------------------------------------------------------
+
+INPUT = {"customer_id": "cus_42", "n": 7, "ratio": 2.5, "flag": True, "off": False, "zero": 0,
+         "nested": {"region": {"code": "eu-1"}}, "obj": {"a": 1}, "arr": [1], "none": None, "empty": ""}
+
+
+@pytest.mark.parametrize(("template", "rendered"), [
+    ("customer-{{ input.customer_id }}", "customer-cus_42"),
+    ("{{input.customer_id}}", "cus_42"),
+    ("n-{{ input.n }}", "n-7"),
+    ("r-{{ input.ratio }}", "r-2.5"),
+    ("f-{{ input.flag }}-{{ input.off }}", "f-true-false"),
+    ("z-{{ input.zero }}", "z-0"),
+    ("{{ input.nested.region.code }}:{{ input.customer_id }}", "eu-1:cus_42"),
+    ("e-{{ input.empty }}", "e-"),
+    ("stripe", "stripe"),
+])
+def test_a_key_renders_each_kind_of_value(template, rendered):
+    assert render_concurrency_key(template, INPUT, task_key="charge") == rendered
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("c-{{ input.customer }}", "task 'charge': its concurrency key 'c-{{ input.customer }}' needs input.customer, "
+     "which the run input does not have"),
+    ("c-{{ input.nested.region.name }}", "needs input.nested.region.name, which the run input does not have"),
+    ("c-{{ input.customer_id.x }}", "needs input.customer_id.x, which the run input does not have"),
+    ("c-{{ input.obj }}", "needs input.obj to be a string, number or boolean, not an object"),
+    ("c-{{ input.arr }}", "needs input.arr to be a string, number or boolean, not an array"),
+    ("c-{{ input.none }}", "needs input.none to be a string, number or boolean, not null"),
+    ("{{ input.empty }}", "renders to an empty key"),
+])
+def test_a_key_that_the_input_cannot_fill_is_refused_naming_the_task_and_field(template, message):
+    with pytest.raises(ValueError) as excinfo:
+        render_concurrency_key(template, INPUT, task_key="charge")
+    assert message in str(excinfo.value)
+
+
+def test_a_rendered_key_over_400_characters_is_refused():
+    with pytest.raises(ValueError, match="renders to 401 characters; at most 400"):
+        render_concurrency_key("k{{ input.v }}", {"v": "x" * 400}, task_key="charge")
+    assert len(render_concurrency_key("{{ input.v }}", {"v": "x" * 400}, task_key="charge")) == 400
+
+
+# --- the stored-definitions quota ---------------------------------------------------------------
+
+
+def stored_bytes(org) -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(sum(octet_length(definition::text)), 0) FROM core_workflow "
+                    "WHERE organization_id = %s", [org.pk])
+        return cur.fetchone()[0]
+
+
+def set_quota(org, **overrides) -> None:
+    Organization.objects.filter(pk=org.pk).update(**overrides)
+    org.refresh_from_db()
+
+
+@pytest.mark.django_db
+def test_the_definition_bytes_quota_counts_every_stored_version_and_the_new_one(org):
+    document = doc(task("a"), task("b", depends_on=["a"]))
+    apply_definition(organization=org, document=document)
+    one = stored_bytes(org)  # a second version of the same document stores the same text again
+    assert one > 0
+    set_quota(org, max_definition_bytes_override=2 * one - 1)
+    before = counts(org)
+    with pytest.raises(QuotaExceeded) as excinfo:
+        apply_definition(organization=org, document=document)
+    exc = excinfo.value
+    assert (exc.limit, exc.used, exc.allowed, exc.retry_after_seconds) == ("max_definition_bytes", one, 2 * one - 1,
+                                                                           None)
+    assert str(exc) == (f"stored definitions quota (max_definition_bytes) exceeded: the organization stores {one} "
+                        f"bytes of workflow definitions, this version adds {one}, and the limit is {2 * one - 1} "
+                        "bytes; delete old workflows or ask staff to raise the quota")
+    assert counts(org) == before
+    set_quota(org, max_definition_bytes_override=2 * one)  # exactly full is within the quota
+    assert apply_definition(organization=org, document=document).version == 2
+    assert stored_bytes(org) == 2 * one
+
+
+@pytest.mark.django_db
+def test_the_quota_is_per_organization(make_org):
+    a, b = make_org(), make_org()
+    apply_definition(organization=a, document=doc(task()))
+    one = stored_bytes(a)
+    set_quota(b, max_definition_bytes_override=one)
+    apply_definition(organization=b, document=doc(task()))  # a's bytes do not count for b
+    assert stored_bytes(b) == one
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_applies_cannot_both_fit_in_the_last_bytes(org):
+    apply_definition(organization=org, document={"name": "probe", "tasks": [task()]})
+    one = stored_bytes(org)
+    Workflow.objects.for_organization(org).all().delete()
+    # Room for exactly one of the two (different names: the per-name lock does not serialize them).
+    set_quota(org, max_definition_bytes_override=one + 1)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def apply(name: str) -> None:
+        try:
+            barrier.wait()
+            apply_definition(organization=org, document={"name": name, "tasks": [task()]})
+            outcomes.append("stored")
+        except QuotaExceeded:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=apply, args=(name,)) for name in ("probe", "other")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["refused", "stored"]
+    assert Workflow.objects.for_organization(org).count() == 1
+
+
+# --- the API ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def api_factory(make_org):
+    yield from new_api_factory(make_org)
+
+
+@pytest.mark.django_db
+def test_the_api_answers_an_apply_over_the_quota_with_a_422_problem_naming_it(api_factory):
+    api = api_factory()
+    document = doc(task())
+    headers = bearer(api.keys[Role.ADMIN])
+    first = api.client.post("/api/v1/workflows/", json.dumps(document), content_type="application/json",
+                            headers=headers)
+    assert first.status_code == 201, first.content
+    one = stored_bytes(api.org)
+    set_quota(api.org, max_definition_bytes_override=one)
+    response = api.client.post("/api/v1/workflows/", json.dumps(document), content_type="application/json",
+                               headers=headers)
+    assert response.status_code == 422, response.content
+    assert response["Content-Type"] == "application/problem+json"
+    body = response.json()
+    assert (body["code"], body["limit"], body["used"], body["allowed"]) == ("quota_exceeded", "max_definition_bytes",
+                                                                            one, one)
+    assert "max_definition_bytes" in body["detail"] and f"limit is {one} bytes" in body["detail"]
+    assert Workflow.objects.for_organization(api.org).count() == 1
+
+
+@pytest.mark.django_db
+def test_the_api_names_a_bad_scheduling_field_in_a_400(api_factory):
+    api = api_factory()
+    response = api.client.post(
+        "/api/v1/workflows/", json.dumps(doc(task(concurrency={"key": "stripe", "limit": 0}))),
+        content_type="application/json", headers=bearer(api.keys[Role.ADMIN]))
+    assert response.status_code == 400, response.content
+    assert {"path": "tasks[charge].concurrency.limit", "message": "must be at least 1, got 0"} in response.json()[
+        "errors"]
+    assert Workflow.objects.for_organization(api.org).count() == 0
