@@ -16,14 +16,17 @@ the plan must use the index seed 000 provisions for it:
 =============  ==================================================  ===========================
 query          what runs it                                        index
 =============  ==================================================  ===========================
-claim          ``task_run_claim_ready`` (scheduler, limit 200)      idx_taskrun_state_age
+claim          ``task_run_claim_fair`` (scheduler, limit 200)       idx_taskrun_ready_claim
 lease reaper   ``task_run_get_expired_leases`` (limit 500)         idx_taskrun_lease_expiry
 outbox drain   ``outbox_get_pending`` (relay, limit 200)           idx_outbox_pending
 run progress   ``state, count(*) ... WHERE workflow_run_id = ?``   idx_taskrun_run_state
 =============  ==================================================  ===========================
 
 The first three are the engine's statements, loaded by name from ``engine.sql``; run
-progress is what the API and the web UI's run pages ask the ORM for.
+progress is what the API and the web UI's run pages ask the ORM for. The claim is the
+fair claim of issue 16 (per organization, highest priority then oldest, gated by the
+organization's share, quotas, concurrency keys and rate buckets); on a tree without it,
+the oldest-first ``task_run_claim_ready`` on idx_taskrun_state_age.
 """
 
 from __future__ import annotations
@@ -43,12 +46,25 @@ from engine.states import TASK_QUEUE
 HISTORY_TASKS = 10  # task runs per historical run
 CHUNK_TASK_RUNS = 100_000
 
+CLAIM_STATEMENT = "task_run_claim_fair" if "task_run_claim_fair" in queries else "task_run_claim_ready"
+
+
+def _claim_params(ctx) -> dict:
+    # psycopg reads the names a statement uses and ignores the rest: one superset serves both claims.
+    from django.conf import settings
+
+    from tenancy.limits import plan_table
+
+    return {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE, "reserve": 0.0,
+            "dispatch_ahead": settings.FLOWFORGE_DISPATCH_AHEAD, **plan_table()}
+
+
 QUERIES = {
     "claim": {
-        "index": "idx_taskrun_state_age",
-        "sql": queries["task_run_claim_ready"],
-        "params": lambda ctx: {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE,
-                               "reserve": 0.0},
+        "index": "idx_taskrun_ready_claim" if CLAIM_STATEMENT == "task_run_claim_fair" else "idx_taskrun_state_age",
+        "statement": CLAIM_STATEMENT,
+        "sql": queries[CLAIM_STATEMENT],
+        "params": _claim_params,
     },
     "lease_reaper": {
         "index": "idx_taskrun_lease_expiry",
