@@ -337,6 +337,9 @@ def test_a_higher_priority_run_starts_before_the_remaining_backlog_of_its_organi
     priority 5 (set at start: ``where == "run"``; or by its tasks' definition: "task").
     Every backlog task claimed after the high run was created starts after every one of
     the high run's tasks."""
+    # The backlog waits in the broker longer than conftest's 3 s dispatch lease on one
+    # thread; a deployment's 300 s keeps the reaper from re-dispatching it meanwhile.
+    stack.env["FLOWFORGE_DISPATCH_LEASE_SECONDS"] = "300"
     low_wf = make_workflow(org, sleep_tasks(200, TASK_SECONDS, "l"), name="backlog")
     high_tasks = sleep_tasks(3, TASK_SECONDS, "h", **({"priority": 5} if where == "task" else {}))
     high_wf = make_workflow(org, high_tasks, name="urgent")
