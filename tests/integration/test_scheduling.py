@@ -25,7 +25,7 @@ from django.db import connection
 from engine.models import TaskRun, TaskRunEvent
 from engine.services import cancel_run, start_run
 from flowforge.stack import wait_until
-from tests.integration.conftest import HEARTBEAT_SECONDS, LEASE_SECONDS, wait_for_run_terminal
+from tests.integration.conftest import LEASE_SECONDS, wait_for_run_terminal
 from tests.integration.helpers import owner_pid, signal_pid, wait_worker_children
 from tests.integration.timeline import (
     epoch,
@@ -244,7 +244,6 @@ def test_limit_holds_when_a_worker_is_killed_mid_run_and_the_permit_comes_back_w
     assert next_claim is not None
     assert seconds_between(last_return, next_claim) <= SCHEDULE_SECONDS + margin
     assert task_states(run) == {"succeeded": 20}
-    assert float(HEARTBEAT_SECONDS) < lease
 
 
 def test_a_templated_key_limits_each_value_separately(stack, org, make_workflow):
@@ -347,6 +346,7 @@ def test_a_higher_priority_run_starts_before_the_remaining_backlog_of_its_organi
     stack.start_clock()
     low = start_run(workflow=low_wf)
     wait_until(lambda: count_events(low, "started") >= 5, timeout=60, interval=0.02, what="the backlog to start")
+    waiting = task_runs_of(low).filter(state="ready").count()
     high = start_run(workflow=high_wf, **({"priority": 5} if where == "run" else {}))
     assert wait_for_run_terminal(high, timeout=120) == "succeeded"
     high.refresh_from_db()
@@ -357,9 +357,9 @@ def test_a_higher_priority_run_starts_before_the_remaining_backlog_of_its_organi
     claimed_after = {e.task_run_id for e in low_events if e.kind == "claimed" and e.created_at > high.created_at}
     early = [e for e in low_events if e.kind == "started" and e.task_run_id in claimed_after
              and e.created_at < high_started]
-    remaining = task_runs_of(low).exclude(state__in=("succeeded", "running")).count()
     cancel_run(run=low)
     assert early == []
-    # Meaningful only if a backlog remained behind the high run: 200 tasks, at most
-    # FLOWFORGE_DISPATCH_AHEAD (64) dispatched ahead of it, a few run meanwhile.
-    assert remaining >= 100, remaining
+    # Meaningful only if a backlog was still unclaimed when the high run came: of 200, a
+    # few (5 and what ran since) started, at most FLOWFORGE_DISPATCH_AHEAD (64) were
+    # claimed ahead, so at least 200 - 64 - 10 = 126 were ready.
+    assert waiting >= 126, waiting
