@@ -50,13 +50,19 @@ CLAIM_STATEMENT = "task_run_claim_fair" if "task_run_claim_fair" in queries else
 
 
 def _claim_params(ctx) -> dict:
-    # psycopg reads the names a statement uses and ignores the rest: one superset serves both claims.
-    from django.conf import settings
+    """The scheduler's parameters for the claim: the fair claim's come from
+    ``engine.repositories.task_runs.claim_params`` (batch 200, the plans' table, the
+    dispatch-ahead) for the organizations with ready rows (``ctx["orgs"]``, the bench's
+    own); psycopg reads only the names a statement uses, so the old claim takes them too."""
+    from engine.repositories import task_runs
 
-    from tenancy.limits import plan_table
-
-    return {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE, "reserve": 0.0,
-            "dispatch_ahead": settings.FLOWFORGE_DISPATCH_AHEAD, **plan_table()}
+    params = {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE, "reserve": 0.0}
+    if hasattr(task_runs, "claim_params"):
+        params = task_runs.claim_params(limit=200, lease_seconds=300.0, owner="bench")
+    orgs = ctx.get("orgs")
+    if orgs is None:
+        orgs = [r[0] for r in _exec("SELECT DISTINCT organization_id FROM core_taskrun WHERE state = 'ready'")]
+    return {**params, "orgs": list(orgs), "org_of": [], "only_ids": None}
 
 
 QUERIES = {
@@ -306,7 +312,8 @@ def _run_sample(workflow, schema: str | None) -> list:
 def measure(workflow, schemas: dict[str, str | None], *, reps: int, warmup: int = 3) -> dict:
     """Median time, plan and index use of each hot query at each size (``schemas``: size
     label -> schema), the sizes interleaved repetition by repetition."""
-    ctxs = {label: {"run_sample": _run_sample(workflow, schema)} for label, schema in schemas.items()}
+    ctxs = {label: {"run_sample": _run_sample(workflow, schema), "orgs": [workflow.organization_id]}
+            for label, schema in schemas.items()}
     out: dict = {label: {} for label in schemas}
     for name, spec in QUERIES.items():
         times: dict[str, list[float]] = {label: [] for label in schemas}
