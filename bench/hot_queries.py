@@ -23,10 +23,7 @@ run progress   ``state, count(*) ... WHERE workflow_run_id = ?``   idx_taskrun_r
 =============  ==================================================  ===========================
 
 The first three are the engine's statements, loaded by name from ``engine.sql``; run
-progress is what the API and the web UI's run pages ask the ORM for. The claim is the
-fair claim of issue 16 (per organization, highest priority then oldest, gated by the
-organization's share, quotas, concurrency keys and rate buckets); on a tree without it,
-the oldest-first ``task_run_claim_ready`` on idx_taskrun_state_age.
+progress is what the API and the web UI's run pages ask the ORM for.
 """
 
 from __future__ import annotations
@@ -39,6 +36,7 @@ import uuid
 
 from django.db import connection, transaction
 
+from engine.repositories.task_runs import claim_params
 from engine.services import apply_definition
 from engine.sql import queries
 from engine.states import TASK_QUEUE
@@ -46,31 +44,14 @@ from engine.states import TASK_QUEUE
 HISTORY_TASKS = 10  # task runs per historical run
 CHUNK_TASK_RUNS = 100_000
 
-CLAIM_STATEMENT = "task_run_claim_fair" if "task_run_claim_fair" in queries else "task_run_claim_ready"
-
-
-def _claim_params(ctx) -> dict:
-    """The scheduler's parameters for the claim: the fair claim's come from
-    ``engine.repositories.task_runs.claim_params`` (batch 200, the plans' table, the
-    dispatch-ahead) for the organizations with ready rows (``ctx["orgs"]``, the bench's
-    own); psycopg reads only the names a statement uses, so the old claim takes them too."""
-    from engine.repositories import task_runs
-
-    params = {"limit": 200, "owner": "bench", "lease": 300.0, "queue": TASK_QUEUE, "reserve": 0.0}
-    if hasattr(task_runs, "claim_params"):
-        params = task_runs.claim_params(limit=200, lease_seconds=300.0, owner="bench")
-    orgs = ctx.get("orgs")
-    if orgs is None:
-        orgs = [r[0] for r in _exec("SELECT DISTINCT organization_id FROM core_taskrun WHERE state = 'ready'")]
-    return {**params, "orgs": list(orgs), "org_of": [], "only_ids": None}
-
-
 QUERIES = {
     "claim": {
-        "index": "idx_taskrun_ready_claim" if CLAIM_STATEMENT == "task_run_claim_fair" else "idx_taskrun_state_age",
-        "statement": CLAIM_STATEMENT,
-        "sql": queries[CLAIM_STATEMENT],
-        "params": _claim_params,
+        "index": "idx_taskrun_ready_claim",
+        "sql": queries["task_run_claim_fair"],
+        # The fair claim for the working set's organization (its claim lock is taken by a
+        # statement of its own, not timed here): the same parameters the scheduler passes.
+        "params": lambda ctx: {**claim_params(limit=200, lease_seconds=300.0, owner="bench"),
+                               "orgs": ctx["org_ids"], "org_of": [], "only_ids": None},
     },
     "lease_reaper": {
         "index": "idx_taskrun_lease_expiry",
@@ -312,7 +293,7 @@ def _run_sample(workflow, schema: str | None) -> list:
 def measure(workflow, schemas: dict[str, str | None], *, reps: int, warmup: int = 3) -> dict:
     """Median time, plan and index use of each hot query at each size (``schemas``: size
     label -> schema), the sizes interleaved repetition by repetition."""
-    ctxs = {label: {"run_sample": _run_sample(workflow, schema), "orgs": [workflow.organization_id]}
+    ctxs = {label: {"run_sample": _run_sample(workflow, schema), "org_ids": [workflow.organization_id]}
             for label, schema in schemas.items()}
     out: dict = {label: {} for label in schemas}
     for name, spec in QUERIES.items():

@@ -45,8 +45,10 @@ def relay_outbox() -> None:
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def reap_leases() -> None:
-    """Take back expired leases."""
-    reap_once()
+    """Take back expired leases, then claim: what the reaped generations held (room,
+    permits) goes to the task runs waiting for it now, not at the next schedule tick."""
+    if reap_once():
+        schedule_once()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)

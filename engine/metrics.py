@@ -42,6 +42,8 @@ COUNTERS = {
 }
 HISTOGRAMS = {
     "flowforge_dispatch_latency_seconds": ("From claim to handler start.", DISPATCH_BUCKETS),
+    "flowforge_claim_wait_seconds": ("From ready (past any retry backoff) to claimed: the wait for a "
+                                     "worker's share, a permit, a rate window or a quota.", DISPATCH_BUCKETS),
     "flowforge_task_duration_seconds": ("Handler run time of one attempt.", DURATION_BUCKETS),
 }
 

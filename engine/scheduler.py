@@ -1,4 +1,4 @@
-"""The scheduler: claim ready task runs and dispatch them through the outbox."""
+"""The scheduler: claim ready task runs fairly and dispatch them through the outbox."""
 
 from __future__ import annotations
 
@@ -6,17 +6,30 @@ import logging
 
 from django.conf import settings
 
+from engine import metrics
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
 from engine.relay import publish_dispatches
 from engine.repositories import driver, task_runs
+from engine.repositories.types import Dispatch
 
 log = logging.getLogger(__name__)
 
 
+def observe_claim_waits(dispatches: list[Dispatch]) -> None:
+    """Record each claimed generation's wait (ready to claimed, in seconds) in the
+    ``flowforge_claim_wait_seconds`` histogram."""
+    for d in dispatches:
+        if d.waited_seconds is not None:
+            metrics.observe("flowforge_claim_wait_seconds", max(0.0, d.waited_seconds))
+
+
 def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
-    """Claim ready task runs oldest first, batch by batch, and publish each batch's
-    outbox rows right after its commit (no extra broker hop through the relay
-    actor; the relay's periodic drain is the safety net if this publish fails).
+    """Claim ready task runs fairly (``task_runs.claim_ready_many``: weighted round robin
+    between organizations, each within its room, permits and rate buckets), batch by
+    batch, and publish each batch's outbox rows right after its commit (no extra broker
+    hop through the relay actor; the relay's periodic drain is the safety net if this
+    publish fails). Organizations with ready work are taken CLAIM_ORGS_PER_PASS at a time
+    in id order, so every one of them is visited in one call however many there are.
     Returns how many task runs were claimed. Must not run inside a transaction."""
     limit = limit or settings.FLOWFORGE_CLAIM_BATCH
     owner = process_owner("scheduler")
@@ -24,16 +37,27 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
     # worker lease, FLOWFORGE_LEASE_SECONDS, takes over).
     dispatch_lease_seconds = settings.FLOWFORGE_DISPATCH_LEASE_SECONDS
     total = 0
-    for _ in range(max_batches):
-        # One statement (claim + outbox + events): its own transaction, one round trip.
-        dispatches = driver.autocommit_retry(
-            lambda: task_runs.claim_ready_many(
-                limit=limit, lease_seconds=dispatch_lease_seconds, owner=owner,
-                reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
-            )
-        )
-        total += len(dispatches)
-        publish_dispatches(dispatches, reserved=True)
-        if len(dispatches) < limit:
+    after = None
+    batches = 0
+    while batches < max_batches:
+        orgs = driver.autocommit_retry(lambda a=after: task_runs.ready_organizations_after(a))
+        if not orgs:
             break
+        for _ in range(max_batches - batches):
+            batches += 1
+            # Locks + claim + outbox + events: one transaction.
+            dispatches = driver.autocommit_retry(
+                lambda o=orgs: task_runs.claim_ready_many(
+                    limit=limit, lease_seconds=dispatch_lease_seconds, owner=owner, organizations=o,
+                    reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+                )
+            )
+            total += len(dispatches)
+            publish_dispatches(dispatches, reserved=True)
+            observe_claim_waits(dispatches)
+            if len(dispatches) < limit:
+                break
+        if len(orgs) < task_runs.CLAIM_ORGS_PER_PASS:
+            break
+        after = max(orgs)
     return total

@@ -17,11 +17,12 @@ from engine.repositories.types import CompletionResult, Dispatch, StartedAttempt
 def start_attempts(
     requests: Sequence[StartRequest], *, lease_seconds: float, connection_attempts: int = 0
 ) -> list[StartedAttempt | None]:
-    """Start several generations at once (``start_and_complete_many`` with starts only);
-    returns, in order, each request's StartedAttempt or None (stale or duplicate, recorded)."""
+    """Start several generations at once (``start_and_complete_many`` with starts only,
+    and without the claim a worker's batch then makes: a start alone); returns, in order,
+    each request's StartedAttempt or None (stale or duplicate, recorded)."""
     started, _results, _claimed = task_runs.start_and_complete_many(
         starts=requests, successes=(), worker_lease_seconds=lease_seconds, dispatch_lease_seconds=0.0,
-        owner="", connection_attempts=connection_attempts,
+        owner="", connection_attempts=connection_attempts, claim=False,
     )
     return started
 
@@ -41,12 +42,15 @@ def complete_successes(
     owner: str,
     connection_attempts: int = 0,
     reserve_seconds: float = 0.0,
+    claim: bool = True,
 ) -> tuple[list[CompletionResult], tuple[Dispatch, ...]]:
     """Record several successes at once (``start_and_complete_many`` with successes only);
-    returns each request's result and the dependents claimed for all of them."""
+    returns each request's result and what the batch's claim took for their organizations
+    (their dependents, and any other ready task run of theirs there was room for), or
+    nothing without ``claim``."""
     _started, results, claimed = task_runs.start_and_complete_many(
         starts=(), successes=requests, worker_lease_seconds=0.0, dispatch_lease_seconds=lease_seconds,
-        owner=owner, connection_attempts=connection_attempts, reserve_seconds=reserve_seconds,
+        owner=owner, connection_attempts=connection_attempts, reserve_seconds=reserve_seconds, claim=claim,
     )
     return results, claimed
 
@@ -61,12 +65,15 @@ def complete_attempt(
     retryable: bool = True,
     lease_seconds: float,
     owner: str,
+    claim: bool = True,
 ) -> CompletionResult:
     """Finish generation ``fencing_token`` of a task run: a success as a batch of one
-    (its claimed dependents in ``dispatches``), a failure through ``task_runs.fail_attempt``."""
+    (what its claim took in ``dispatches``; ``claim`` as in ``complete_successes``), a
+    failure through ``task_runs.fail_attempt``."""
     if succeeded:
         results, dispatches = complete_successes(
-            [SuccessRequest(task_run_id, fencing_token, output)], lease_seconds=lease_seconds, owner=owner
+            [SuccessRequest(task_run_id, fencing_token, output)], lease_seconds=lease_seconds, owner=owner,
+            claim=claim,
         )
         return dataclasses.replace(results[0], dispatches=dispatches)
     return task_runs.fail_attempt(task_run_id=task_run_id, fencing_token=fencing_token, error=error,

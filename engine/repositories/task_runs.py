@@ -50,6 +50,7 @@ from engine.repositories.types import (
 from engine.sql import queries
 from engine.states import TASK_QUEUE, TASK_TERMINAL_STATES
 from flowforge.jsonb import strip_nul
+from tenancy.limits import plan_table
 
 # Characters of a failure's error kept on the task run and its event.
 _MAX_ERROR_CHARS = 10_000
@@ -62,7 +63,7 @@ _MAX_ERROR_CHARS = 10_000
 # completion was due anyway.
 _SUCCEED_STATEMENTS = (
     queries["task_run_succeed_many"],
-    queries["task_run_promote_and_claim_dependents"],
+    queries["task_run_promote_dependents"],
     queries["run_finish_if_done_many"],
 )
 
@@ -82,13 +83,38 @@ def _json_text(value: Any) -> str:
 
 
 def _dispatches(rows: list[tuple]) -> list[Dispatch]:
-    """The Dispatches of a claim's rows (a row per claimed generation with a NULL last
-    column, then a row per outbox row written), in claim order."""
+    """The Dispatches of a claim's rows (a row per claimed generation with a NULL sixth
+    column and its wait in seconds seventh, then a row per outbox row written), in claim order."""
     outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
-    return [Dispatch(*row[:5], outbox_ids.get(row[0])) for row in rows if row[5] is None]
+    return [Dispatch(*row[:5], outbox_ids.get(row[0]), float(row[6]) if row[6] is not None else None)
+            for row in rows if row[5] is None]
 
 
-# --- Claim (ready -> running) + outbox, one statement ---------------------------------------
+# --- Claim (ready -> running) + outbox: the fair claim ------------------------------------------
+
+#: Organizations locked and claimed for per scheduler statement (task_run_lock_ready_orgs).
+CLAIM_ORGS_PER_PASS = 100
+#: Rows past an organization's room the claim's index scan may look at, so that rows a
+#: partly full gate turns away do not leave its room unused (task_run_claim_fair).
+CLAIM_LOOKAHEAD = 32
+_NO_ORG = uuid.UUID(int=0)
+
+
+def claim_params(*, limit: int, lease_seconds: float, owner: str, reserve_seconds: float = 0.0) -> dict[str, Any]:
+    """The parameters ``task_run_claim_fair`` shares with every claimer (the organizations
+    to claim for, ``orgs``/``org_of``/``only_ids``, are each caller's): the batch ``limit``,
+    the dispatch lease and owner, the publish reservation, FLOWFORGE_DISPATCH_AHEAD and
+    the plans' weights and quotas (``tenancy.limits.plan_table``)."""
+    return {
+        "limit": limit,
+        "owner": owner,
+        "lease": float(lease_seconds),
+        "queue": TASK_QUEUE,
+        "reserve": float(reserve_seconds),
+        "ahead": int(settings.FLOWFORGE_DISPATCH_AHEAD),
+        "lookahead": CLAIM_LOOKAHEAD,
+        **plan_table(),
+    }
 
 
 def claim_ready_many(
@@ -97,38 +123,54 @@ def claim_ready_many(
     lease_seconds: float,
     owner: str,
     task_run_ids: Sequence[uuid.UUID] | None = None,
+    organizations: Sequence[uuid.UUID] | None = None,
     reserve_seconds: float = 0.0,
 ) -> list[Dispatch]:
-    """Move up to ``limit`` ready task runs to ``running`` and write one outbox row per
-    new generation, all in one statement (the design brief's "Claim + dispatch";
-    ``task_run_claim_ready``).
+    """Claim up to ``limit`` ready task runs fairly (the design brief's "Claim +
+    dispatch", issue 16): ready -> running with a dispatch lease of ``lease_seconds`` and a
+    bumped ``fencing_token``, one outbox row per new generation, a 'claimed' event each.
 
-    Oldest ready first (``idx_taskrun_state_age``) with ``FOR UPDATE SKIP LOCKED``, so
-    any number of schedulers can run at once; ``task_run_ids`` restricts the claim to
-    those rows (``task_run_claim_ready_among``). Each claim bumps ``fencing_token`` and
-    takes a lease of ``lease_seconds`` (the dispatch lease) that covers the time until a
-    worker starts the attempt; the worker then takes its own, shorter, heartbeated lease.
-    With ``reserve_seconds`` > 0 the outbox rows are reserved that long for the caller,
-    who publishes them itself after the commit (``engine.relay.publish_claimed``); the
-    relay's drain takes them only if that has not happened by then.
-    Returns the claimed generations; never raises for a lost race. May be called in
-    autocommit mode (the statement is then its own transaction).
+    For the ``organizations`` given, else the first CLAIM_ORGS_PER_PASS with ready task
+    runs (``ready_organizations_after``); with ``task_run_ids``, only those rows (and
+    their organizations). One transaction: first the organizations' claim locks
+    (``task_run_lock_orgs`` / ``task_run_lock_orgs_of``), then ``task_run_claim_fair``:
+    weighted round robin between organizations, highest priority then oldest within one,
+    within each organization's room (claimed-not-started under FLOWFORGE_DISPATCH_AHEAD x
+    weight, running under its quota), concurrency permits, workflow limits and rate
+    buckets. With ``reserve_seconds`` > 0 the outbox rows are reserved that long for the
+    caller, who publishes them itself after the commit (``engine.relay.publish_claimed``).
+
+    Returns the claimed generations, each with the seconds it waited. Never raises for a
+    lost race. Runs in its own transaction (retried on a deadlock) unless called inside
+    one, where it runs in the caller's (which then holds the locks until it ends).
     """
-    params: dict[str, Any] = {
-        "limit": limit,
-        "owner": owner,
-        "lease": float(lease_seconds),
-        "queue": TASK_QUEUE,
-        "reserve": float(reserve_seconds),
-    }
-    statement = queries["task_run_claim_ready"]
+    if task_run_ids is not None and not task_run_ids:
+        return []
+    params = claim_params(limit=limit, lease_seconds=lease_seconds, owner=owner, reserve_seconds=reserve_seconds)
     if task_run_ids is not None:
-        if not task_run_ids:
+        ids = list(task_run_ids)
+        lock = (queries["task_run_lock_orgs_of"], {"lock_ids": ids})
+        params.update(orgs=[], org_of=ids, only_ids=ids)
+    else:
+        orgs = list(organizations) if organizations is not None else ready_organizations_after(None)
+        if not orgs:
             return []
-        statement = queries["task_run_claim_ready_among"]
-        params["ids"] = list(task_run_ids)
-    rows = run_prepared([statement], params)[0]
-    return _dispatches(rows)
+        lock = (queries["task_run_lock_orgs"], {"orgs": orgs})
+        params.update(orgs=orgs, org_of=[], only_ids=None)
+
+    def claim() -> list[Dispatch]:
+        with transaction.atomic(savepoint=False):
+            fetch(*lock)
+            return _dispatches(run_prepared([queries["task_run_claim_fair"]], params)[0])
+
+    return in_own_transaction(claim, 0)
+
+
+def ready_organizations_after(after: uuid.UUID | None, *, limit: int = CLAIM_ORGS_PER_PASS) -> list[uuid.UUID]:
+    """Ids of up to ``limit`` organizations with ready task runs whose id sorts after
+    ``after`` (None: from the first), ascending (``task_run_ready_orgs_after``; read only)."""
+    return [row[0] for row in fetch(queries["task_run_ready_orgs_after"],
+                                    {"after": after or _NO_ORG, "max_orgs": limit})]
 
 
 # --- Start and succeed, one transaction -------------------------------------------------------
@@ -149,6 +191,7 @@ def start_and_complete_many(
     owner: str,
     connection_attempts: int = 0,
     reserve_seconds: float = 0.0,
+    claim: bool = True,
 ) -> tuple[list[StartedAttempt | None], list[CompletionResult], tuple[Dispatch, ...]]:
     """Record ``successes`` (handlers that returned), then ``starts`` (delivered execute
     messages), in one transaction and one round trip: what a worker process's threads
@@ -159,12 +202,18 @@ def start_and_complete_many(
     takes the worker's lease of ``worker_lease_seconds`` (bounded by the task's
     ``timeout_seconds``); of starts naming the same task run only the first can start. A
     success matches only a generation that started; its dependents whose dependencies
-    have all succeeded are promoted and claimed at once (``task_run_promote_and_claim_dependents``,
-    skipped when no success ``has_dependents``) with ``dispatch_lease_seconds``, ``owner``
-    and ``reserve_seconds`` as in ``claim_ready_many``; each run left with nothing open
-    gets its terminal state. With both kinds, the two UPDATEs are one statement
+    have all succeeded are promoted to ready (``task_run_promote_dependents``, skipped
+    when no success ``has_dependents``); each run left with nothing open gets its
+    terminal state. With both kinds, the two UPDATEs are one statement
     (``task_run_start_and_succeed_many``), so the runs' rows are locked only after both
     have run.
+
+    With ``claim`` (what a worker does), the transaction first takes the claim locks of
+    the requests' organizations and, after the promotion, claims for them
+    (``task_run_claim_fair``, with ``dispatch_lease_seconds``, ``owner`` and
+    ``reserve_seconds`` as in ``claim_ready_many``): what the successes promoted, and
+    whatever their starts (room in the broker) and successes (room, permits) let in.
+    Without it nothing is claimed (a test of one transition alone).
 
     Returns each start's StartedAttempt or None, each success's CompletionResult (both in
     request order) and the generations claimed (publish them after the commit). A stale
@@ -178,21 +227,26 @@ def start_and_complete_many(
     for i, req in enumerate(starts):
         first.setdefault(req.task_run_id, i)
     to_start = [starts[i] for i in first.values()]
+    if not successes and not to_start:
+        return [], [], ()
     # One parameter dict for every statement (their names do not clash).
-    params: dict[str, Any] = {}
-    statements: list[str] = []
+    params: dict[str, Any] = claim_params(
+        limit=settings.FLOWFORGE_CLAIM_BATCH, lease_seconds=dispatch_lease_seconds, owner=owner,
+        reserve_seconds=reserve_seconds,
+    )
+    # The claim locks of the organizations of these task runs first (before any row lock),
+    # then their starts and successes, the successes' dependents promoted, and one fair
+    # claim for those organizations: what the successes promoted and what their starts and
+    # successes made room for (a start leaves the broker, a success frees a permit).
+    lock_ids = [r.task_run_id for r in successes] + [r.task_run_id for r in to_start]
+    params.update(lock_ids=lock_ids, org_of=lock_ids, orgs=[], only_ids=None)
+    statements: list[str] = [queries["task_run_lock_orgs_of"]] if claim else []
     if successes:
         params.update(
             ids=[r.task_run_id for r in successes],
             tokens=[r.fencing_token for r in successes],
             outputs=[r.output_json if r.output_json is not None else _json_text(r.output) for r in successes],
-            owner=owner,
-            lease=float(dispatch_lease_seconds),
-            queue=TASK_QUEUE,
-            reserve=float(reserve_seconds),
         )
-        # Without dependents to promote, only the succeed and finish statements.
-        statements += _SUCCEED_STATEMENTS if any(r.has_dependents for r in successes) else _SUCCEED_STATEMENTS[::2]
     if to_start:
         params.update(
             start_ids=[r.task_run_id for r in to_start],
@@ -202,22 +256,28 @@ def start_and_complete_many(
             worker_lease=float(worker_lease_seconds),
             upstream_bytes=_upstream_bytes(),
         )
-        if successes:  # both UPDATEs in the first statement
-            statements[0] = queries["task_run_start_and_succeed_many"]
-        else:
-            statements.append(queries["task_run_start_many"])
-    if not statements:
-        return [], [], ()
+    if successes and to_start:  # both UPDATEs in one statement
+        statements.append(queries["task_run_start_and_succeed_many"])
+    elif successes:
+        statements.append(queries["task_run_succeed_many"])
+    else:
+        statements.append(queries["task_run_start_many"])
+    if any(r.has_dependents for r in successes):
+        statements.append(queries["task_run_promote_dependents"])
+    if claim:
+        statements.append(queries["task_run_claim_fair"])
+    if successes:
+        statements.append(queries["run_finish_if_done_many"])
     out = in_own_transaction(lambda: run_prepared(statements, params), connection_attempts)
+    first_rows = out[1] if claim else out[0]
     if successes and to_start:
-        first_rows = out[0]
         done = [(r[1], r[9], r[2], r[4]) for r in first_rows if r[0] == "d"]
         start_rows = [r[1:] for r in first_rows if r[0] == "s"]
     else:
-        done = out[0] if successes else []
-        start_rows = out[0] if not successes else []
+        done = first_rows if successes else []
+        start_rows = first_rows if not successes else []
     finished = out[-1] if successes else []
-    claimed = out[1] if successes and len(out) == 3 else []
+    claimed = (out[-2] if successes else out[-1]) if claim else []
 
     started = {
         (r[0], r[8]): StartedAttempt(

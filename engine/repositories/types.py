@@ -19,6 +19,8 @@ class Dispatch:
     attempt: int
     fencing_token: int
     outbox_id: uuid.UUID | None
+    #: Seconds from when it became claimable (ready, past any backoff) to its claim.
+    waited_seconds: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

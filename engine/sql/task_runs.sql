@@ -28,21 +28,176 @@ FROM core_task t WHERE t.workflow_id = %(wf)s
 ORDER BY t.key;
 
 
--- name: task_run_claim_ready
--- Claim up to limit ready task runs, oldest first (ready -> running, token + 1, dispatch lease), with one outbox row per generation and a 'claimed' event each; idx_taskrun_state_age, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
-WITH picked AS (
-    SELECT id FROM core_taskrun
-    WHERE state = 'ready' AND (not_before IS NULL OR not_before <= clock_timestamp())
-    ORDER BY created_at
+-- name: task_run_ready_orgs_after
+-- Up to max_orgs organizations with ready task runs whose id sorts after the cursor, ascending (a loose index scan: one probe of idx_taskrun_ready_claim each); idx_taskrun_ready_claim.
+WITH RECURSIVE o(id) AS (
+    (SELECT organization_id FROM core_taskrun
+     WHERE state = 'ready' AND organization_id > %(after)s::uuid
+     ORDER BY organization_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.organization_id FROM core_taskrun t
+            WHERE t.state = 'ready' AND t.organization_id > o.id
+            ORDER BY t.organization_id LIMIT 1)
+    FROM o WHERE o.id IS NOT NULL
+)
+SELECT id FROM o WHERE id IS NOT NULL LIMIT %(max_orgs)s;
+
+
+-- name: task_run_lock_orgs
+-- The claim locks of the organizations in orgs, for this transaction (pg_advisory_xact_lock, ascending key); no table.
+-- The lock is the claim's correctness argument: under it, the claim that follows (a new
+-- statement, so a new snapshot) counts the organization's running task runs, permits and
+-- rate buckets exactly, and no other claimer of that organization can slip between.
+-- Every claimer takes its organizations' locks first, before any row lock, in ascending
+-- key order (the ORDER BY runs before the volatile lock calls), so claimers never deadlock.
+SELECT o.id, pg_advisory_xact_lock(hashtextextended('flowforge.claim:' || o.id::text, 0)) IS NULL
+FROM unnest(%(orgs)s::uuid[]) AS o(id)
+ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
+
+
+-- name: task_run_lock_orgs_of
+-- The organizations of the task runs in lock_ids, each locked for this transaction's claim as in task_run_lock_orgs (ascending key); core_taskrun_pkey.
+SELECT o.id, pg_advisory_xact_lock(hashtextextended('flowforge.claim:' || o.id::text, 0)) IS NULL
+FROM (SELECT DISTINCT organization_id AS id FROM core_taskrun WHERE id = ANY(%(lock_ids)s::uuid[])) o
+ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
+
+
+-- name: task_run_claim_fair
+-- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket_window, uniq_outbox_per_taskrun_generation.
+-- Gates (issue 16; seed 001's semaphores and rate buckets):
+--   room     an organization's claimed-not-started generations stay under ahead x weight
+--            (the broker holds that much of its backlog at most, ahead of anyone else's),
+--            and its running task runs (claimed or started) under its max_running_task_runs;
+--   permits  a task run holds one of its concurrency key's permits while it is running
+--            (the running rows ARE the holders: every transition out of running, the
+--            reaper's included, releases it, so a crashed worker cannot leak one);
+--   workflow running task runs of a workflow name under its max_running_tasks;
+--   rate     claims in the current fixed window of a bucket under its limit, counted by
+--            one upsert per bucket (a fixed window admits up to 2x at a boundary).
+-- Rows a full key, workflow or bucket holds back are skipped in the index scan, so they do
+-- not block the rows behind them. A row a partly full gate turns away can cost another row
+-- its place in this pass (never a limit): the next claim takes it.
+WITH now_ AS (
+    SELECT clock_timestamp() AS at
+), plan AS (
+    SELECT * FROM unnest(%(plan_names)s::text[], %(plan_weights)s::int[], %(plan_max_running)s::int[])
+        AS p(name, weight, max_running)
+), org AS (
+    -- Each organization's weight and quota: its override, else its plan's ('free' for a plan not listed).
+    SELECT o.id,
+           COALESCE(o.weight_override, p.weight, f.weight, 1)::int AS weight,
+           COALESCE(o.max_running_task_runs_override, p.max_running, f.max_running)::int AS max_running
+    FROM core_organization o
+    LEFT JOIN plan p ON p.name = o.plan
+    LEFT JOIN plan f ON f.name = 'free'
+    WHERE o.id IN (SELECT unnest(%(orgs)s::uuid[])
+                   UNION SELECT organization_id FROM core_taskrun WHERE id = ANY(%(org_of)s::uuid[]))
+), room AS (
+    SELECT org.id, org.weight,
+           LEAST(org.max_running - u.running, %(ahead)s::int * org.weight - u.dispatched) AS room
+    FROM org CROSS JOIN LATERAL (
+        SELECT count(*) AS running,
+               count(*) FILTER (WHERE t.started_fencing_token IS DISTINCT FROM t.fencing_token) AS dispatched
+        FROM core_taskrun t
+        WHERE t.organization_id = org.id AND t.state = 'running'     -- idx_taskrun_running_org
+    ) u
+), held AS (
+    -- Permits held: running task runs per (organization, concurrency key); idx_taskrun_running_org.
+    SELECT t.organization_id, t.concurrency_key, count(*) AS n
+    FROM core_taskrun t JOIN org ON org.id = t.organization_id
+    WHERE t.state = 'running' AND t.concurrency_key IS NOT NULL
+    GROUP BY 1, 2
+), limited AS (
+    -- Workflow names with a max_running_tasks in some version.
+    SELECT DISTINCT w.organization_id, w.name
+    FROM core_workflow w JOIN org ON org.id = w.organization_id
+    WHERE w.max_running_tasks IS NOT NULL
+), wf_held AS (
+    -- Running task runs per limited workflow name (every version); nothing to count without one.
+    SELECT w.organization_id, w.name, count(*) AS n
+    FROM core_taskrun t
+    JOIN core_task k ON k.id = t.task_id
+    JOIN core_workflow w ON w.id = k.workflow_id
+    JOIN limited l ON l.organization_id = w.organization_id AND l.name = w.name
+    WHERE t.organization_id IN (SELECT organization_id FROM limited) AND t.state = 'running'
+      AND EXISTS (SELECT 1 FROM limited)
+    GROUP BY 1, 2
+), bucket AS (
+    -- Each rate bucket's count in its current fixed window; uniq_ratelimit_bucket_window.
+    SELECT b.organization_id, b.key, b.window_seconds, b.count
+    FROM core_ratelimitbucket b JOIN org ON org.id = b.organization_id, now_
+    WHERE b.window_start = to_timestamp(floor(extract(epoch FROM now_.at) / b.window_seconds) * b.window_seconds)
+), cand AS (
+    SELECT c.*, room.weight, room.room
+    FROM room CROSS JOIN LATERAL (
+        SELECT t.id, t.organization_id, t.priority, t.created_at, t.concurrency_key, t.ready_at, t.not_before,
+               k.concurrency_limit, k.rate_key, k.rate_limit, k.rate_window_seconds,
+               w.name AS wf_name, w.max_running_tasks
+        FROM core_taskrun t
+        JOIN core_task k ON k.id = t.task_id
+        JOIN core_workflow w ON w.id = k.workflow_id
+        WHERE t.organization_id = room.id AND t.state = 'ready'     -- idx_taskrun_ready_claim
+          AND (t.not_before IS NULL OR t.not_before <= (SELECT at FROM now_))
+          AND (%(only_ids)s::uuid[] IS NULL OR t.id = ANY(%(only_ids)s::uuid[]))
+          AND NOT EXISTS (SELECT 1 FROM held h WHERE h.organization_id = t.organization_id
+                          AND h.concurrency_key = t.concurrency_key AND h.n >= k.concurrency_limit)
+          AND NOT EXISTS (SELECT 1 FROM wf_held x WHERE x.organization_id = t.organization_id
+                          AND x.name = w.name AND x.n >= w.max_running_tasks)
+          AND NOT EXISTS (SELECT 1 FROM bucket b WHERE b.organization_id = t.organization_id
+                          AND b.key = k.rate_key AND b.window_seconds = k.rate_window_seconds
+                          AND b.count >= k.rate_limit)
+        ORDER BY t.priority DESC, t.created_at
+        LIMIT GREATEST(room.room, 0) + %(lookahead)s::int
+        FOR UPDATE OF t SKIP LOCKED
+    ) c
+    WHERE room.room > 0
+), ranked AS (
+    SELECT c.*,
+           row_number() OVER (PARTITION BY c.organization_id, c.concurrency_key
+                              ORDER BY c.priority DESC, c.created_at, c.id) AS key_rn,
+           row_number() OVER (PARTITION BY c.organization_id, c.wf_name
+                              ORDER BY c.priority DESC, c.created_at, c.id) AS wf_rn,
+           row_number() OVER (PARTITION BY c.organization_id, c.rate_key, c.rate_window_seconds
+                              ORDER BY c.priority DESC, c.created_at, c.id) AS rate_rn
+    FROM cand c
+), eligible AS (
+    SELECT r.*,
+           row_number() OVER (PARTITION BY r.organization_id ORDER BY r.priority DESC, r.created_at, r.id) AS org_rn
+    FROM ranked r
+    LEFT JOIN held h ON h.organization_id = r.organization_id AND h.concurrency_key = r.concurrency_key
+    LEFT JOIN wf_held x ON x.organization_id = r.organization_id AND x.name = r.wf_name
+    LEFT JOIN bucket b ON b.organization_id = r.organization_id AND b.key = r.rate_key
+                      AND b.window_seconds = r.rate_window_seconds
+    WHERE (r.concurrency_key IS NULL OR r.key_rn <= r.concurrency_limit - COALESCE(h.n, 0))
+      AND (r.max_running_tasks IS NULL OR r.wf_rn <= r.max_running_tasks - COALESCE(x.n, 0))
+      AND (r.rate_key IS NULL OR r.rate_rn <= r.rate_limit - COALESCE(b.count, 0))
+), picked AS (
+    SELECT e.* FROM eligible e
+    WHERE e.org_rn <= e.room
+    -- Weighted round robin between organizations: an organization's n-th pick at n / weight.
+    ORDER BY e.org_rn::float8 / e.weight, e.created_at, e.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED                       -- idx_taskrun_state_age: oldest ready first
 ), claimed AS (
     UPDATE core_taskrun t
     SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL,
+        wait_reason = ''
     FROM picked
     WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (file header)
-    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token,
+              picked.rate_key, picked.rate_window_seconds,
+              -- Seconds it waited to be claimed, from when it became claimable.
+              EXTRACT(EPOCH FROM clock_timestamp()
+                      - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited
+), rate_count AS (
+    -- One upsert per bucket and window (seed 001): the claims of this statement.
+    INSERT INTO core_ratelimitbucket AS b (organization_id, key, window_seconds, window_start, count)
+    SELECT c.organization_id, c.rate_key, c.rate_window_seconds,
+           to_timestamp(floor(extract(epoch FROM n.at) / c.rate_window_seconds) * c.rate_window_seconds), count(*)
+    FROM claimed c, now_ n
+    WHERE c.rate_key IS NOT NULL
+    GROUP BY 1, 2, 3, 4
+    ON CONFLICT ON CONSTRAINT uniq_ratelimit_bucket_window DO UPDATE SET count = b.count + EXCLUDED.count
 ), outbox AS (
     INSERT INTO core_outboxmessage
         (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
@@ -60,7 +215,8 @@ WITH picked AS (
     ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
     RETURNING id, task_run_id
 ), tr AS (
-    SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
            jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
     FROM claimed c
 ), ev_rows AS (
@@ -80,71 +236,12 @@ WITH picked AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
--- A row per claimed generation, then a row per outbox row written (joined in Python:
--- as a join here, planned with nested loops only, it would compare every pair).
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
+-- A row per claimed generation (with the seconds it waited), then a row per outbox row
+-- written (joined in Python: as a join here, planned with nested loops only, it would
+-- compare every pair).
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited FROM claimed c
 UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
-
-
--- name: task_run_claim_ready_among
--- task_run_claim_ready restricted to the task runs in ids (a completion's dependents); idx_taskrun_state_age, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
-WITH picked AS (
-    SELECT id FROM core_taskrun
-    WHERE state = 'ready' AND (not_before IS NULL OR not_before <= clock_timestamp())
-      AND id = ANY(%(ids)s)
-    ORDER BY created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED                       -- idx_taskrun_state_age: oldest ready first
-), claimed AS (
-    UPDATE core_taskrun t
-    SET state = 'running', fencing_token = t.fencing_token + 1, lease_owner = %(owner)s,
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
-    FROM picked
-    WHERE t.id = picked.id AND (t.state || '') = 'ready'      -- by primary key (file header)
-    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
-), outbox AS (
-    INSERT INTO core_outboxmessage
-        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
-         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
-    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
-           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
-                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
-           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
-           -- Reserved for the claimer's own publish right after its commit: the relay's
-           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
-           CASE WHEN %(reserve)s::float8 > 0
-                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
-    FROM claimed c
-    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
-    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
-    RETURNING id, task_run_id
-), tr AS (
-    SELECT c.*, 'claimed'::text AS ev_kind, 'ready'::text AS ev_from, 'running'::text AS ev_to,
-           jsonb_build_object('lease_owner', %(owner)s::text) AS ev_detail
-    FROM claimed c
-), ev_rows AS (
-    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
-    FROM tr
-), ev_counts AS (
-    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
-), ev_seq AS (
-    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
-    FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
-), ev_ins AS (
-    INSERT INTO core_taskrunevent
-        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
-    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
-    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
-)
--- A row per claimed generation, then a row per outbox row written (joined in Python:
--- as a join here, planned with nested loops only, it would compare every pair).
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
-UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL FROM outbox o;
 
 
 -- name: task_run_start_many
@@ -352,19 +449,19 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
--- name: task_run_promote_and_claim_dependents
--- The fan-in rule: each pending dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> running (token + 1, dispatch lease) with one outbox row; uniq_taskrun_per_run_task, core_taskrun_pkey, uniq_outbox_per_taskrun_generation.
--- Two events per dependent, as if promoted and then claimed ('promoted' with the old token, then 'claimed'), one row version instead of two.
+-- name: task_run_promote_dependents
+-- The fan-in rule: each pending dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The claim that follows in the same transaction (task_run_claim_fair) takes them within
+-- their organization's room, permits and buckets.
 WITH me AS (
     -- The (run, task) of each generation of this batch that is now succeeded.
     SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
     FROM core_taskrun t JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
          ON t.id = a.id AND t.fencing_token = a.token
     WHERE (t.state || '') = 'succeeded'   -- by primary key (file header)
-), claimed AS (
+), promoted AS (
     UPDATE core_taskrun d
-    SET state = 'running', fencing_token = d.fencing_token + 1, lease_owner = %(owner)s,
-        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease)s), not_before = NULL
+    SET state = 'ready', ready_at = clock_timestamp()
     FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
     -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
     -- run's pending rows; a dependent of two of these tasks is updated once.
@@ -374,33 +471,13 @@ WITH me AS (
           JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
           WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
     RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
-), outbox AS (
-    INSERT INTO core_outboxmessage
-        (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,
-         fencing_token_snapshot, attempt_snapshot, publish_attempts, last_error, created_at, next_attempt_at)
-    SELECT gen_random_uuid(), c.organization_id, c.id, c.workflow_run_id, '', %(queue)s,
-           jsonb_build_object('task_run_id', c.id, 'fencing_token', c.fencing_token, 'attempt', c.attempt,
-                              'workflow_run_id', c.workflow_run_id, 'organization_id', c.organization_id),
-           c.fencing_token, c.attempt, 0, '', clock_timestamp(),
-           -- Reserved for the claimer's own publish right after its commit: the relay's
-           -- drain leaves the row alone until then (see engine.relay.publish_claimed).
-           CASE WHEN %(reserve)s::float8 > 0
-                THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
-    FROM claimed c
-    -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
-    ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
-    RETURNING id, task_run_id
 ), tr AS (
-    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token - 1 AS fencing_token,
-           0 AS ev_ord, 'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
-           '{}'::jsonb AS ev_detail
-    FROM claimed c
-    UNION ALL
     SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
-           1, 'claimed', 'ready', 'running', jsonb_build_object('lease_owner', %(owner)s::text)
-    FROM claimed c
+           'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM promoted c
 ), ev_rows AS (
-    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.ev_ord, tr.id) AS rn
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
     FROM tr
 ), ev_counts AS (
     SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
@@ -416,11 +493,7 @@ WITH me AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
--- A row per claimed generation, then a row per outbox row written (joined in Python:
--- as a join here, planned with nested loops only, it would compare every pair).
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid FROM claimed c
-UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id FROM outbox o;
+SELECT count(*) FROM promoted;
 
 
 -- name: task_run_heartbeat_many
@@ -454,6 +527,7 @@ WITH done AS (
                 secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
             ELSE NULL END,
         finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -499,6 +573,7 @@ WITH done AS (
                 secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
             ELSE NULL END,
         finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -544,6 +619,7 @@ WITH done AS (
                 secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
             ELSE NULL END,
         finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         fencing_token = t.fencing_token + 1, error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -580,7 +656,8 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
 -- A claimed generation that never started and whose dispatch lease expired goes back to ready (token + 1, no attempt used) with a 'dispatch_expired' event; core_taskrun_pkey.
 WITH back AS (
     UPDATE core_taskrun t
-    SET state = 'ready', fencing_token = t.fencing_token + 1, lease_owner = NULL, lease_expires_at = NULL
+    SET state = 'ready', fencing_token = t.fencing_token + 1, lease_owner = NULL, lease_expires_at = NULL,
+        ready_at = clock_timestamp()
     WHERE t.id = %(id)s AND t.state = 'running' AND t.fencing_token = %(token)s
       AND t.lease_expires_at < clock_timestamp()
       AND t.started_fencing_token IS DISTINCT FROM t.fencing_token

@@ -37,6 +37,7 @@ from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
 from engine.relay import publish_dispatches
 from engine.repositories import task_runs, types
+from engine.scheduler import observe_claim_waits
 from engine.worker.combiner import Combiner
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def record_batch(items: list[Start | Success]) -> list:
         connection_attempts=8,
         reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
     )
+    observe_claim_waits(dispatches)
     completed = iter(_publish_claimed(successes, results, dispatches))
     started_iter = iter(started)
     return [next(started_iter) if isinstance(item, Start) else next(completed) for item in items]

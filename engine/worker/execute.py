@@ -194,4 +194,11 @@ def _execute(
     if result.retry_in_seconds is not None:
         nudge_scheduler(delay_ms=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
+    if not succeeded:
+        # The failure freed this attempt's room and permit: task runs waiting for them are
+        # claimed now rather than at the next schedule tick.
+        try:
+            nudge_scheduler()
+        except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
+            log.warning("could not nudge the scheduler after a failure; the clock's next tick claims")
     return result.state or "unknown", following

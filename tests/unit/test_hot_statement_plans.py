@@ -11,6 +11,7 @@ expired task runs and unpublished outbox rows.
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 from django.db import connection, transaction
@@ -30,16 +31,21 @@ TYPES = {
     "tokens": "bigint[]", "outputs": "text[]", "start_ids": "uuid[]", "start_tokens": "bigint[]",
     "owners": "text[]", "start_outbox": "uuid[]", "worker_lease": "float8", "upstream_bytes": "bigint",
     "id": "uuid", "token": "bigint", "error": "text", "retryable": "boolean", "kind": "text",
+    "after": "uuid", "max_orgs": "bigint", "orgs": "uuid[]", "org_of": "uuid[]", "only_ids": "uuid[]",
+    "lock_ids": "uuid[]", "ahead": "int", "lookahead": "int", "plan_names": "text[]", "plan_weights": "int[]",
+    "plan_max_running": "int[]",
 }
 
 # (statement, what runs it, the index its plan must use)
 HOT = [
-    ("task_run_claim_ready", "scheduler", "idx_taskrun_state_age"),
-    ("task_run_claim_ready_among", "a claim of given task runs", "core_taskrun_pkey"),
+    ("task_run_ready_orgs_after", "scheduler: organizations with ready work", "idx_taskrun_ready_claim"),
+    ("task_run_lock_orgs_of", "worker: its organizations' claim locks", "core_taskrun_pkey"),
+    ("task_run_claim_fair", "scheduler and worker: the fair claim", "idx_taskrun_ready_claim"),
+    ("task_run_claim_fair", "scheduler and worker: the fair claim's room and permits", "idx_taskrun_running_org"),
     ("task_run_start_many", "worker: start", "core_taskrun_pkey"),
     ("task_run_succeed_many", "worker: succeed", "core_taskrun_pkey"),
     ("task_run_start_and_succeed_many", "worker: start + succeed", "core_taskrun_pkey"),
-    ("task_run_promote_and_claim_dependents", "worker: promote and claim", "uniq_taskrun_per_run_task"),
+    ("task_run_promote_dependents", "worker: promote", "uniq_taskrun_per_run_task"),
     ("run_finish_if_done_many", "worker: finish", "idx_taskrun_run_state"),
     ("task_run_heartbeat_many", "worker: heartbeat", "core_taskrun_pkey"),
     ("task_run_fail_attempt", "worker: fail", "core_taskrun_pkey"),
@@ -99,6 +105,8 @@ def seeded(org, make_workflow):
         "owners": ["w"] * len(s_ids), "start_outbox": [None] * len(s_ids), "worker_lease": 60.0,
         "upstream_bytes": 1024 * 1024, "id": claimed[2].task_run_id, "token": claimed[2].fencing_token,
         "error": "boom", "retryable": True, "kind": "attempt_failed",
+        "after": uuid.UUID(int=0), "max_orgs": 100, "orgs": [org.pk], "org_of": [], "only_ids": None,
+        "lock_ids": s_ids, **task_runs.claim_params(limit=200, lease_seconds=60.0, owner="test"),
         # The statements that address succeeded or started generations by id get those.
         "_done_ids": ids, "_started_ids": s_ids, "_run_ids": [r.pk for r in runs],
     }
@@ -106,7 +114,7 @@ def seeded(org, make_workflow):
 
 def _params_for(name: str, seeded: dict) -> dict:
     params = dict(seeded)
-    if name in ("task_run_succeed_many", "task_run_start_and_succeed_many", "task_run_promote_and_claim_dependents",
+    if name in ("task_run_succeed_many", "task_run_start_and_succeed_many", "task_run_promote_dependents",
                 "run_finish_if_done_many"):
         params["ids"] = seeded["_done_ids"]
     elif name == "task_run_heartbeat_many":
@@ -115,7 +123,7 @@ def _params_for(name: str, seeded: dict) -> dict:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("name", "runner", "index"), HOT, ids=[h[0] for h in HOT])
+@pytest.mark.parametrize(("name", "runner", "index"), HOT, ids=[f"{h[0]}-{h[2]}" for h in HOT])
 def test_each_hot_statement_uses_the_index_its_comment_names(seeded, name, runner, index):
     assert index in descriptions[name], f"{name}'s comment does not name {index}"
     plan = generic_plan(queries[name], _params_for(name, seeded))
@@ -131,7 +139,7 @@ def test_the_benchmarks_hot_queries_use_their_indexes_under_the_drivers_planner_
     """``bench.hot_queries`` measures these statements by name; each one's plan uses the
     index the bench expects (run progress: the API's per-run count by state)."""
     for key, spec in hot_queries.QUERIES.items():
-        params = spec["params"]({"run_sample": seeded["_run_ids"]})
+        params = spec["params"]({"run_sample": seeded["_run_ids"], "org_ids": seeded["orgs"]})
         with transaction.atomic():
             with connection.cursor() as cur:
                 cur.execute(driver.INDEX_PROBES_ONLY)

@@ -17,6 +17,7 @@ from engine.services import start_run
 from engine.sql import queries
 from engine.states import TASK_QUEUE
 from engine.sweeper import sweep_runs
+from tenancy.models import Organization
 from tests import engine_helpers
 
 LEASE = 30.0
@@ -184,13 +185,13 @@ def test_hot_path_statements_are_prepared_once_and_planned_once_per_connection(o
         assert len(claimed) == 1
     with connection.cursor() as cur:
         cur.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = %s",
-                    [driver.prepared_form(queries["task_run_claim_ready"])[0]])
+                    [driver.prepared_form(queries["task_run_claim_fair"])[0]])
         rows = cur.fetchall()
     assert rows == [(2, 0)]
 
 
-HOT_STATEMENTS = ("task_run_claim_ready", "task_run_start_many", "task_run_succeed_many", "task_run_start_and_succeed_many",
-                  "task_run_promote_and_claim_dependents", "run_finish_if_done_many")
+HOT_STATEMENTS = ("task_run_claim_fair", "task_run_lock_orgs_of", "task_run_start_many", "task_run_succeed_many",
+                  "task_run_start_and_succeed_many", "task_run_promote_dependents", "run_finish_if_done_many")
 
 
 def test_hot_statements_are_prepared_from_their_compacted_text_with_numbered_parameters():
@@ -263,6 +264,8 @@ def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_
     succeeded; a plan trusting them scanned every running (or succeeded) task run of the
     table per start and completion batch. The hot statements must reach their rows by
     primary key and probe a run's open task runs per run, whatever the statistics say."""
+    # Room for all 1,501 claims at once (the free plan's would stop them at 64).
+    Organization.objects.filter(pk=org.pk).update(weight_override=100, max_running_task_runs_override=10_000)
     small = make_workflow(org, [{"key": "a", "type": "noop"}], name="small")
     start_run(workflow=small)
     with connection.cursor() as cur:
@@ -288,7 +291,7 @@ def test_hot_statements_find_task_runs_by_primary_key_even_with_statistics_from_
              "upstream_bytes": "bigint"}
     for name, sql in (("start", queries["task_run_start_many"]), ("succeed", queries["task_run_succeed_many"]),
                       ("start and succeed", queries["task_run_start_and_succeed_many"]),
-                      ("promote and claim", queries["task_run_promote_and_claim_dependents"]),
+                      ("promote", queries["task_run_promote_dependents"]),
                       ("finish", queries["run_finish_if_done_many"])):
         plan = _generic_plan(sql, params, types)
         assert "Seq Scan on core_taskrun " not in plan, (name, plan)

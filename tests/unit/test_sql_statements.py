@@ -64,18 +64,15 @@ def test_a_transaction_script_is_its_named_statement_framed_and_nothing_else():
 def test_the_shared_parts_are_written_the_same_in_each_statement():
     events = {name: part(name, "ev_rows AS (", "SELECT gen_random_uuid(), e.organization_id")
               for name in queries if "ev_rows AS (" in queries[name]}
-    assert len(events) == 12
+    assert len(events) == 11
     assert len({text.replace("ORDER BY tr.ev_ord, tr.id", "ORDER BY tr.id") for text in events.values()}) == 1
     assert all(text.endswith("INSERT INTO core_taskrunevent (id, organization_id, workflow_run_id, task_run_id, seq, "
                               "kind, from_state, to_state, attempt, fencing_token, detail, created_at) ")
                for text in events.values())
 
-    claims = ("task_run_claim_ready", "task_run_claim_ready_among", "task_run_promote_and_claim_dependents")
-    assert len({part(n, "outbox AS (", "), tr AS (") for n in claims}) == 1
-    assert len({part(n, "SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid",
-                     "FROM outbox o") for n in claims}) == 1
-    assert (driver.compact(queries["task_run_claim_ready"])
-            == driver.compact(queries["task_run_claim_ready_among"]).replace(" AND id = ANY(%(ids)s)", "", 1))
+    # One statement claims (ready -> running) and writes outbox rows: the fair claim.
+    assert [n for n in queries if "INSERT INTO core_outboxmessage" in queries[n]] == ["task_run_claim_fair"]
+    assert [n for n in queries if "SET state = 'running'" in queries[n]] == ["task_run_claim_fair"]
 
     starts = ("task_run_start_many", "task_run_start_and_succeed_many")
     assert len({part(n, "sreq AS (", "), creq AS (" if "succeed" in n else "), tr AS (") for n in starts}) == 1
