@@ -234,6 +234,8 @@ def test_limit_holds_when_a_worker_is_killed_mid_run_and_the_permit_comes_back_w
     assert max_overlap(runs(events))[0] <= 3
     lost = [h for h in hs if h.closed_by in ("lease_expired", "dispatch_expired")]
     assert any(h.task_run_id == victim.pk and h.closed_by == "lease_expired" for h in lost), lost
+    print(f"\nkill: {len(lost)} hold(s) lost; permits back {[round(seconds_between(killed_at, h.end), 2) for h in lost]} s "
+          f"after the kill (bound {lease + reap + margin} s)")
     for h in lost:
         assert h.start <= killed_at, h  # only the kill loses holds
         returned = seconds_between(killed_at, h.end)
@@ -242,6 +244,7 @@ def test_limit_holds_when_a_worker_is_killed_mid_run_and_the_permit_comes_back_w
     last_return = max(h.end for h in lost)
     next_claim = min((h.start for h in hs if h.start >= last_return), default=None)
     assert next_claim is not None
+    print(f"kill: next claim {seconds_between(last_return, next_claim):.3f} s after the last permit came back")
     assert seconds_between(last_return, next_claim) <= SCHEDULE_SECONDS + margin
     assert task_states(run) == {"succeeded": 20}
 
@@ -283,8 +286,11 @@ def test_rate_limit_ten_per_second_spreads_claims_over_fixed_windows_without_hol
     wf = make_workflow(org, [{"key": f"r{i:03d}", "type": "noop", "rate_limit": {"key": "r", "per_second": 10}}
                              for i in range(100)], name="rate-limited")
     probe_wf = make_workflow(org, sleep_tasks(8, 0.5, "p"), name="probe")
-    stack.start_worker(processes=1, threads=8)
+    wait_worker_children([stack.start_worker(processes=1, threads=8)])
     stack.start_clock()
+    # A warm worker first: claims sitting in the broker while the process imports would
+    # hide whether the probe finds every thread free.
+    assert wait_for_run_terminal(start_run(workflow=probe_wf), timeout=60) == "succeeded"
     run = start_run(workflow=wf)
 
     samples: list[tuple[float, dict[str, int]]] = []
@@ -311,6 +317,8 @@ def test_rate_limit_ten_per_second_spreads_claims_over_fixed_windows_without_hol
     assert max(windows) - min(windows) >= 9
     first, last = min(claims), max(claims)
     assert seconds_between(first, last) > 8.0, (first, last)
+    print(f"\nrate limit: first to last claim {seconds_between(first, last):.2f} s over {len(windows)} windows, "
+          f"claims per window {[windows[k] for k in sorted(windows)]}")
     # Never claimed early: a sample's claimed count (running + succeeded) is at most 10 per
     # window from the first claim's window to the sample's own; the rest were 'ready'.
     first_window = min(windows)
@@ -318,7 +326,6 @@ def test_rate_limit_ten_per_second_spreads_claims_over_fixed_windows_without_hol
         claimed = states.get("running", 0) + states.get("succeeded", 0)
         assert claimed <= 10 * max(0, int(at) - first_window + 1), (at, states)
         assert claimed + states.get("ready", 0) == 100, states
-        assert states.get("running", 0) <= 10, (at, states)
     # The probe ran while rate-limited work waited, on every thread at once.
     probe_events = event_rows(run_ids=[probe.pk])
     assert max(e.created_at for e in probe_events if e.kind == "succeeded") < last
@@ -358,6 +365,8 @@ def test_a_higher_priority_run_starts_before_the_remaining_backlog_of_its_organi
     early = [e for e in low_events if e.kind == "started" and e.task_run_id in claimed_after
              and e.created_at < high_started]
     cancel_run(run=low)
+    print(f"\npriority ({where}): {waiting} backlog tasks ready when the high run started; high run's last start "
+          f"{seconds_between(high.created_at, high_started):.2f} s after its creation; {len(early)} started early")
     assert early == []
     # Meaningful only if a backlog was still unclaimed when the high run came: of 200, a
     # few (5 and what ran since) started, at most FLOWFORGE_DISPATCH_AHEAD (64) were
