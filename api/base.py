@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from rest_framework.exceptions import MethodNotAllowed, NotAuthenticated, NotFound
+from rest_framework.exceptions import MethodNotAllowed, NotAuthenticated, NotFound, Throttled
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
@@ -47,6 +47,8 @@ PROTECTED = frozenset({
     "authentication_classes",
     "check_permissions",
     "check_object_permissions",
+    "check_throttles",
+    "throttled",
     "get_permissions",
     "permission_classes",
     "get_exception_handler",
@@ -119,14 +121,27 @@ class OrganizationAPIView(GenericAPIView):
     def initial(self, request, *args, **kwargs):
         """Authenticate (401), require an authenticated caller, resolve ``request.actor``
         (400/404 for a session user who did not or could not choose an organization),
-        then check the method's required action (403). Final by convention and by
-        ``__init_subclass__``."""
-        super().initial(request, *args, **kwargs)
-        request.actor = resolve_actor(request)
+        apply the rate limits (429: the caller's and its organization's), then check the
+        method's required action (403). Final by convention and by ``__init_subclass__``."""
+        super().initial(request, *args, **kwargs)  # authentication, IsAuthenticated, check_throttles
+        if not getattr(request, "_ff_actor_resolved", False):
+            request.actor = resolve_actor(request)
         if not hasattr(self, request.method.lower()):
             # No handler: a 405 (after authentication), not a 403 for a missing action.
             raise MethodNotAllowed(request.method)
         require_action(request.actor, action_for_method(self.required_action, request.method))
+
+    def check_throttles(self, request):
+        """Resolve ``request.actor`` first: the rate limit counts per organization as well
+        as per caller (api.throttling), and a session's organization is known only then.
+        DRF calls this after authentication and the IsAuthenticated check."""
+        request.actor = resolve_actor(request)
+        request._ff_actor_resolved = True
+        super().check_throttles(request)
+
+    def throttled(self, request, wait):
+        """A 429 whose detail says which budget was spent (api.throttling sets it)."""
+        raise Throttled(wait=wait, detail=getattr(request, "throttle_detail", None))
 
     def get_exception_handler(self):
         return api_exceptions.problem_exception_handler

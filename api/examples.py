@@ -42,7 +42,7 @@ RUN_SUMMARY_EXAMPLE = {
     "workflow": {"id": WORKFLOW_EXAMPLE["id"], "name": "etl", "version": 2},
     "state": "succeeded", "trigger_source": "api", "trigger": None, "triggered_by": None, "retry_of": None,
     "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.000001Z",
-    "finished_at": "2026-01-05T10:00:03.250000Z",
+    "finished_at": "2026-01-05T10:00:03.250000Z", "waiting_reason": None,
 }
 RUN_EXAMPLE = {
     **{k: v for k, v in RUN_SUMMARY_EXAMPLE.items() if k in ("id", "workflow", "state")},
@@ -52,7 +52,7 @@ RUN_EXAMPLE = {
         {"id": "aa2f0c55-1d1e-4c4e-8f7a-2b3c4d5e6f70", "key": "extract", "task_id": WORKFLOW_EXAMPLE["tasks"][0]["id"],
          "state": "succeeded", "attempt": 1, "output": {"status": 200, "body": {"rows": 42}, "truncated": False},
          "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.5Z",
-         "finished_at": "2026-01-05T10:00:01.75Z"},
+         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None},
     ],
 }
 EVENT_EXAMPLE = {

@@ -140,7 +140,8 @@ COMMON_PROBLEMS: dict[int, tuple[str, OpenApiExample]] = {
           problem_example(404, "Not found.", "not_found")),
     406: ("The Accept header allows no media type the API serves (application/json).",
           problem_example(406, "Could not satisfy the request Accept header.", "not_acceptable")),
-    429: ("The caller's rate limit (requests per minute per API key, or per user) is spent; retry after "
+    429: ("A rate limit is spent: the caller's (requests per minute per API key, or per user) or its "
+          "organization's (all its keys and users together); the detail names which. Retry after "
           "`Retry-After` seconds.",
           problem_example(429, "Request was throttled. Expected available in 37 seconds.", "throttled")),
 }

@@ -197,13 +197,32 @@ class DefinitionDocumentSerializer(serializers.Serializer):
 # --- runs ---------------------------------------------------------------------------------------
 
 
+WAITING_REASON_HELP = (
+    "Why it is not running yet, or null: for a ready task run, the first limit that holds it back "
+    "(`waiting: concurrency stripe 5/5`, `waiting: rate limit github 10/10 per second, next window in 0.4 s`, "
+    "`waiting: workflow limit 3/3 running tasks`, `waiting: organization quota 100/100 running`, "
+    "`waiting: organization's share of the workers (64 dispatched, not started)`, "
+    "`waiting: retry backoff, 3.2 s`) or `waiting: for a worker`; for a run queued by its workflow's "
+    "run limit, `waiting: workflow run limit 2/2`. See docs/scheduling.md.")
+
+
+class _WaitingReasonMixin(serializers.Serializer):
+    """``waiting_reason``: the object's ``waiting_reason`` attribute, set by the view from
+    ``engine.repositories.waiting`` (null when it was not set: not waiting)."""
+
+    waiting_reason = serializers.SerializerMethodField(help_text=WAITING_REASON_HELP)
+
+    def get_waiting_reason(self, obj) -> str | None:
+        return getattr(obj, "waiting_reason", None)
+
+
 class WorkflowRefSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
     version = serializers.IntegerField()
 
 
-class _RunFieldsMixin(serializers.Serializer):
+class _RunFieldsMixin(_WaitingReasonMixin):
     workflow = serializers.SerializerMethodField()
     triggered_by = serializers.SerializerMethodField()
 
@@ -217,7 +236,7 @@ class _RunFieldsMixin(serializers.Serializer):
 
 
 RUN_FIELDS = ["id", "workflow", "state", "trigger_source", "trigger", "triggered_by", "retry_of", "error",
-              "created_at", "started_at", "finished_at"]
+              "created_at", "started_at", "finished_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
@@ -229,7 +248,7 @@ class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TaskRunSerializer(serializers.ModelSerializer):
+class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
     """A task run of a run's detail. Expects the task runs from
     ``engine.outputs.with_output_sizes``: an output over FLOWFORGE_INLINE_OUTPUT_BYTES is
     then a summary ``{"truncated": true, "bytes": <size of its JSON text>, "url": <GET
@@ -244,7 +263,7 @@ class TaskRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = TaskRun
         fields = ["id", "key", "task_id", "state", "attempt", "output", "error",
-                  "created_at", "started_at", "finished_at"]
+                  "created_at", "started_at", "finished_at", "waiting_reason"]
         read_only_fields = fields
 
     @extend_schema_field(OpenApiTypes.ANY)

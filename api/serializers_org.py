@@ -256,3 +256,23 @@ class AuditEventFilterSerializer(serializers.Serializer):
     # InstantField: an offset beyond ±15:59, or an instant out of the calendar in UTC, is a 400.
     created_after = InstantField(required=False)
     created_before = InstantField(required=False)
+
+
+class QuotaLineSerializer(serializers.Serializer):
+    """One limit of the organization and its usage (engine.reporting.QuotaLine)."""
+
+    name = serializers.ChoiceField(choices=["weight", "max_running_task_runs", "max_runs_per_minute",
+                                            "max_definition_bytes"])
+    description = serializers.CharField()
+    limit = serializers.IntegerField(help_text="The effective value: the override when staff set one, "
+                                     "else the plan's default.")
+    plan_default = serializers.IntegerField()
+    overridden = serializers.BooleanField()
+    used = serializers.IntegerField(allow_null=True, help_text="In use now (null for the weight).")
+
+
+class OrganizationLimitsSerializer(serializers.Serializer):
+    """GET /org/limits/: the organization's plan and each limit with its usage."""
+
+    plan = serializers.ChoiceField(choices=["free", "team", "business"])
+    limits = QuotaLineSerializer(many=True)

@@ -1,9 +1,14 @@
-"""The API's rate limit: a fixed-window counter per API key (per user for a browser
-session), in the shared Redis cache so every web process counts against one limit.
+"""The API's rate limit: fixed-window counters per API key (per user for a browser
+session) and per organization, in the shared Redis cache so every web process counts
+against one limit.
 
 ``settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE`` requests are allowed per caller per
-clock minute; the next one is a 429 problem whose ``Retry-After`` says how many
-seconds remain in the window. A fixed window admits a burst of up to twice the
+clock minute, and ``settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG`` per
+organization (all its keys and session users together: a second key does not double
+what an organization may send, issue 16); the next one is a 429 problem whose
+``Retry-After`` says how many seconds remain in the window and whose detail names the
+budget that was spent (the API key's, the user's, or the organization's). A request the
+caller's own budget refuses does not count against the organization's. A fixed window admits a burst of up to twice the
 limit across a window boundary: a fair trade for one INCR per request (seed 001,
 "Windows are fixed, not sliding").
 
@@ -67,22 +72,48 @@ def _count(key: str) -> int | None:
     return None
 
 
+def organization_ident(request) -> str | None:
+    """The organization whose budget a request also spends: the API key's, else the
+    resolved actor's (api.base resolves it before the throttles run); None when unknown."""
+    auth = getattr(request, "auth", None)
+    if isinstance(auth, AuthenticatedKey):
+        return str(auth.organization.pk)
+    actor = getattr(request, "actor", None)
+    organization = getattr(actor, "organization", None)
+    return str(organization.pk) if organization is not None else None
+
+
 class ApiRateThrottle(BaseThrottle):
-    """Fixed-window limit of FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per caller (0 disables it)."""
+    """Fixed-window limits of FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per caller and
+    FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG per organization (0 disables either).
+    When one refuses, ``request.throttle_detail`` names it (api.base.OrganizationAPIView.throttled)."""
 
     def __init__(self) -> None:
         self.retry_after: float = 0.0
 
     def allow_request(self, request, view) -> bool:
-        limit = settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE
         ident = caller_ident(request)
-        if ident is None or limit <= 0:
+        if ident is None:
             return True
         at = now()
         window = int(at // WINDOW_SECONDS)
-        count = _count(f"api-rate:{ident}:{window}")
         self.retry_after = (window + 1) * WINDOW_SECONDS - at
-        return count is None or count <= limit
+        limit = settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE
+        if limit > 0:
+            count = _count(f"api-rate:{ident}:{window}")
+            if count is not None and count > limit:
+                who = "this API key's" if ":key:" in ident else "your"
+                request.throttle_detail = f"Request was throttled: {who} rate limit of {limit} requests per minute is spent."
+                return False
+        org_limit = getattr(settings, "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", 0)
+        org = organization_ident(request)
+        if org_limit > 0 and org is not None:
+            count = _count(f"api-rate:org:{org}:{window}")
+            if count is not None and count > org_limit:
+                request.throttle_detail = (f"Request was throttled: the organization's rate limit of {org_limit} "
+                                           "requests per minute (all its API keys and users together) is spent.")
+                return False
+        return True
 
     def wait(self) -> float:
         """Whole seconds until the window ends (at least 1): the ``Retry-After`` value."""

@@ -1,4 +1,5 @@
-"""Routes of organization administration: API keys, members, invitations, triggers, audit events."""
+"""Routes of organization administration: API keys, members, invitations, triggers, audit events,
+the organization's limits."""
 
 from django.urls import path
 
@@ -16,4 +17,5 @@ urlpatterns = [
     path("api-keys/", views.ApiKeyListView.as_view(), name="apikey-list"),
     path("api-keys/<uuid:pk>/revoke/", views.ApiKeyRevokeView.as_view(), name="apikey-revoke"),
     path("audit-events/", views.AuditEventListView.as_view(), name="auditevent-list"),
+    path("org/limits/", views.OrganizationLimitsView.as_view(), name="org-limits"),
 ]

@@ -1,5 +1,5 @@
 """REST API v1: organization administration — cron triggers, members, invitations,
-API keys and the audit log.
+API keys, the audit log, and the organization's limits and usage.
 
 Views parse and authorize (api.base does the authorization), then call a service
 function; no view writes a model itself. An object named in the URL is read through
@@ -15,6 +15,7 @@ a field name or another status.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from croniter import CroniterError
@@ -43,6 +44,7 @@ from api.serializers_org import (
     InvitationSerializer,
     MemberRoleSerializer,
     MemberSerializer,
+    OrganizationLimitsSerializer,
     TriggerSerializer,
     TriggerWriteSerializer,
 )
@@ -51,6 +53,7 @@ from audit.services import SecretInMetadata
 from engine import triggers
 from engine.access import access_trigger
 from engine.models import ScheduledTrigger
+from engine.reporting import quota_report
 from tenancy.access import access_api_key, access_invitation, access_membership
 from tenancy.apikeys import create_api_key, revoke_api_key
 from tenancy.mail import send_invitation_email
@@ -587,3 +590,43 @@ class AuditEventListView(AdminAPIView):
         if "created_before" in params:
             qs = qs.filter(created_at__lt=params["created_before"])
         return qs
+
+
+# --- limits and usage ------------------------------------------------------------------------------
+
+LIMITS_EXAMPLE = {"plan": "free", "limits": [
+    {"name": "weight", "description": "Share of the workers against other organizations with ready work",
+     "limit": 1, "plan_default": 1, "overridden": False, "used": None},
+    {"name": "max_running_task_runs", "description": "Task runs claimed or running at once",
+     "limit": 250, "plan_default": 100, "overridden": True, "used": 42},
+    {"name": "max_runs_per_minute", "description": "Runs started in the last 60 s (every channel)",
+     "limit": 600, "plan_default": 600, "overridden": False, "used": 17},
+    {"name": "max_definition_bytes", "description": "Bytes of stored workflow definitions (every version, "
+     "JSON text)", "limit": 10485760, "plan_default": 10485760, "overridden": False, "used": 48213},
+]}
+
+
+class OrganizationLimitsView(AdminAPIView):
+    """GET /org/limits/ — the organization's plan, each effective limit (weight, running
+    task runs, runs per minute, definition bytes) and its usage now. Anyone who may read
+    the organization (read); staff change them in the Django admin."""
+
+    required_action = {"GET": Action.READ}
+
+    def get_scoped_queryset(self):
+        return Membership.objects.none()  # no list: the organization itself
+
+    @extend_schema(
+        operation_id="org_limits_retrieve",
+        summary="Get the organization's limits and usage",
+        description="The plan and, for each limit, its effective value (staff's override, else the plan's "
+        "default), the plan's default and what is in use now: task runs claimed or running, runs started in the "
+        "last 60 s, bytes of stored definitions. Over `max_running_task_runs` tasks wait (their "
+        "`waiting_reason` says so); over `max_runs_per_minute` a start is a 429; over `max_definition_bytes` an "
+        "apply is refused. See docs/scheduling.md.",
+        responses={200: OrganizationLimitsSerializer},
+        examples=[_example("limits", LIMITS_EXAMPLE)],
+    )
+    def get(self, request):
+        report = quota_report(self.organization)
+        return Response({"plan": report.plan, "limits": [dataclasses.asdict(line) for line in report.lines]})

@@ -42,6 +42,7 @@ from engine import live_stream
 from engine.access import access_run, access_task_run
 from engine.models import TaskRun, TaskRunEvent, Workflow, WorkflowRun
 from engine.outputs import with_output_sizes
+from engine.repositories import waiting
 from engine.services import (
     IdempotencyConflict,
     RunNotFinished,
@@ -73,7 +74,7 @@ def _run_detail(organization, pk) -> WorkflowRun:
     outputs are not loaded: their sizes are, and the outputs small enough to inline
     (engine.outputs.with_output_sizes)."""
     organization = organization_id_of(organization)  # an Actor, an Organization or its id
-    return access_run(organization, pk, shape=lambda qs: qs.select_related("workflow", "triggered_by").prefetch_related(
+    run = access_run(organization, pk, shape=lambda qs: qs.select_related("workflow", "triggered_by").prefetch_related(
         Prefetch(
             "task_runs",
             queryset=with_output_sizes(
@@ -81,6 +82,9 @@ def _run_detail(organization, pk) -> WorkflowRun:
             ),
         )
     ))
+    # waiting_reason of ready task runs and a queued run: one more query only when any waits.
+    waiting.attach(run)
+    return run
 
 
 def _run_id_only(qs):
@@ -140,6 +144,7 @@ class RunListView(OrganizationAPIView):
         if "created_before" in filters:
             qs = qs.filter(created_at__lt=filters["created_before"])
         rows, next_url = paginate_newest_first(qs, request)
+        waiting.attach_runs(rows)
         return Response(page(RunListSerializer(rows, many=True).data, next_url))
 
     @extend_schema(

@@ -19,7 +19,7 @@ from engine import live, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
-from engine.scheduler import schedule_once
+from engine.scheduler import note_waiting_if_due, schedule_once
 from engine.states import CONTROL_QUEUE, TASK_QUEUE
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
@@ -33,8 +33,10 @@ EXECUTE_TIME_LIMIT_MS = 7 * 24 * 3600 * 1000
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def schedule_tick() -> None:
-    """Claim ready task runs and publish their dispatches. """
+    """Claim ready task runs and publish their dispatches; then, at most once a second,
+    record why the ones left ready wait."""
     schedule_once()
+    note_waiting_if_due()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
@@ -65,8 +67,10 @@ def sweep_runs() -> None:
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def housekeeping() -> None:
-    """Periodic clean-up: expired idempotency keys and abandoned live subscriptions."""
+    """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows and
+    abandoned live subscriptions."""
     services.purge_expired_idempotency_keys()
+    services.purge_old_rate_limit_buckets()
     live.purge_expired()
 
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Histogram buckets, in seconds.
 DISPATCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+# A ready task run may wait long behind limits (rate windows, quotas, run limits).
+CLAIM_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 
 COUNTERS = {
     "flowforge_runs_started_total": ("Runs started, by channel.", ("channel",)),
@@ -43,9 +45,12 @@ COUNTERS = {
 HISTOGRAMS = {
     "flowforge_dispatch_latency_seconds": ("From claim to handler start.", DISPATCH_BUCKETS),
     "flowforge_claim_wait_seconds": ("From ready (past any retry backoff) to claimed: the wait for a "
-                                     "worker's share, a permit, a rate window or a quota.", DISPATCH_BUCKETS),
+                                     "worker's share, a permit, a rate window or a quota.", CLAIM_WAIT_BUCKETS),
     "flowforge_task_duration_seconds": ("Handler run time of one attempt.", DURATION_BUCKETS),
 }
+
+# The label of the organizations past FLOWFORGE_METRICS_TOP_ORGS in the per-organization gauges.
+OTHER_ORGS = "other"
 
 # How often each process sends its sums to Redis, in seconds.
 FLUSH_INTERVAL_SECONDS = 1.0
@@ -170,6 +175,7 @@ def _db_gauges() -> list[str]:
                   "# TYPE flowforge_task_runs_running gauge", f"flowforge_task_runs_running {running}",
                   "# HELP flowforge_leases_expired Running task runs whose lease has expired (awaiting the reaper).",
                   "# TYPE flowforge_leases_expired gauge", f"flowforge_leases_expired {expired}"]
+        lines += _org_gauges(cur)
         cur.execute(sql.queries["metrics_outbox_backlog"])
         backlog, oldest = cur.fetchone()
         cur.execute(sql.queries["metrics_outbox_dead_letters"])
@@ -181,6 +187,31 @@ def _db_gauges() -> list[str]:
                   f"flowforge_outbox_oldest_age_seconds {_fmt(float(oldest))}",
                   "# HELP flowforge_outbox_dead_letters Outbox rows dead-lettered after failed publishes.",
                   "# TYPE flowforge_outbox_dead_letters gauge", f"flowforge_outbox_dead_letters {dead}"]
+    return lines
+
+
+def _org_gauges(cur) -> list[str]:
+    """Ready and running task runs per organization: the FLOWFORGE_METRICS_TOP_ORGS
+    organizations with the most (ready + running) by slug, the rest summed under
+    org="other" (always present), so the series stay bounded however many tenants there
+    are. One query (``metrics_task_runs_by_org``)."""
+    top = int(getattr(settings, "FLOWFORGE_METRICS_TOP_ORGS", 10))
+    cur.execute(sql.queries["metrics_task_runs_by_org"], {"top": max(0, top)})
+    ready: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for org, n_ready, n_running in cur.fetchall():
+        # A tenant whose slug is "other" shares the rest's series rather than duplicating it.
+        ready[org] = ready.get(org, 0) + int(n_ready)
+        running[org] = running.get(org, 0) + int(n_running)
+    ready.setdefault(OTHER_ORGS, 0)
+    running.setdefault(OTHER_ORGS, 0)
+    lines = ["# HELP flowforge_org_task_runs_ready Task runs ready, per organization (top organizations by "
+             "ready + running; the rest as org=\"other\").", "# TYPE flowforge_org_task_runs_ready gauge"]
+    lines += [f'flowforge_org_task_runs_ready{{org="{org}"}} {n}' for org, n in ready.items()]
+    lines += ["# HELP flowforge_org_task_runs_running Task runs running (claimed or started), per organization "
+              "(top organizations by ready + running; the rest as org=\"other\").",
+              "# TYPE flowforge_org_task_runs_running gauge"]
+    lines += [f'flowforge_org_task_runs_running{{org="{org}"}} {n}' for org, n in running.items()]
     return lines
 
 

@@ -172,12 +172,13 @@ class Task(models.Model):
                                    name="task_priority_range"),
             models.CheckConstraint(
                 condition=Q(concurrency_key__isnull=True, concurrency_limit__isnull=True)
-                | Q(concurrency_key__isnull=False, concurrency_limit__gte=1),
+                | Q(concurrency_key__isnull=False, concurrency_limit__isnull=False, concurrency_limit__gte=1),
                 name="task_concurrency_limit_positive",
             ),
             models.CheckConstraint(
                 condition=Q(rate_key__isnull=True, rate_limit__isnull=True, rate_window_seconds__isnull=True)
-                | Q(rate_key__isnull=False, rate_limit__gte=1, rate_window_seconds__in=[1, 60]),
+                | Q(rate_key__isnull=False, rate_limit__isnull=False, rate_limit__gte=1,
+                    rate_window_seconds__isnull=False, rate_window_seconds__in=[1, 60]),
                 name="task_rate_limit_valid",
             ),
         ]

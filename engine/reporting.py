@@ -1,16 +1,20 @@
-"""Read models: a run's progress counts and full summary (command line), and the task count
-of each workflow version that the API's and the web UI's workflow lists show."""
+"""Read models: a run's progress counts and full summary (command line), the task count
+of each workflow version that the API's and the web UI's workflow lists show, and an
+organization's quotas with their usage (the API's /org/limits/ and the settings page)."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import uuid
 from collections import Counter
 
-from django.db.models import Count, OuterRef, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import BigIntegerField, Count, Func, OuterRef, Subquery, Sum, TextField
+from django.db.models.functions import Cast, Coalesce
+from django.utils import timezone
 
-from engine.models import Task, TaskRun, TaskRunEvent, WorkflowRun
+from engine.models import Task, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from tenancy.limits import effective_limits, plans
 
 
 def task_count(organization) -> Coalesce:
@@ -69,3 +73,68 @@ def load_summary(run_id: uuid.UUID, organization_id: uuid.UUID) -> RunSummary:
         TaskRunEvent.objects.for_organization(organization_id).filter(workflow_run=run).order_by("seq")
     )
     return RunSummary(run=run, task_runs=task_runs, events=events)
+
+
+# --- quotas and their usage (issue 16) --------------------------------------------------------------
+
+#: What each limit is, in the words the API and the settings page use.
+LIMIT_DESCRIPTIONS = {
+    "weight": "Share of the workers against other organizations with ready work",
+    "max_running_task_runs": "Task runs claimed or running at once",
+    "max_runs_per_minute": "Runs started in the last 60 s (every channel)",
+    "max_definition_bytes": "Bytes of stored workflow definitions (every version, JSON text)",
+}
+
+# The window of max_runs_per_minute, in seconds.
+RUNS_PER_MINUTE_WINDOW_SECONDS = 60
+
+
+@dataclasses.dataclass(frozen=True)
+class QuotaLine:
+    """One limit of an organization: its effective value, its plan's default, whether
+    staff overrode it, and what is in use now (None for the weight, which is no quota)."""
+
+    name: str
+    description: str
+    limit: int
+    plan_default: int
+    overridden: bool
+    used: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class QuotaReport:
+    plan: str
+    lines: list[QuotaLine]
+
+
+def definition_bytes(organization) -> int:
+    """Bytes of the organization's stored workflow definitions: the JSON text of every
+    version (what max_definition_bytes limits)."""
+    size = Func(Cast("definition", TextField()), function="octet_length", output_field=BigIntegerField())
+    total = Workflow.objects.for_organization(organization).aggregate(n=Sum(size))["n"]
+    return int(total or 0)
+
+
+def quota_report(organization) -> QuotaReport:
+    """The organization's plan and, per limit (``tenancy.limits.LIMIT_NAMES``), its
+    effective value and usage: running task runs (claimed or started,
+    idx_taskrun_running_org), runs created in the last 60 s (idx_wfrun_org_recent), stored
+    definition bytes. Three queries."""
+    limits = effective_limits(organization)
+    table = plans()
+    defaults = table.get(organization.plan) or table["free"]
+    since = timezone.now() - dt.timedelta(seconds=RUNS_PER_MINUTE_WINDOW_SECONDS)
+    used = {
+        "weight": None,
+        "max_running_task_runs": TaskRun.objects.for_organization(organization).filter(state="running").count(),
+        "max_runs_per_minute": WorkflowRun.objects.for_organization(organization).filter(created_at__gte=since).count(),
+        "max_definition_bytes": definition_bytes(organization),
+    }
+    lines = [
+        QuotaLine(name=name, description=LIMIT_DESCRIPTIONS[name], limit=getattr(limits, name),
+                  plan_default=int(defaults[name]),
+                  overridden=getattr(organization, f"{name}_override") is not None, used=used[name])
+        for name in LIMIT_DESCRIPTIONS
+    ]
+    return QuotaReport(plan=limits.plan, lines=lines)

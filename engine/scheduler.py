@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 
 from engine import metrics
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
 from engine.relay import publish_dispatches
-from engine.repositories import driver, task_runs
+from engine.repositories import driver, task_runs, waiting
 from engine.repositories.types import Dispatch
 
 log = logging.getLogger(__name__)
@@ -61,3 +62,20 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
             break
         after = max(orgs)
     return total
+
+
+# When this process last wrote the wait reasons (time.monotonic()); at most once a second.
+_last_noted = 0.0
+NOTE_WAITING_EVERY_SECONDS = 1.0
+
+
+def note_waiting_if_due() -> int:
+    """Record why ready task runs wait (``waiting.note_waiting``: ``wait_reason`` and a
+    'waiting' event per change), at most once per NOTE_WAITING_EVERY_SECONDS in this
+    process whatever the number of ticks and nudges. Returns how many changed."""
+    global _last_noted
+    now = time.monotonic()
+    if now - _last_noted < NOTE_WAITING_EVERY_SECONDS:
+        return 0
+    _last_noted = now
+    return driver.autocommit_retry(waiting.note_waiting)

@@ -345,6 +345,22 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
     raise IdempotencyConflict("the Idempotency-Key could not be claimed; try again")
 
 
+def purge_old_rate_limit_buckets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete rate-limit buckets of windows that ended (``rate_limit_bucket_purge_batch``:
+    windows that began more than two minutes ago, longer than any window), in batches of
+    ``batch_size`` (one short transaction each), at most ``max_batches`` per call. Returns
+    how many rows were deleted. For the clock; a system sweep over every organization."""
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(sql.queries["rate_limit_bucket_purge_batch"], {"limit": batch_size})
+            deleted = cur.rowcount
+        total += deleted
+        if deleted < batch_size:
+            break
+    return total
+
+
 def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int = 200) -> int:
     """Delete idempotency keys whose ``expires_at`` has passed, in batches of
     ``batch_size`` (one short transaction each, ``idx_idempotency_expiry``), at most

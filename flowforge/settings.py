@@ -218,7 +218,8 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "api.exceptions.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "api.schema.ProblemAutoSchema",
-    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session), in Redis.
+    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE per API key (per user for a session) and
+    # FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG per organization, in Redis.
     "DEFAULT_THROTTLE_CLASSES": ["api.throttling.ApiRateThrottle"],
 }
 SPECTACULAR_SETTINGS = {
@@ -244,6 +245,10 @@ FLOWFORGE_MAX_BODY_BYTES = int(os.environ.get("FLOWFORGE_MAX_BODY_BYTES", str(10
 DATA_UPLOAD_MAX_MEMORY_SIZE = FLOWFORGE_MAX_BODY_BYTES
 # Requests per minute per API key (Redis-backed); past it, 429 with Retry-After.
 FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIMIT_PER_MINUTE", "600"))
+# Requests per minute per organization (all its keys and session users together; issue
+# 16), by default four keys' worth; past it, 429 naming the organization's budget. 0 disables it.
+FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = int(os.environ.get(
+    "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", str(4 * FLOWFORGE_API_RATE_LIMIT_PER_MINUTE)))
 # Failed API key authentications per client address per minute; past it, 429 without
 # verifying (each failure costs an Argon2 check). 0 disables the limit.
 FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_KEY_FAILURES_PER_MINUTE", "30"))
@@ -320,6 +325,9 @@ FLOWFORGE_CLOCK_REAP_SECONDS = env_float("FLOWFORGE_CLOCK_REAP_SECONDS", 2.0)
 FLOWFORGE_CLOCK_RELAY_SECONDS = env_float("FLOWFORGE_CLOCK_RELAY_SECONDS", 2.0)
 # When set, /metrics requires "Authorization: Bearer <this>".
 FLOWFORGE_METRICS_TOKEN = os.environ.get("FLOWFORGE_METRICS_TOKEN", "")
+# Organizations labelled by slug in /metrics' per-organization gauges (the most ready +
+# running task runs); the rest are summed under org="other", bounding the series.
+FLOWFORGE_METRICS_TOP_ORGS = int(os.environ.get("FLOWFORGE_METRICS_TOP_ORGS", "10"))
 FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
 FLOWFORGE_CLOCK_SWEEP_SECONDS = env_float("FLOWFORGE_CLOCK_SWEEP_SECONDS", 10.0)
 FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)

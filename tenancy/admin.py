@@ -1,12 +1,26 @@
 """Staff administration of people and organizations. Every change made here is
-recorded in the audit log (audit.signals records each admin LogEntry)."""
+recorded in the audit log (audit.signals records each admin LogEntry); a change of an
+organization's plan or limits records each value before and after in it."""
 
 from __future__ import annotations
 
-from django.contrib import admin
-from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+import json
 
+from django import forms
+from django.contrib import admin
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.forms.models import BaseInlineFormSet
+
+from tenancy.limits import LIMIT_NAMES, plans
 from tenancy.models import ApiKey, Membership, Organization, User
+
+# An override's bounds (the CHECK constraints of core_organization: org_weight_range,
+# org_max_running_positive, org_max_runs_per_minute_positive, org_max_definition_bytes_positive).
+OVERRIDE_BOUNDS = {"weight": (1, 100), "max_running_task_runs": (1, None), "max_runs_per_minute": (1, None),
+                   "max_definition_bytes": (1, None)}
+LIMIT_FIELDS = ("plan", *(f"{name}_override" for name in LIMIT_NAMES))
 
 
 @admin.register(User)
@@ -23,21 +37,89 @@ class UserAdmin(BaseUserAdmin):
     add_fieldsets = ((None, {"classes": ("wide",), "fields": ("email", "password1", "password2")}),)
 
 
+class _MembershipFormSet(BaseInlineFormSet):
+    def add_fields(self, form, index):
+        super().add_fields(form, index)
+        # The row id's choices: Django builds them from the default (scoped) manager, which
+        # refuses an unscoped query, so saving an organization with members failed.
+        pk = form.fields.get(self.model._meta.pk.name)
+        if pk is not None and hasattr(pk, "queryset"):
+            pk.queryset = Membership.objects.unscoped()  # staff: an explicit cross-tenant read
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    formset = _MembershipFormSet
     extra = 0
     raw_id_fields = ("user",)
+    # The split date-time widget drops microseconds: editable, every save "changed" it.
+    readonly_fields = ("created_at",)
 
     def get_queryset(self, request):
         # Staff see every organization: an explicit, reviewed cross-tenant read.
         return Membership.objects.unscoped().select_related("user")
 
 
+class OrganizationAdminForm(forms.ModelForm):
+    """The organization's change form: each ``*_override`` validated against its column's
+    bounds, with help text naming every plan's default (settings.FLOWFORGE_PLANS); empty
+    means "the plan's"."""
+
+    class Meta:
+        model = Organization
+        fields = ("name", "slug", *LIMIT_FIELDS)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        table = plans()
+        for name in LIMIT_NAMES:
+            field = self.fields.get(f"{name}_override")
+            if field is None:
+                continue
+            low, high = OVERRIDE_BOUNDS[name]
+            field.validators.append(MinValueValidator(low))
+            field.widget.attrs["min"] = low
+            if high is not None:
+                field.validators.append(MaxValueValidator(high))
+                field.widget.attrs["max"] = high
+            defaults = ", ".join(f"{plan} {values[name]:,}" for plan, values in table.items())
+            bounds = f"{low}..{high}" if high is not None else f"at least {low}"
+            field.help_text = f"Empty: the plan's default ({defaults}). Otherwise {bounds}."
+        if "plan" in self.fields:
+            self.fields["plan"].help_text = "Defaults of each limit: " + "; ".join(
+                f"{plan}: " + ", ".join(f"{n} {values[n]:,}" for n in LIMIT_NAMES) for plan, values in table.items())
+
+
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "created_at")
+    form = OrganizationAdminForm
+    list_display = ("slug", "name", "plan", "created_at")
+    list_filter = ("plan",)
     search_fields = ("slug", "name")
     inlines = [MembershipInline]
+    # The split date-time widget drops microseconds: editable, every save "changed" it.
+    readonly_fields = ("created_at",)
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "created_at")}),
+        ("Plan and limits (docs/scheduling.md)", {"fields": LIMIT_FIELDS}),
+    )
+
+    def construct_change_message(self, request, form, formsets, add=False):
+        """Django's change message, and for the plan and limits each value before and
+        after (the audit record's ``change``: audit.signals.on_admin_change)."""
+        message = super().construct_change_message(request, form, formsets, add)
+        changed = [f for f in LIMIT_FIELDS if f in form.changed_data]
+        if add or not changed:
+            return message
+        values = "; ".join(f"{f}: {_shown(form.initial.get(f))} -> {_shown(form.cleaned_data.get(f))}"
+                           for f in changed)
+        others = [f for f in form.changed_data if f not in LIMIT_FIELDS]
+        text = f"Changed {values}." + (f" Also changed {', '.join(others)}." if others else "")
+        # The inline's changes (members), in Django's words.
+        rest = [m for m in message if not ("changed" in m and "name" not in m["changed"])]
+        if rest:
+            text += " " + str(LogEntry(change_message=json.dumps(rest)).get_change_message())
+        return text
 
 
 @admin.register(Membership)
@@ -70,3 +152,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+def _shown(value) -> str:
+    """A limit's value in a change message: "plan default" for an empty override."""
+    return "plan default" if value is None or value == "" else str(value)

@@ -129,11 +129,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='task',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('concurrency_key__isnull', True), ('concurrency_limit__isnull', True)), models.Q(('concurrency_key__isnull', False), ('concurrency_limit__gte', 1)), _connector='OR'), name='task_concurrency_limit_positive'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('concurrency_key__isnull', True), ('concurrency_limit__isnull', True)), models.Q(('concurrency_key__isnull', False), ('concurrency_limit__gte', 1), ('concurrency_limit__isnull', False)), _connector='OR'), name='task_concurrency_limit_positive'),
         ),
         migrations.AddConstraint(
             model_name='task',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_key__isnull', True), ('rate_limit__isnull', True), ('rate_window_seconds__isnull', True)), models.Q(('rate_key__isnull', False), ('rate_limit__gte', 1), ('rate_window_seconds__in', [1, 60])), _connector='OR'), name='task_rate_limit_valid'),
+            constraint=models.CheckConstraint(condition=models.Q(models.Q(('rate_key__isnull', True), ('rate_limit__isnull', True), ('rate_window_seconds__isnull', True)), models.Q(('rate_key__isnull', False), ('rate_limit__gte', 1), ('rate_limit__isnull', False), ('rate_window_seconds__in', [1, 60]), ('rate_window_seconds__isnull', False)), _connector='OR'), name='task_rate_limit_valid'),
         ),
         migrations.AddConstraint(
             model_name='taskrunevent',
@@ -173,9 +173,9 @@ class Migration(migrations.Migration):
             constraint=models.CheckConstraint(condition=models.Q(('count__gte', 0)), name='ratelimit_count_non_negative'),
         ),
         migrations.RunSQL(
-        "ALTER TABLE core_ratelimitbucket SET (autovacuum_vacuum_scale_factor = 0.01, "
-        "autovacuum_vacuum_cost_limit = 2000, fillfactor = 70)",
-        reverse_sql="ALTER TABLE core_ratelimitbucket RESET (autovacuum_vacuum_scale_factor, "
-        "autovacuum_vacuum_cost_limit, fillfactor)",
-    ),
+            "ALTER TABLE core_ratelimitbucket SET (autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_vacuum_cost_limit = 2000, fillfactor = 70)",
+            reverse_sql="ALTER TABLE core_ratelimitbucket RESET (autovacuum_vacuum_scale_factor, "
+            "autovacuum_vacuum_cost_limit, fillfactor)",
+        ),
     ]

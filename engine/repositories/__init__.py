@@ -16,6 +16,9 @@ module                 operations
                        ``expire_lease``, ``skip_descendants``
 ``runs``               ``create_with_task_runs``, ``finish_if_done``, ``cancel``
 ``events``             ``append``, ``append_ignored_start``, ``append_stale_completion``
+``waiting``            ``reasons``, ``run_reasons`` (why ready task runs and queued runs
+                       wait), ``note_waiting`` (``wait_reason`` and a ``waiting`` event
+                       when the reason changes; ``engine/sql/waiting.sql``)
 ``driver``             how statements reach PostgreSQL: ``run_prepared`` (one message per
                        transaction, prepared once per connection), ``fetch``,
                        ``autocommit_retry``, ``in_own_transaction``

@@ -4,7 +4,7 @@
 The ``.sql`` files beside this module are grouped by the table their statements write
 or read (``task_runs.sql``, ``runs.sql``, ``events.sql``, ``outbox.sql``,
 ``subscriptions.sql``, ``idempotency_keys.sql``, ``triggers.sql``, ``workflows.sql``;
-``metrics.sql`` holds the /metrics gauges, ``driver.sql`` the prepared-statement driver's
+``waiting.sql`` the wait reasons of ready task runs, ``metrics.sql`` the /metrics gauges, ``driver.sql`` the prepared-statement driver's
 own). Each statement is written out whole under a header::
 
     -- name: task_run_claim_ready

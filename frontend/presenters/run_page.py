@@ -28,6 +28,7 @@ from django.utils.safestring import SafeString
 from audit.models import AuditLog
 from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
+from engine.repositories import waiting
 from frontend.dag import longest_path_layers, render_dag_svg
 from frontend.presenters.run_rows import EventRow, render_event_rows, render_task_rows, render_timeline_rows
 from frontend.presenters.text import cut, event_detail_text, human_duration, seconds_between
@@ -73,6 +74,7 @@ class RunView:
     retries: list[WorkflowRun]
     can_operate: bool
     dag_svg: str
+    waiting_reason: str = ""  # a run queued by its workflow's run limit: "waiting: workflow run limit 2/2"
 
     @property
     def is_terminal(self) -> bool:
@@ -106,7 +108,9 @@ def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[Even
             from_state=from_state,
             to_state=to_state,
             attempt=attempt,
-            detail=event_detail_text(detail),
+            # A waiting event's detail is its reason, in the words the task table shows.
+            detail=(detail.get("reason", "") if kind == "waiting" and isinstance(detail, dict)
+                    else event_detail_text(detail)),
         )
         for seq, created_at, task_run_id, kind, from_state, to_state, attempt, detail in events
     ]
@@ -151,7 +155,8 @@ def build_run_view(
 ) -> RunView:
     """Load and shape what the run page (``events_after`` None) or its fragment shows.
 
-    Queries (constant): retries, task runs with tasks, edges, timeline events, log events.
+    Queries (constant): retries, task runs with tasks, edges, timeline events, log events,
+    and the wait reasons of the ready task runs (when any) and of a pending run.
     With ``events_after`` the log holds the events after that seq (at most
     EVENT_LOG_LIMIT; when more are new, the latest EVENT_LOG_LIMIT and
     ``events_replace``), else the latest EVENT_LOG_LIMIT events.
@@ -207,6 +212,13 @@ def build_run_view(
              output_bytes) in task_runs
     ]
     rows.sort(key=lambda r: (r.depth, r.key))
+    # Why ready tasks (and a queued run) wait: one statement each, only when any does.
+    ready = [r.id for r in rows if r.state == "ready"]
+    if ready:
+        reasons = waiting.reasons(task_run_ids=ready)
+        for r in rows:
+            r.waiting_reason = reasons.get(r.id, "")
+    run_waiting = waiting.run_reasons([run.pk]).get(run.pk, "") if run.state == "pending" else ""
     keys = {r.id: r.key for r in rows}
     # Events up to the run's seq as read with the run (frontend.views.runs), before the task runs:
     # the states shown are then at least as new as the last event shown, and the client's
@@ -240,6 +252,7 @@ def build_run_view(
         retries=retries,
         can_operate=can(request.membership.role, Action.RUN_OPERATE),
         dag_svg=dag_svg(rows, edges, run=run),
+        waiting_reason=run_waiting,
     )
 
 

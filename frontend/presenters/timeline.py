@@ -202,6 +202,7 @@ class TaskRow:
     error_preview: str
     output_bytes: int | None = None  # size of the output's JSON text
     output_url: str = ""  # the whole output, when the preview is cut
+    waiting_reason: str = ""  # a ready task's "waiting: ..." (engine.repositories.waiting)
 
     @property
     def duration(self) -> str:

@@ -1,5 +1,6 @@
-"""Organization settings: everyone sees them; owners (org.manage) rename the
-organization, and anyone else's POST is refused with a 403."""
+"""Organization settings: everyone sees them, with the organization's plan, limits and
+their usage (engine.reporting.quota_report, the API's /org/limits/); owners (org.manage)
+rename the organization, and anyone else's POST is refused with a 403."""
 
 from __future__ import annotations
 
@@ -9,11 +10,32 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
+from engine.reporting import QuotaLine, quota_report
 from frontend.forms_workflows import OrganizationSettingsForm
 from frontend.organization import organization_required
+from frontend.presenters.text import human_bytes
 from frontend.views.workflows import authorize
 from tenancy.permissions import Action, Forbidden, can
 from tenancy.services import TenancyError, rename_organization
+
+
+def _amount(line: QuotaLine, value: int | None) -> str:
+    """A limit's or a usage's value as the table shows it (bytes as KiB/MiB)."""
+    if value is None:
+        return "—"
+    return human_bytes(value) if line.name == "max_definition_bytes" else f"{value:,}"
+
+
+def quota_rows(org) -> tuple[str, list[dict]]:
+    """The plan and the limits table: description, limit, plan default, used, overridden."""
+    report = quota_report(org)
+    return report.plan, [
+        {"name": line.name, "description": line.description, "limit": _amount(line, line.limit),
+         "plan_default": _amount(line, line.plan_default), "used": _amount(line, line.used),
+         "overridden": line.overridden,
+         "full": line.used is not None and line.used >= line.limit}
+        for line in report.lines
+    ]
 
 
 @require_http_methods(["GET", "POST"])
@@ -39,7 +61,10 @@ def organization_settings(request: HttpRequest) -> HttpResponse:
         status = 400
     else:
         form = OrganizationSettingsForm(initial={"name": org.name})
+    plan, limits = quota_rows(org)
     context = {
+        "plan": plan,
+        "limits": limits,
         "organization": org,
         "membership": membership,
         "can_manage": can_manage,

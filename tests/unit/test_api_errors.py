@@ -350,3 +350,53 @@ def test_non_api_paths_keep_their_html_errors(client, db):
     response = client.get("/no-such-page-anywhere/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+def test_two_keys_of_one_organization_together_spend_its_budget(client, org_keys, settings, pinned_clock):
+    """The per-key limit alone would let each key send 3; the organization's budget of 4
+    is shared by its keys and its session users, and names itself in the 429."""
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = 3
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = 4
+    _org, keys, members = org_keys
+    first, second = bearer(keys[Role.VIEWER]), bearer(keys[Role.MEMBER])
+    assert [client.get("/api/v1/members/", headers=h).status_code for h in (first, second, first, second)] == [
+        200, 200, 200, 200]
+    response = client.get("/api/v1/members/", headers=second)  # the key's 3rd: within its own budget
+    problem = assert_problem(response, 429)
+    assert problem["code"] == "throttled"
+    assert problem["detail"] == ("Request was throttled: the organization's rate limit of 4 requests per minute "
+                                 "(all its API keys and users together) is spent. Expected available in 43 seconds.")
+    assert response["Retry-After"] == "43"
+    session = Client()
+    session.force_login(members[Role.OWNER].user)  # a session user of the organization shares it too
+    assert_problem(session.get("/api/v1/members/"), 429)
+
+
+def test_a_keys_own_budget_names_the_key_and_leaves_the_organizations_alone(client, org_keys, settings,
+                                                                          pinned_clock):
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = 2
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = 5
+    _org, keys, _ = org_keys
+    key = bearer(keys[Role.VIEWER])
+    assert [client.get("/api/v1/members/", headers=key).status_code for _ in range(2)] == [200, 200]
+    for _ in range(4):  # refused by the key's budget: not counted against the organization's
+        problem = assert_problem(client.get("/api/v1/members/", headers=key), 429)
+        assert problem["detail"] == ("Request was throttled: this API key's rate limit of 2 requests per minute "
+                                     "is spent. Expected available in 43 seconds.")
+    other = bearer(keys[Role.MEMBER])
+    assert [client.get("/api/v1/members/", headers=other).status_code for _ in range(2)] == [200, 200]  # org: 4/5
+
+
+def test_an_organizations_spent_budget_does_not_touch_another_organization(client, org_keys, make_org, settings,
+                                                                          pinned_clock):
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = 1
+    _org, keys, _ = org_keys
+    assert client.get("/api/v1/members/", headers=bearer(keys[Role.VIEWER])).status_code == 200
+    assert_problem(client.get("/api/v1/members/", headers=bearer(keys[Role.MEMBER])), 429)
+    other = make_org()
+    owner = Membership.objects.for_organization(other).get(role=Role.OWNER)
+    row, full = create_api_key(actor=actor_for_membership(owner, channel="cli"), name="k", role=Role.VIEWER)
+    try:
+        assert client.get("/api/v1/members/", headers=bearer(full)).status_code == 200
+    finally:
+        cache.delete_many([apikeys._entry_key(row.prefix), apikeys._tombstone_key(row.prefix)])

@@ -74,7 +74,7 @@ def test_a_start_by_name_is_201_with_the_run_and_its_task_runs(api, wf):
     assert {tr["key"]: (tr["state"], tr["attempt"]) for tr in body["task_runs"]} == {
         "extract": ("ready", 1), "load": ("pending", 1)}
     assert set(body["task_runs"][0]) == {"id", "key", "task_id", "state", "attempt", "output", "error",
-                                         "created_at", "started_at", "finished_at"}
+                                         "created_at", "started_at", "finished_at", "waiting_reason"}
 
 
 def test_a_start_names_a_version_or_an_id(api, wf):
@@ -344,7 +344,40 @@ def test_run_lists_and_detail_take_a_constant_number_of_queries(api, wf):
         start_run(workflow=wide, trigger_source="api")
     big = start_run(workflow=wide, trigger_source="api")
     after = [count_queries(api, p) for p in paths[:2]] + [count_queries(api, f"/api/v1/runs/{big.pk}/")]
-    assert before == after == [2, 3, 3], (before, after)
+    # The detail's third query: the wait reasons of its ready task runs (one statement for all).
+    assert before == after == [2, 3, 4], (before, after)
+
+
+def test_a_ready_task_run_and_a_queued_run_say_why_they_wait(api, wf):
+    from engine.models import Task, Workflow
+
+    # (A task's fields are fixed once its workflow has runs.)
+    Task.objects.unscoped().filter(workflow=wf, key="extract").update(concurrency_key="stripe", concurrency_limit=1)
+    run = start_run(workflow=wf, trigger_source="api")
+    body = api.get(f"/api/v1/runs/{run.pk}/").json()
+    assert body["waiting_reason"] is None
+    assert {tr["key"]: tr["waiting_reason"] for tr in body["task_runs"]} == {
+        "extract": "waiting: for a worker", "load": None}  # load is pending: not waiting for a worker yet
+
+    TaskRun.objects.unscoped().filter(workflow_run=run, task__key="extract").update(concurrency_key="stripe")
+    holder = start_run(workflow=wf, trigger_source="api")
+    TaskRun.objects.unscoped().filter(workflow_run=holder, task__key="extract").update(
+        state="running", fencing_token=1, lease_expires_at=timezone.now() + dt.timedelta(minutes=1),
+        concurrency_key="stripe")
+    body = api.get(f"/api/v1/runs/{run.pk}/").json()
+    assert {tr["key"]: tr["waiting_reason"] for tr in body["task_runs"]} == {
+        "extract": "waiting: concurrency stripe 1/1", "load": None}
+    held = api.get(f"/api/v1/runs/{holder.pk}/").json()
+    assert {tr["key"]: tr["waiting_reason"] for tr in held["task_runs"]} == {"extract": None, "load": None}
+
+    # A run queued by its workflow's run limit says so, in its detail and in the list.
+    Workflow.objects.unscoped().filter(pk=wf.pk).update(max_running_runs=2)
+    WorkflowRun.objects.unscoped().filter(pk=run.pk).update(state="pending")
+    TaskRun.objects.unscoped().filter(workflow_run=run).update(state="pending")
+    body = api.get(f"/api/v1/runs/{run.pk}/").json()
+    assert body["waiting_reason"] == "waiting: workflow run limit 1/2"
+    listed = {r["id"]: r["waiting_reason"] for r in api.get("/api/v1/runs/").json()["results"]}
+    assert listed == {str(run.pk): "waiting: workflow run limit 1/2", str(holder.pk): None}
 
 
 # --- retrieve and retry ---------------------------------------------------------------------------

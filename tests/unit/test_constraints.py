@@ -713,3 +713,74 @@ def test_every_declared_constraint_has_a_violation_test_in_this_module():
     untested = [name for name in declared if f'violation(\n        "{name}"' not in source and f'violation("{name}"' not in source]
     assert untested == []
     assert len(declared) >= 31
+
+
+# --- Fair scheduling (issue 16): plans, limits, priorities, keys, rate buckets ------------------
+
+
+def test_an_unknown_plan_violates_org_plan_valid(org):
+    from tenancy.models import Organization
+
+    violation("org_plan_valid", lambda: Organization.objects.filter(pk=org.pk).update(plan="platinum"))
+    assert Organization.objects.get(pk=org.pk).plan == "free"
+
+
+def test_organization_limit_overrides_out_of_range_violate_their_checks(org):
+    from tenancy.models import Organization
+
+    orgs = Organization.objects.filter(pk=org.pk)
+    violation("org_weight_range", lambda: orgs.update(weight_override=0))
+    violation("org_weight_range", lambda: orgs.update(weight_override=101))
+    violation("org_max_running_positive", lambda: orgs.update(max_running_task_runs_override=0))
+    violation("org_max_runs_per_minute_positive", lambda: orgs.update(max_runs_per_minute_override=-5))
+    violation("org_max_definition_bytes_positive", lambda: orgs.update(max_definition_bytes_override=0))
+    orgs.update(weight_override=100, max_running_task_runs_override=1, max_runs_per_minute_override=1,
+                max_definition_bytes_override=1)
+    orgs.update(weight_override=None, max_running_task_runs_override=None, max_runs_per_minute_override=None,
+                max_definition_bytes_override=None)  # no override: the plan's values
+
+
+@pytest.mark.parametrize("value", [-11, 11])
+def test_a_priority_out_of_range_violates_the_priority_checks(chain, value):
+    violation("task_priority_range", lambda: Task.objects.unscoped().filter(workflow=chain).update(priority=value))
+    run = start_run(workflow=chain, run_input={})
+    violation("wfrun_priority_range", lambda: WorkflowRun.objects.unscoped().filter(pk=run.pk).update(
+        priority=value))
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).priority == 0
+
+
+def test_a_concurrency_key_without_a_positive_limit_violates_task_concurrency_limit_positive(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain)
+    violation("task_concurrency_limit_positive", lambda: tasks.update(concurrency_key="stripe"))
+    violation("task_concurrency_limit_positive", lambda: tasks.update(concurrency_key="stripe", concurrency_limit=0))
+    violation("task_concurrency_limit_positive", lambda: tasks.update(concurrency_limit=3))
+    tasks.update(concurrency_key="stripe", concurrency_limit=3)
+
+
+def test_a_rate_limit_half_set_or_of_another_window_violates_task_rate_limit_valid(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain)
+    violation("task_rate_limit_valid", lambda: tasks.update(rate_key="github", rate_limit=10))
+    violation("task_rate_limit_valid", lambda: tasks.update(rate_key="github", rate_limit=10, rate_window_seconds=30))
+    violation("task_rate_limit_valid", lambda: tasks.update(rate_key="github", rate_limit=0, rate_window_seconds=1))
+    tasks.update(rate_key="github", rate_limit=10, rate_window_seconds=60)
+
+
+def test_workflow_limits_below_one_or_an_unknown_policy_violate_their_checks(chain):
+    wf = Workflow.objects.unscoped().filter(pk=chain.pk)
+    violation("workflow_max_running_tasks_positive", lambda: wf.update(max_running_tasks=0))
+    violation("workflow_max_running_runs_positive", lambda: wf.update(max_running_runs=-1))
+    violation("workflow_run_limit_policy_valid", lambda: wf.update(run_limit_policy="skip"))
+    assert Workflow.objects.unscoped().get(pk=chain.pk).run_limit_policy == "queue"
+
+
+def test_a_second_row_for_one_bucket_window_or_a_negative_count_violates_the_bucket_constraints(org):
+    from engine.models import RateLimitBucket
+
+    window = timezone.now().replace(microsecond=0)
+    row = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=1, window_start=window, count=3)
+    violation("uniq_ratelimit_bucket_window", lambda: RateLimitBucket.objects.create(
+        organization=org, key="github", window_seconds=1, window_start=window, count=1))
+    violation("ratelimit_count_non_negative", lambda: RateLimitBucket.objects.unscoped().filter(pk=row.pk).update(
+        count=-1))
+    # The same key in another window size is another bucket.
+    RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, window_start=window)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+
+import pytest
 import redis
+from django.utils import timezone
 
 from engine import metrics
 
@@ -67,3 +72,65 @@ def test_the_flush_thread_sends_without_an_explicit_flush():
     while time.monotonic() < deadline and not _delta(before, _hash("flowforge_lease_reaps_total")):
         time.sleep(0.05)
     assert _delta(before, _hash("flowforge_lease_reaps_total")) == {"requeued": 1}
+
+
+# --- per-organization gauges and the claim-wait histogram (issue 16) ---------------------------------
+
+
+def _series(body: str, name: str) -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(rf'^{name}{{org="([^"]+)"}} (\d+)$', body, re.M)}
+
+
+@pytest.mark.django_db
+def test_per_organization_gauges_keep_the_top_organizations_and_sum_the_rest(make_org, make_workflow, settings):
+    """11 organizations with work: the 10 with the most ready + running by slug, the 11th
+    (the least) under org="other"; each count right, one query for all."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from engine.models import TaskRun
+    from engine.services import start_run
+
+    settings.FLOWFORGE_METRICS_TOP_ORGS = 10
+    orgs = []
+    for i in range(11):
+        org = make_org()
+        wf = make_workflow(org, [{"key": f"t{j}", "type": "noop"} for j in range(i + 2)])
+        start_run(workflow=wf, trigger_source="api")  # i + 2 ready task runs
+        running = list(TaskRun.objects.for_organization(org).values_list("pk", flat=True)[:1])
+        TaskRun.objects.for_organization(org).filter(pk__in=running).update(
+            state="running", fencing_token=1, lease_expires_at=timezone.now() + dt.timedelta(minutes=1))
+        orgs.append(org)
+    with CaptureQueriesContext(connection) as ctx:
+        body = "\n".join(metrics._db_gauges())
+    assert sum("core_organization" in q["sql"] for q in ctx.captured_queries) == 1
+    ready = _series(body, "flowforge_org_task_runs_ready")
+    running = _series(body, "flowforge_org_task_runs_running")
+    smallest = orgs[0]  # 2 task runs: the fewest
+    assert smallest.slug not in ready
+    for i, org in enumerate(orgs[1:], start=1):
+        assert (ready[org.slug], running[org.slug]) == (i + 1, 1), org.slug
+    # Other organizations of the test database (none have work here) and the smallest one.
+    assert (ready["other"], running["other"]) == (1, 1)
+    assert len(ready) == len(running) == 11  # 10 + other, whatever the number of tenants
+    assert "# TYPE flowforge_org_task_runs_ready gauge" in body and "# HELP flowforge_org_task_runs_running" in body
+
+
+@pytest.mark.django_db
+def test_without_work_the_other_series_is_still_there():
+    body = "\n".join(metrics._db_gauges())
+    assert _series(body, "flowforge_org_task_runs_ready") == {"other": 0}
+    assert _series(body, "flowforge_org_task_runs_running") == {"other": 0}
+
+
+def test_the_claim_wait_histogram_is_declared_and_rendered_with_its_help():
+    metrics.flush()
+    before = _hash("flowforge_claim_wait_seconds")
+    metrics.observe("flowforge_claim_wait_seconds", 0.3)
+    metrics.flush()
+    assert _delta(before, _hash("flowforge_claim_wait_seconds"))["le=0.5"] == 1
+    assert metrics.HISTOGRAMS["flowforge_claim_wait_seconds"][1][-1] == 3600.0  # waits behind limits can be long
+    body = "\n".join(metrics._redis_series())
+    assert "# HELP flowforge_claim_wait_seconds From ready (past any retry backoff) to claimed" in body
+    assert "# TYPE flowforge_claim_wait_seconds histogram" in body
+    assert 'flowforge_claim_wait_seconds_bucket{le="+Inf"}' in body and "flowforge_claim_wait_seconds_count" in body

@@ -64,7 +64,7 @@ def test_a_transaction_script_is_its_named_statement_framed_and_nothing_else():
 def test_the_shared_parts_are_written_the_same_in_each_statement():
     events = {name: part(name, "ev_rows AS (", "SELECT gen_random_uuid(), e.organization_id")
               for name in queries if "ev_rows AS (" in queries[name]}
-    assert len(events) == 11
+    assert len(events) == 12  # main's 11 and task_run_note_waiting (engine/sql/waiting.sql)
     assert len({text.replace("ORDER BY tr.ev_ord, tr.id", "ORDER BY tr.id") for text in events.values()}) == 1
     assert all(text.endswith("INSERT INTO core_taskrunevent (id, organization_id, workflow_run_id, task_run_id, seq, "
                               "kind, from_state, to_state, attempt, fencing_token, detail, created_at) ")
@@ -94,6 +94,15 @@ def test_the_shared_parts_are_written_the_same_in_each_statement():
 
     finishes = ("run_finish_if_done", "run_finish_if_done_many")
     assert len({driver.compact(queries[n]).split("), done_runs AS (")[1] for n in finishes}) == 1
+
+
+def test_the_wait_reasons_are_computed_the_same_in_each_statement():
+    """engine/sql/waiting.sql: the reasons (clock .. reasons CTEs) are one text, in the
+    API's read and in the scheduler's note of changes."""
+    shared = {part("task_run_wait_reasons", "), clock AS (", ") SELECT r.id, r.reason FROM reasons r"),
+              part("task_run_note_waiting", "), clock AS (", "), stable AS (")}
+    assert len(shared) == 1
+    assert "'waiting: for a worker'" in shared.pop()
 
 
 def test_the_retry_backoff_cap_in_the_fail_statements_is_the_definitions_one():

@@ -588,3 +588,41 @@ def test_closing_a_stream_early_closes_its_listen_connection(make_org):
         resp.close()  # what the WSGI server does when the browser goes away
     assert listen_connections() == 0
     assert subscriptions_of(run) == 0
+
+
+def test_run_page_shows_why_a_ready_task_waits_and_the_waiting_events(org):
+    from engine.models import Task
+    from engine.repositories import waiting
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "charge", "tasks": [
+        {"key": "pay", "type": "noop"}, {"key": "mail", "type": "noop", "depends_on": ["pay"]}]})
+    Task.objects.unscoped().filter(workflow=wf, key="pay").update(concurrency_key="stripe", concurrency_limit=1)
+    holder = start_run(workflow=wf, actor=actor_for(org))
+    run = start_run(workflow=wf, actor=actor_for(org))
+    TaskRun.objects.for_organization(org).filter(task__key="pay").update(concurrency_key="stripe")
+    TaskRun.objects.for_organization(org).filter(workflow_run=holder, task__key="pay").update(
+        state="running", fencing_token=1, lease_expires_at=timezone.now() + dt.timedelta(minutes=1))
+    assert waiting.note_waiting() == 1
+    client = client_for(owner_of(org))
+    body = text(client.get(f"/runs/{run.pk}/"))
+    row = re.search(r'<tr id="task-pay".*?</tr>', body).group(0)
+    assert '<span class="badge state-ready">Ready</span> <span class="wait-reason">waiting: concurrency stripe 1/1' in row
+    assert "wait-reason" not in re.search(r'<tr id="task-mail".*?</tr>', body).group(0)  # pending: no reason
+    event = re.search(r'<tr data-seq="\d+" class="event kind-waiting">.*?</tr>', body).group(0)
+    assert '<span class="muted">#1</span> waiting: concurrency stripe 1/1</td>' in event
+    # The holder's page: nothing ready, no reason; the full event log shows the event too.
+    assert "wait-reason" not in client.get(f"/runs/{holder.pk}/").content.decode()
+    assert "waiting: concurrency stripe 1/1" in text(client.get(f"/runs/{run.pk}/events/"))
+
+
+def test_run_page_of_a_queued_run_names_the_run_limit(org):
+    from engine.models import Workflow
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
+    Workflow.objects.unscoped().filter(pk=wf.pk).update(max_running_runs=1)
+    start_run(workflow=wf, actor=actor_for(org))
+    queued = start_run(workflow=wf, actor=actor_for(org))
+    WorkflowRun.objects.for_organization(org).filter(pk=queued.pk).update(state="pending")
+    TaskRun.objects.for_organization(org).filter(workflow_run=queued).update(state="pending")
+    body = text(client_for(owner_of(org)).get(f"/runs/{queued.pk}/"))
+    assert '<p class="alert run-waiting">waiting: workflow run limit 1/1</p>' in body
