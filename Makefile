@@ -14,7 +14,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	BROKER_URL=$${TEST_BROKER_URL:-$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}} \
 	BROKER_NAMESPACE=$${TEST_BROKER_NAMESPACE:-flowforge-test}
 
-.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser faults bench
+.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser faults bench fairness
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
@@ -74,6 +74,13 @@ test: install browser
 bench: install
 	@$(PY) -m flowforge.services_check --server-only
 	$(PY) -m bench.run
+
+# The fairness scenario of tests/integration/test_scheduling.py at the issue's size: A starts
+# 2,000 tasks of 50 ms (make test runs it with 400), B one; prints the figures.
+fairness: install
+	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
+	$(TEST_ENV) FF_FAIRNESS_TASKS=$${FAIRNESS_TASKS:-2000} $(VENV)/bin/pytest -s \
+		tests/integration/test_scheduling.py::test_one_organizations_burst_does_not_starve_another_and_costs_no_throughput
 
 # Fault injection with a bigger load (make test runs it with 200 runs per scenario).
 faults: install

@@ -27,7 +27,11 @@ run on these same worker processes:
 4. API: ``python -m bench.bench_auth`` and ``python -m bench.bench_api_pagination``
    when present (their printed figures are kept as they are);
 5. worker memory: peak RSS of each worker process once it has run 100 engine tasks and
-   once it has run 10,000 (the larger of the per-process ratios is reported).
+   once it has run 10,000 (the larger of the per-process ratios is reported);
+6. fairness between organizations: organization B's one-task run's start latency (run
+   created -> 'started' event) while organization A's run of 2,000 sleep tasks of 50 ms
+   fills the workers, as a ratio to B's idle start latency measured just before on the
+   same workers (median of 5); target <= 3 (issue 16).
 
 Where the server's autovacuum is off (a CI database), the hot tables are vacuumed between
 rounds (``bench.live.settle``), as autovacuum would, so that no round runs on the dead row
@@ -68,6 +72,8 @@ FULL = {
     "memory_large": 10_000,
     "hot_sizes": (10_000, 1_000_000),
     "hot_reps": 25,
+    "fairness_tasks": 2000,
+    "fairness_task_seconds": 0.05,
     "timeout": 600.0,
 }
 SMOKE = {
@@ -82,6 +88,7 @@ SMOKE = {
     "memory_large": 80,
     "hot_sizes": (500, 2_000),
     "hot_reps": 3,
+    "fairness_tasks": 40,
     "timeout": 60.0,
 }
 
@@ -91,6 +98,7 @@ TARGETS = {
     "hop_p99_ratio": 5.0,
     "hot_query_ratio": 1.5,
     "memory_ratio": 1.10,
+    "fairness_ratio": 3.0,
 }
 
 
@@ -218,6 +226,18 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
         "ratio_p99": round(e["p99_ms"] / r["p99_ms"], 2),
     }
 
+    # 6: fairness between organizations (a second organization, B, beside the bench's own, A).
+    log("fairness")
+    from tenancy.services import create_organization
+
+    org_b, _user, _ = create_organization(slug="bench-b", name="Bench B", owner_email="owner@bench-b.example")
+    burst = live.sleep_workflow(org, cfg["fairness_tasks"], cfg["fairness_task_seconds"], "bench-fairness-burst")
+    single = live.sleep_workflow(org_b, 1, cfg["fairness_task_seconds"], "bench-fairness-single")
+    live.settle()
+    out["fairness"] = live.fairness(burst, single, busy=2 * cfg["processes"] * cfg["threads"], timeout=timeout)
+    out["load"]["after_fairness"] = load()
+    live.settle()
+
     # 5 (second half): more independent runs until every worker process has run 10,000.
     log("memory")
     wide = independent if cfg["independent_tasks"] >= small_width else small
@@ -293,6 +313,8 @@ def verdicts(results: dict) -> dict:
         v["hot_queries_ratio"] = all(r <= TARGETS["hot_query_ratio"] for r in hq["ratios"].values())
     if results.get("memory", {}).get("ratio") is not None:
         v["memory"] = results["memory"]["ratio"] <= TARGETS["memory_ratio"]
+    if "fairness" in results:
+        v["fairness"] = results["fairness"]["ratio"] <= TARGETS["fairness_ratio"]
     return v
 
 
@@ -344,6 +366,12 @@ def table(results: dict) -> str:
             f"5 worker peak RSS ({_per(m['after_small'])} -> {_per(m['after_large'])} tasks/proc)",
             f"{peak(m['after_large']):.1f} MiB", f"{peak(m['after_small']):.1f} MiB",
             f"{m['ratio']:.3f}", "<= 1.10"))
+    if "fairness" in results:
+        f = results["fairness"]
+        lines.append(row.format(
+            f"6 fairness: B's start under A's {f['a']['tasks']} tasks", f"{f['loaded_ms']:.1f} ms",
+            f"{f['idle_median_ms']:.1f} ms", f"{f['ratio']:.2f}x",
+            f"<= 3x; baseline: B idle (median of {len(f['idle_ms'])}); A {f['a']['tasks_per_s']:.0f} tasks/s"))
     lines.append("(engine column: the larger size / later figure; baseline column: raw Dramatiq, the smaller "
                  "size or the earlier figure)")
     if "api" in results:

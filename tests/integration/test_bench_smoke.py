@@ -1,6 +1,6 @@
 """The benchmark's code paths at tiny sizes, so ``make bench`` cannot rot.
 
-Runs ``bench.run``'s live scenarios (throughput, hop latency, worker memory) on real
+Runs ``bench.run``'s live scenarios (throughput, hop latency, worker memory, fairness) on real
 worker processes started like the bench starts them (``dramatiq flowforge.worker
 bench.actors``), and the hot-query scenario, in the test database. It checks the shape
 of the results and that every figure is a positive number; it never checks a
@@ -65,6 +65,11 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
     assert all(positive(p["peak_rss_kib"]) for p in mem["after_large"]["processes"])
     assert positive(mem["ratio"])
 
+    fair = results["fairness"]
+    assert len(fair["idle_ms"]) == 5 and all(positive(x) for x in fair["idle_ms"])
+    assert positive(fair["idle_median_ms"]) and positive(fair["loaded_ms"]) and positive(fair["ratio"])
+    assert fair["a"]["tasks"] == cfg["fairness_tasks"] and positive(fair["a"]["tasks_per_s"])
+
     hq = results["hot_queries"]
     assert set(hq["sizes"]) == {"300", "900"}
     for size in hq["sizes"].values():
@@ -76,6 +81,7 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
 
     results["verdicts"] = verdicts(results)
     assert set(results["verdicts"]) >= {"throughput_ratio_independent", "hop_p50", "hop_p99", "hot_queries_on_index",
-                                        "hot_queries_ratio", "memory"}
+                                        "hot_queries_ratio", "memory", "fairness"}
     text = table(results)
     assert "1 throughput" in text and "2 hop latency p99" in text and "3 claim" in text and "5 worker peak RSS" in text
+    assert "6 fairness" in text
