@@ -275,6 +275,10 @@ class WorkflowRun(models.Model):
             models.Index(F("organization"), F("created_at").desc(), F("id").desc(), name="idx_wfrun_org_recent"),
             # stuck-run sweep: state = 'running' AND created_at < now() - interval (seed 000).
             models.Index(fields=["state", "created_at"], name="idx_wfrun_state_age"),
+            # Run limits (issue 16): a workflow's runs still going, oldest first (count, admit,
+            # cancel the oldest), without reading its finished history.
+            models.Index(fields=["workflow", "created_at"], name="idx_wfrun_open_by_workflow",
+                         condition=Q(state__in=["pending", "running"])),
         ]
 
     def __str__(self) -> str:

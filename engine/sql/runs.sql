@@ -29,7 +29,7 @@ FROM (SELECT created_at FROM core_workflowrun
 
 
 -- name: run_count_open_of_name
--- The runs of every version of workflow name in the organization (org) still going: running and pending (queued) counts; uniq_workflow_name_version for the versions, then idx_wfrun_wf_recent per version.
+-- The runs of every version of workflow name in the organization (org) still going: running and pending (queued) counts; uniq_workflow_name_version for the versions, then idx_wfrun_open_by_workflow per version.
 SELECT count(*) FILTER (WHERE r.state = 'running')::int AS running,
        count(*) FILTER (WHERE r.state = 'pending')::int AS queued
 FROM core_workflow w
@@ -38,7 +38,7 @@ WHERE w.organization_id = %(org)s AND w.name = %(name)s AND r.state IN ('pending
 
 
 -- name: run_list_oldest_open_of_name
--- The ids of the oldest limit runs still going (running or pending) of every version of workflow name in the organization (org), oldest first (cancel_oldest makes room by cancelling them); uniq_workflow_name_version, then idx_wfrun_wf_recent per version.
+-- The ids of the oldest limit runs still going (running or pending) of every version of workflow name in the organization (org), oldest first (cancel_oldest makes room by cancelling them); uniq_workflow_name_version, then idx_wfrun_open_by_workflow per version.
 SELECT r.id
 FROM core_workflow w
 JOIN core_workflowrun r ON r.workflow_id = w.id
@@ -57,7 +57,7 @@ LIMIT %(limit)s;
 
 
 -- name: run_admit_queued
--- Admit the oldest queued (pending) runs of workflow name in the organization (org), up to limit, while the name has fewer running runs than each run's version allows (max_running_runs): run -> running (started_at, a 'run_admitted' event), its root task runs -> ready (ready_at); uniq_workflow_name_version, idx_wfrun_wf_recent, uniq_taskrun_per_run_task. Run after run_lock on 'workflow-runs:<org>:<name>', in the same transaction.
+-- Admit the oldest queued (pending) runs of workflow name in the organization (org), up to limit, while the name has fewer running runs than each run's version allows (max_running_runs): run -> running (started_at, a 'run_admitted' event), its root task runs -> ready (ready_at); uniq_workflow_name_version, idx_wfrun_open_by_workflow, uniq_taskrun_per_run_task. Run after run_lock on 'workflow-runs:<org>:<name>', in the same transaction.
 WITH running AS (
     SELECT count(*) AS n
     FROM core_workflow w JOIN core_workflowrun r ON r.workflow_id = w.id

@@ -34,7 +34,7 @@ from django.conf import settings
 
 from engine import metrics
 from engine.db import atomic_retry
-from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler, process_owner
 from engine.relay import publish_dispatches
 from engine.repositories import task_runs, types
 from engine.scheduler import observe_claim_waits
@@ -200,6 +200,13 @@ def count_completion(result: types.CompletionResult) -> str:
         return "rejected"
     if result.run_state is not None:
         metrics.incr("flowforge_runs_finished_total", result.run_state)
+        if result.run_limited:
+            # A run of a workflow with max_running_runs ended: the scheduler admits the next
+            # queued one now (runs.admit_queued) rather than at the clock's next tick.
+            try:
+                nudge_scheduler()
+            except Exception:  # noqa: BLE001 - the clock's tick admits it anyway
+                log.warning("could not nudge the scheduler after a limited run finished; the next tick admits")
     outcome = "retrying" if result.retry_in_seconds is not None else result.state or "unknown"
     metrics.incr("flowforge_task_attempts_total", outcome)
     return outcome
