@@ -479,6 +479,7 @@ def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_ever
     org, make_workflow, broker, settings
 ):
     settings.FLOWFORGE_DISPATCH_FANOUT = 3
+    settings.FLOWFORGE_DISPATCH_FIRST = 0  # every generation on the bulk lane, whose messages are grouped
     wf = make_workflow(org, [{"key": f"t{i}", "type": "noop"} for i in range(7)])
     run = start_run(workflow=wf, run_input={})
     assert schedule_once() == 7

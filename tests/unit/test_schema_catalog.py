@@ -138,20 +138,26 @@ def test_foreign_keys_led_by_a_composite_index_have_no_index_of_their_own_but_ke
 
 
 def test_the_tenant_column_of_hot_rows_has_no_index_and_events_and_outbox_no_constraint():
-    """Migration 0013: no query reads task runs, events or outbox rows by tenant alone, so
-    organization_id has no index there; events and outbox rows copy it in SQL from what
-    they are written for, so they keep no constraint either (core_taskrun keeps its own)."""
+    """Migration 0013: no query reads events or outbox rows by tenant, so organization_id
+    has no index there, and task runs are read by tenant only by the fair claim (issue 16),
+    through its two partial indexes (ready rows, running rows), never a whole-table one;
+    events and outbox rows copy it in SQL from what they are written for, so they keep no
+    constraint either (core_taskrun keeps its own)."""
+    expected = {"core_taskrun": [("idx_taskrun_ready_claim", True), ("idx_taskrun_running_org", True)],
+                "core_taskrunevent": [], "core_outboxmessage": []}
     with connection.cursor() as cur:
         for table, constrained in (("core_taskrun", 1), ("core_taskrunevent", 0), ("core_outboxmessage", 0)):
             cur.execute(
                 """
-                SELECT count(*) FROM pg_index ix
+                SELECT i.relname, ix.indpred IS NOT NULL FROM pg_index ix
+                JOIN pg_class i ON i.oid = ix.indexrelid
                 JOIN pg_attribute a ON a.attrelid = ix.indrelid AND a.attnum = ANY(ix.indkey::int2[])
                 WHERE ix.indrelid = %s::regclass AND a.attname = 'organization_id'
+                ORDER BY 1
                 """,
                 [table],
             )
-            assert cur.fetchone()[0] == 0, table
+            assert cur.fetchall() == expected[table], table
             cur.execute(
                 """
                 SELECT count(*) FROM pg_constraint c
