@@ -16,6 +16,7 @@ from engine import actors
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent
 from engine.services import start_run
 from flowforge.stack import wait_until
+from tenancy.models import Organization
 from tests.integration.conftest import wait_for_run_terminal
 from tests.integration.helpers import (
     assert_gap_free,
@@ -97,6 +98,9 @@ SCHEDULER_SNIPPET = (
 
 
 def test_two_schedulers_at_once_create_one_outbox_row_per_generation(stack, org, make_workflow):
+    # Room for all 450 at once (the free plan's would stop the claims at 64): the claims'
+    # organization lock serializes the two schedulers' batches, each claims some of them.
+    Organization.objects.filter(pk=org.pk).update(weight_override=100, max_running_task_runs_override=10_000)
     wf = make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(150)], name="wide")
     runs = [start_run(workflow=wf, run_input={"i": i}) for i in range(3)]
     run_ids = [r.pk for r in runs]
