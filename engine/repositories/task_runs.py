@@ -116,6 +116,7 @@ def claim_params(*, limit: int, lease_seconds: float, owner: str, reserve_second
         "first": int(settings.FLOWFORGE_DISPATCH_FIRST),
         "reserve": float(reserve_seconds),
         "ahead": int(settings.FLOWFORGE_DISPATCH_AHEAD),
+        "refill": 0,
         "lookahead": CLAIM_LOOKAHEAD,
         **plan_table(),
     }
@@ -243,7 +244,9 @@ def start_and_complete_many(
     # claim for those organizations: what the successes promoted and what their starts and
     # successes made room for (a start leaves the broker, a success frees a permit).
     lock_ids = [r.task_run_id for r in successes] + [r.task_run_id for r in to_start]
-    params.update(lock_ids=lock_ids, org_of=lock_ids, orgs=[], only_ids=None)
+    # A refill claims once a quarter of the organization's dispatch-ahead has drained.
+    params.update(lock_ids=lock_ids, org_of=lock_ids, orgs=[], only_ids=None,
+                  refill=max(1, int(settings.FLOWFORGE_DISPATCH_AHEAD) // 4))
     statements: list[str] = [queries["task_run_lock_orgs_of"]] if claim else []
     if successes:
         params.update(

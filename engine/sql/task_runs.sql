@@ -79,6 +79,8 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 --   workflow running task runs of a workflow name under its max_running_tasks;
 --   rate     claims in the current fixed window of a bucket under its limit, counted by
 --            one upsert per bucket (a fixed window admits up to 2x at a boundary).
+-- Refill: a worker batch claims (refill > 0) only for an organization whose claimed-not-
+-- started backlog is at most (ahead - refill) x weight.
 -- Lanes: an organization's first first x weight generations waiting for a worker go to
 -- first_queue (a Dramatiq actor of higher priority: ahead of every bulk backlog), the rest
 -- to queue, so another organization's backlog never stands in front of its first task.
@@ -159,6 +161,10 @@ WITH now_ AS (
         FOR UPDATE OF t SKIP LOCKED
     ) c
     WHERE room.room > 0
+      -- A refill (a worker batch's claim) only once the organization's broker backlog has
+      -- run down by refill x weight: claiming one generation per start would cost a claim
+      -- per task, and the backlog keeps the workers busy meanwhile. The scheduler passes 0.
+      AND room.dispatched <= (%(ahead)s::int - %(refill)s::int) * room.weight
 ), ranked AS (
     SELECT c.*,
            row_number() OVER (PARTITION BY c.organization_id, c.concurrency_key

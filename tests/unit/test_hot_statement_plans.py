@@ -33,7 +33,7 @@ TYPES = {
     "id": "uuid", "token": "bigint", "error": "text", "retryable": "boolean", "kind": "text",
     "after": "uuid", "max_orgs": "bigint", "orgs": "uuid[]", "org_of": "uuid[]", "only_ids": "uuid[]",
     "lock_ids": "uuid[]", "ahead": "int", "lookahead": "int", "plan_names": "text[]", "plan_weights": "int[]",
-    "plan_max_running": "int[]", "first": "int", "first_queue": "text",
+    "plan_max_running": "int[]", "first": "int", "first_queue": "text", "refill": "int",
 }
 
 # (statement, what runs it, the index its plan must use)
