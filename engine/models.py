@@ -422,9 +422,11 @@ class TaskRunEvent(models.Model):
 
 
 class RateLimitBucket(models.Model):
-    """One fixed window of one named rate-limit bucket of an organization (seed 001's
-    RateLimitBuckets): ``count`` claims in [window_start, window_start + window_seconds).
-    One upsert per bucket per claim statement; windows past are pruned by housekeeping."""
+    """One named rate-limit bucket of an organization, per window size (seed 001's
+    RateLimitBuckets): ``count`` claims in its window [window_start, window_start +
+    window_seconds). A window opens at the first claim after the previous one closed
+    (fixed, not sliding). One upsert per bucket per claim statement; idle buckets are
+    pruned by housekeeping."""
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -438,8 +440,7 @@ class RateLimitBucket(models.Model):
     class Meta:
         db_table = "core_ratelimitbucket"
         constraints = [
-            models.UniqueConstraint(fields=["organization", "key", "window_seconds", "window_start"],
-                                    name="uniq_ratelimit_bucket_window"),
+            models.UniqueConstraint(fields=["organization", "key", "window_seconds"], name="uniq_ratelimit_bucket"),
             models.CheckConstraint(condition=Q(count__gte=0), name="ratelimit_count_non_negative"),
         ]
         indexes = [models.Index(fields=["window_start"], name="idx_ratelimit_window_start")]

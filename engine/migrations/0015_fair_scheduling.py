@@ -4,7 +4,7 @@ Priorities on runs, tasks and task runs; a task's concurrency key and rate-limit
 a workflow's run and task limits; the task run's rendered key, ready_at and wait_reason;
 the claim's index (idx_taskrun_ready_claim: per organization, priority, age; partial on
 ready) and the permits' (idx_taskrun_running_org: running task runs per organization and
-key); the rate-limit buckets (seed 001's RateLimitBuckets, with the hot tables' storage
+key); the rate-limit buckets (seed 001's RateLimitBuckets, one row per key and window size, with the hot tables' storage
 settings of migration 0010); event kinds 'waiting' and 'run_admitted'.
 Reversible: every operation is Django's own, and the storage settings are reset.
 """
@@ -166,7 +166,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='ratelimitbucket',
-            constraint=models.UniqueConstraint(fields=('organization', 'key', 'window_seconds', 'window_start'), name='uniq_ratelimit_bucket_window'),
+            constraint=models.UniqueConstraint(fields=('organization', 'key', 'window_seconds'), name='uniq_ratelimit_bucket'),
         ),
         migrations.AddConstraint(
             model_name='ratelimitbucket',

@@ -68,7 +68,7 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 
 
 -- name: task_run_claim_fair
--- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row on its lane and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket_window, uniq_outbox_per_taskrun_generation.
+-- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row on its lane and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket, uniq_outbox_per_taskrun_generation.
 -- Gates (issue 16; seed 001's semaphores and rate buckets):
 --   room     an organization's claimed-not-started generations stay under ahead x weight
 --            (the broker holds that much of its backlog at most, ahead of anyone else's),
@@ -77,8 +77,11 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 --            (the running rows ARE the holders: every transition out of running, the
 --            reaper's included, releases it, so a crashed worker cannot leak one);
 --   workflow running task runs of a workflow name under its max_running_tasks;
---   rate     claims in the current fixed window of a bucket under its limit, counted by
---            one upsert per bucket (a fixed window admits up to 2x at a boundary).
+--   rate     claims in a bucket's open window under its limit, counted by one upsert per
+--            bucket; a window opens at the first claim after the last one closed and is
+--            open for window_seconds (fixed windows: up to 2x across a boundary, and never
+--            more than limit in one window, so n claims span at least ceil(n/limit) - 1
+--            windows).
 -- Refill: a worker batch claims (refill > 0) only for an organization whose claimed-not-
 -- started backlog is at most (ahead - refill) x weight.
 -- Lanes: an organization's first first x weight generations waiting for a worker go to
@@ -133,10 +136,10 @@ WITH now_ AS (
       AND EXISTS (SELECT 1 FROM limited)
     GROUP BY 1, 2
 ), bucket AS (
-    -- Each rate bucket's count in its current fixed window; uniq_ratelimit_bucket_window.
+    -- Each rate bucket whose window is still open, with its count; uniq_ratelimit_bucket.
     SELECT b.organization_id, b.key, b.window_seconds, b.count
     FROM core_ratelimitbucket b JOIN org ON org.id = b.organization_id, now_
-    WHERE b.window_start = to_timestamp(floor(extract(epoch FROM now_.at) / b.window_seconds) * b.window_seconds)
+    WHERE b.window_start + make_interval(secs => b.window_seconds) > now_.at
 ), cand AS (
     SELECT c.*, room.weight, room.room, room.dispatched
     FROM room CROSS JOIN LATERAL (
@@ -206,14 +209,18 @@ WITH now_ AS (
               EXTRACT(EPOCH FROM clock_timestamp()
                       - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited
 ), rate_count AS (
-    -- One upsert per bucket and window (seed 001): the claims of this statement.
+    -- One upsert per bucket (seed 001): the claims of this statement, counted in the
+    -- bucket's open window, or in a new window opening now once the last one has closed.
     INSERT INTO core_ratelimitbucket AS b (organization_id, key, window_seconds, window_start, count)
-    SELECT c.organization_id, c.rate_key, c.rate_window_seconds,
-           to_timestamp(floor(extract(epoch FROM n.at) / c.rate_window_seconds) * c.rate_window_seconds), count(*)
+    SELECT c.organization_id, c.rate_key, c.rate_window_seconds, n.at, count(*)
     FROM claimed c, now_ n
     WHERE c.rate_key IS NOT NULL
     GROUP BY 1, 2, 3, 4
-    ON CONFLICT ON CONSTRAINT uniq_ratelimit_bucket_window DO UPDATE SET count = b.count + EXCLUDED.count
+    ON CONFLICT ON CONSTRAINT uniq_ratelimit_bucket DO UPDATE SET
+        count = CASE WHEN b.window_start + make_interval(secs => b.window_seconds) > EXCLUDED.window_start
+                     THEN b.count + EXCLUDED.count ELSE EXCLUDED.count END,
+        window_start = CASE WHEN b.window_start + make_interval(secs => b.window_seconds) > EXCLUDED.window_start
+                            THEN b.window_start ELSE EXCLUDED.window_start END
 ), outbox AS (
     INSERT INTO core_outboxmessage
         (id, organization_id, task_run_id, workflow_run_id, exchange, routing_key, payload,

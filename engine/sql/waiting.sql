@@ -18,8 +18,8 @@
 -- organization's limits the way the fair claim does: each *_override column, else the
 -- plan's default from tenancy.limits.plan_table() (parallel arrays; an unknown plan is
 -- 'free'). Its counts are served by idx_taskrun_running_org (running task runs per
--- organization and key), a rate bucket by uniq_ratelimit_bucket_window, and the window
--- is the claim's: window_start = to_timestamp(floor(epoch / w) * w).
+-- organization and key), a rate bucket by uniq_ratelimit_bucket, and the window is the
+-- claim's: the bucket's window opened at window_start and is open for window_seconds.
 --
 -- task_run_note_waiting appends its events with the CTEs ev_rows, ev_counts, ev_seq and
 -- ev_ins of engine/sql/task_runs.sql, written out the same (the file header there).
@@ -28,7 +28,7 @@
 
 
 -- name: task_run_wait_reasons
--- (task_run_id, reason) for each ready task run of run, or among ids: the first wait reason that holds (file header); idx_taskrun_run_state or core_taskrun_pkey for the rows, idx_taskrun_running_org for the counts, uniq_ratelimit_bucket_window.
+-- (task_run_id, reason) for each ready task run of run, or among ids: the first wait reason that holds (file header); idx_taskrun_run_state or core_taskrun_pkey for the rows, idx_taskrun_running_org for the counts, uniq_ratelimit_bucket.
 WITH waiting AS (
     SELECT t.id, t.organization_id, t.workflow_run_id, t.task_id, t.attempt, t.fencing_token, t.not_before,
            t.concurrency_key, t.wait_reason
@@ -110,11 +110,10 @@ WITH waiting AS (
     JOIN orgs g ON g.id = f.organization_id
     LEFT JOIN key_counts kc ON kc.organization_id = f.organization_id AND kc.concurrency_key = f.concurrency_key
     LEFT JOIN name_counts nc ON nc.organization_id = f.organization_id AND nc.workflow_name = f.workflow_name
-    LEFT JOIN core_ratelimitbucket b                                     -- uniq_ratelimit_bucket_window
+    LEFT JOIN core_ratelimitbucket b                                     -- uniq_ratelimit_bucket
         ON b.organization_id = f.organization_id AND b.key = f.rate_key
        AND b.window_seconds = f.rate_window_seconds
-       AND b.window_start = to_timestamp(floor(extract(epoch FROM c.now) / f.rate_window_seconds)
-                                         * f.rate_window_seconds)
+       AND b.window_start + make_interval(secs => b.window_seconds) > c.now   -- its window is open
 )
 SELECT r.id, r.reason FROM reasons r
 ORDER BY r.id;
@@ -221,11 +220,10 @@ WITH RECURSIVE ready_orgs AS (
     JOIN orgs g ON g.id = f.organization_id
     LEFT JOIN key_counts kc ON kc.organization_id = f.organization_id AND kc.concurrency_key = f.concurrency_key
     LEFT JOIN name_counts nc ON nc.organization_id = f.organization_id AND nc.workflow_name = f.workflow_name
-    LEFT JOIN core_ratelimitbucket b                                     -- uniq_ratelimit_bucket_window
+    LEFT JOIN core_ratelimitbucket b                                     -- uniq_ratelimit_bucket
         ON b.organization_id = f.organization_id AND b.key = f.rate_key
        AND b.window_seconds = f.rate_window_seconds
-       AND b.window_start = to_timestamp(floor(extract(epoch FROM c.now) / f.rate_window_seconds)
-                                         * f.rate_window_seconds)
+       AND b.window_start + make_interval(secs => b.window_seconds) > c.now   -- its window is open
 ), stable AS (
     -- What wait_reason keeps: the reason without its countdown (which changes every tick
     -- and is no change of reason), '' when nothing holds the task run back; the column's

@@ -124,5 +124,18 @@ def per_window(stamps: Iterable[dt.datetime], seconds: int) -> Counter:
     return Counter(math.floor(epoch(s) / seconds) for s in stamps)
 
 
+def opened_windows(stamps: Iterable[dt.datetime], seconds: float) -> list[tuple[float, int]]:
+    """The rate bucket's windows over claim ``stamps`` (engine/sql/task_runs.sql): a window
+    opens at the first stamp after the last window closed and is open ``seconds``; returns
+    (opened at, epoch seconds; stamps in it), in order."""
+    windows: list[tuple[float, int]] = []
+    for t in sorted(epoch(s) for s in stamps):
+        if windows and t < windows[-1][0] + seconds:
+            windows[-1] = (windows[-1][0], windows[-1][1] + 1)
+        else:
+            windows.append((t, 1))
+    return windows
+
+
 def seconds_between(a: dt.datetime, b: dt.datetime) -> float:
     return (b - a).total_seconds()

@@ -781,13 +781,14 @@ def test_workflow_limits_below_one_or_an_unknown_policy_violate_their_checks(cha
     assert Workflow.objects.unscoped().get(pk=chain.pk).run_limit_policy == "queue"
 
 
-def test_a_second_row_for_one_bucket_window_or_a_negative_count_violates_the_bucket_constraints(org):
+def test_a_second_row_for_one_bucket_or_a_negative_count_violates_the_bucket_constraints(org):
     from engine.models import RateLimitBucket
 
     window = timezone.now().replace(microsecond=0)
     row = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=1, window_start=window, count=3)
-    violation("uniq_ratelimit_bucket_window", lambda: RateLimitBucket.objects.create(
-        organization=org, key="github", window_seconds=1, window_start=window, count=1))
+    # One row per (organization, key, window size): a window opening moves it, never adds one.
+    violation("uniq_ratelimit_bucket", lambda: RateLimitBucket.objects.create(
+        organization=org, key="github", window_seconds=1, window_start=window + dt.timedelta(seconds=5), count=1))
     violation("ratelimit_count_non_negative", lambda: RateLimitBucket.objects.unscoped().filter(pk=row.pk).update(
         count=-1))
     # The same key in another window size is another bucket.

@@ -11,7 +11,6 @@ Expected counts are worked out by hand in each test's comments.
 from __future__ import annotations
 
 import datetime as dt
-import time
 import uuid
 
 import pytest
@@ -231,20 +230,29 @@ def test_a_workflow_task_limit_counts_every_version_of_the_name(make_org, make_w
 
 
 @pytest.mark.django_db
-def test_a_rate_bucket_admits_its_limit_per_fixed_window(make_org, make_workflow, settings):
+def test_a_rate_bucket_admits_its_limit_per_window_opened_by_its_first_claim(make_org, make_workflow, settings):
     settings.FLOWFORGE_DISPATCH_AHEAD = 1000
     a = make_org()
     limits(a, max_running=1000)
     wf = wide(make_workflow, a, 25, name="rated", rate_key="github", rate_limit=10, rate_window_seconds=1)
     start(wf)
-    # Just after a second boundary, so the test's claims fall in one window, then the next.
-    time.sleep(1.02 - (time.time() % 1))
+    first = claim()
+    assert len(first) == 10  # the first claim opens a 1 s window: 10 fit
+    assert claim() == []  # window open and full
+    (bucket,) = RateLimitBucket.objects.unscoped().filter(organization=a, key="github")
+    assert (bucket.count, bucket.window_seconds) == (10, 1)
+    opened = bucket.window_start
+    # Still inside the window half a second later (the database's clock decides).
+    RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
+        window_start=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=0.5))
+    assert claim() == []
+    # Once the window closed, the next claim opens a new one and 10 more fit, then none.
+    RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
+        window_start=opened - dt.timedelta(seconds=1.5))
     assert len(claim()) == 10
     assert claim() == []
-    (bucket,) = RateLimitBucket.objects.unscoped().filter(organization=a, key="github")
-    assert bucket.count == 10 and bucket.window_seconds == 1
-    time.sleep(1.02 - (time.time() % 1))
-    assert len(claim()) == 10
+    bucket.refresh_from_db()
+    assert bucket.count == 10 and bucket.window_start > opened - dt.timedelta(seconds=1.5)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -288,10 +296,10 @@ def test_housekeeping_prunes_buckets_of_past_windows_only(org):
     from engine.services import purge_old_rate_limit_buckets
 
     now = timezone.now()
-    old = RateLimitBucket.objects.create(organization=org, key="g", window_seconds=60,
+    old = RateLimitBucket.objects.create(organization=org, key="idle", window_seconds=60,
                                          window_start=now - dt.timedelta(minutes=5), count=4)
     current = RateLimitBucket.objects.create(organization=org, key="g", window_seconds=60,
-                                             window_start=now.replace(second=0, microsecond=0), count=2)
+                                             window_start=now - dt.timedelta(seconds=30), count=2)
     assert purge_old_rate_limit_buckets() == 1
     assert list(RateLimitBucket.objects.unscoped().values_list("pk", flat=True)) == [current.pk]
     assert not RateLimitBucket.objects.unscoped().filter(pk=old.pk).exists()

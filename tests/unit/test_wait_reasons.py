@@ -109,16 +109,18 @@ def test_a_full_rate_limit_window_names_the_bucket_and_the_next_window(org, make
     wf = make_workflow(org, ONE)
     set_task(wf, rate_key="github", rate_limit=10, rate_window_seconds=60)
     run_id = start(wf)
-    now = db_now().timestamp()
-    # This window and the next, so the test does not depend on which one the statement sees.
-    for start_s in (now // 60 * 60, now // 60 * 60 + 60):
-        RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=10,
-                                       window_start=dt.datetime.fromtimestamp(start_s, dt.UTC))
+    # The bucket's window opened 15 s ago (by the database's clock): it closes in about 45 s.
+    bucket = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=10,
+                                            window_start=db_now() - dt.timedelta(seconds=15))
     reason = reason_of(run_id)
     match = re.fullmatch(r"waiting: rate limit github 10/10 per minute, next window in (\d+\.\d) s", reason)
     assert match, reason
-    assert 0 < float(match.group(1)) <= 60.0
+    assert 44.0 <= float(match.group(1)) <= 45.0
     RateLimitBucket.objects.unscoped().update(count=9)
+    assert reason_of(run_id) == "waiting: for a worker"
+    # A full window that has closed holds nothing back: the next claim opens a new one.
+    RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
+        count=10, window_start=db_now() - dt.timedelta(seconds=61))
     assert reason_of(run_id) == "waiting: for a worker"
 
 
@@ -126,12 +128,11 @@ def test_a_per_second_rate_limit_says_per_second(org, make_workflow):
     wf = make_workflow(org, ONE)
     set_task(wf, rate_key="github", rate_limit=10, rate_window_seconds=1)
     run_id = start(wf)
-    now = int(db_now().timestamp())
-    for s in range(now, now + 5):
-        RateLimitBucket.objects.create(organization=org, key="github", window_seconds=1, count=12,
-                                       window_start=dt.datetime.fromtimestamp(s, dt.UTC))
+    # Opened 0.2 s in the future by the database's clock, so still open whenever the statement runs.
+    RateLimitBucket.objects.create(organization=org, key="github", window_seconds=1, count=12,
+                                   window_start=db_now() + dt.timedelta(seconds=0.2))
     reason = reason_of(run_id)
-    assert re.fullmatch(r"waiting: rate limit github 12/10 per second, next window in (0\.\d|1\.0) s", reason), reason
+    assert re.fullmatch(r"waiting: rate limit github 12/10 per second, next window in (1\.[0-2]) s", reason), reason
 
 
 def test_the_workflow_task_limit_counts_every_version_of_the_name(org, make_workflow):
