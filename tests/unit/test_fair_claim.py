@@ -11,6 +11,7 @@ Expected counts are worked out by hand in each test's comments.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 
 import pytest
@@ -303,3 +304,37 @@ def test_housekeeping_prunes_buckets_of_past_windows_only(org):
     assert purge_old_rate_limit_buckets() == 1
     assert list(RateLimitBucket.objects.unscoped().values_list("pk", flat=True)) == [current.pk]
     assert not RateLimitBucket.objects.unscoped().filter(pk=old.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_close(org, make_workflow, settings):
+    """The scheduler sends one delayed schedule_tick (to the real broker) for the instant the
+    full window closes, however many times it runs before then."""
+    import dramatiq
+    from django.core.cache import cache
+
+    import engine.actors  # noqa: F401  (declares the control queue)
+    from engine import scheduler
+    from flowforge.broker import broker
+
+    def delayed_ticks() -> list[dramatiq.Message]:
+        raw = broker.client.hgetall(f"{broker.namespace}:flowforge.control.DQ.msgs")
+        return [m for m in map(dramatiq.Message.decode, raw.values()) if m.actor_name == "schedule_tick"]
+
+    settings.FLOWFORGE_DISPATCH_AHEAD = 1000
+    broker.flush_all()
+    cache.clear()
+    wf = wide(make_workflow, org, 15, name="rated", rate_key="gh", rate_limit=10, rate_window_seconds=60)
+    start(wf)
+    assert scheduler.nudge_at_next_rate_window() is None  # no window open yet
+    assert len(claim()) == 10  # opens a 60 s window, 5 wait behind it
+    try:
+        first = scheduler.nudge_at_next_rate_window()
+        again = scheduler.nudge_at_next_rate_window()  # the same closing instant: not twice
+        (tick,) = delayed_ticks()
+    finally:
+        broker.flush_all()
+    assert first is not None and 58.0 < first <= 60.0
+    assert again is None
+    # Due at the window's close (eta in epoch milliseconds), give or take the test's run time.
+    assert abs(tick.options["eta"] / 1000 - (time.time() + first)) < 2.0
