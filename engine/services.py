@@ -509,20 +509,27 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
     raise IdempotencyConflict("the Idempotency-Key could not be claimed; try again")
 
 
-def purge_old_rate_limit_buckets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
-    """Delete rate-limit buckets of windows that ended (``rate_limit_bucket_purge_batch``:
-    windows that began more than two minutes ago, longer than any window), in batches of
-    ``batch_size`` (one short transaction each), at most ``max_batches`` per call. Returns
-    how many rows were deleted. For the clock; a system sweep over every organization."""
+def _delete_in_batches(statement: str, *, batch_size: int, max_batches: int) -> int:
+    """Run the batched DELETE ``statement`` (named in ``engine.sql``, taking ``limit``) in
+    one short transaction per batch of ``batch_size`` rows, at most ``max_batches`` times,
+    until a batch deletes fewer; returns how many rows were deleted."""
     total = 0
     for _ in range(max_batches):
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(sql.queries["rate_limit_bucket_purge_batch"], {"limit": batch_size})
+            cur.execute(sql.queries[statement], {"limit": batch_size})
             deleted = cur.rowcount
         total += deleted
         if deleted < batch_size:
             break
     return total
+
+
+def purge_old_rate_limit_buckets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete idle rate-limit buckets (``rate_limit_bucket_purge_batch``: whose last window
+    opened more than two minutes ago, longer than any window), in batches of
+    ``batch_size``, at most ``max_batches`` per call. Returns how many rows were deleted.
+    For the clock; a system sweep over every organization."""
+    return _delete_in_batches("rate_limit_bucket_purge_batch", batch_size=batch_size, max_batches=max_batches)
 
 
 def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int = 200) -> int:
@@ -532,15 +539,8 @@ def purge_expired_idempotency_keys(*, batch_size: int = 5000, max_batches: int =
 
     A system sweep over every organization, hence the unscoped SQL.
     """
-    total = 0
-    for _ in range(max_batches):
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(sql.queries["idempotency_key_purge_expired_batch"], {"limit": batch_size})
-            deleted = cur.rowcount
-        total += deleted
-        if deleted < batch_size:
-            break
-    return total
+    return _delete_in_batches("idempotency_key_purge_expired_batch", batch_size=batch_size,
+                              max_batches=max_batches)
 
 
 def cancel_run(*, run: WorkflowRun, actor: Actor | None = None, reason: str = "cancelled by request") -> bool:
