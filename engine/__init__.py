@@ -30,7 +30,7 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         the one live-event loop of the API's event stream and the web run page.
     definitions.py | triggers.py | reporting.py | live_hub.py | outputs.py | live_limits.py | access.py
         workflow documents (validation); cron triggers (create, pause, next instant);
-        read-side summaries; the shared LISTEN connection of live streams; output size
+        read-side summaries (and quota usage); the shared LISTEN connection of live streams; output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
     handlers/ : egress.py
@@ -51,9 +51,10 @@ runs (roots ``ready``) and nudges the scheduler (``dispatch.nudge_scheduler``);
 ``scheduler.schedule_once`` claims them and writes their outbox rows in one statement
 (``repositories``) and publishes them (``relay.publish_dispatches``); the worker
 (``actors.execute_task_run`` -> ``worker``) starts the generation, heartbeats, runs the
-handler (``handlers``) and records the completion, which promotes and claims the
-dependents in the same transaction; ``reaper`` and ``sweeper`` take back what a crash
-left behind.
+handler (``handlers``) and records the completion, which promotes the dependents and,
+in the same transaction, claims for its organization (the fair claim, below);
+``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
+how organizations share the workers.
 
 Glossary
 --------
@@ -98,4 +99,24 @@ hand-off
     A worker thread that holds several generations of one message and is busy with one
     gives the others back to the broker (each its own message), so they do not wait
     behind it.
+fair claim
+    ``task_run_claim_fair``, the one statement that moves task runs ready -> running:
+    weighted round robin between organizations, priority then age within one, under
+    each organization's claim lock (an advisory lock taken before any row lock).
+room
+    What an organization may claim now: the lesser of its quota of running task runs
+    (``max_running_task_runs``) less those running, and ``FLOWFORGE_DISPATCH_AHEAD`` x its
+    weight less its generations claimed but not started.
+permit
+    A running task run with a ``concurrency_key`` holds one of that key's permits; the
+    permit is leased with the task run, so every way out of running gives it back.
+rate bucket
+    ``RateLimitBucket``: claims of one key in its open fixed window (seed 001).
+lane
+    The queue an execute message goes to: the first lane (an organization's first
+    ``FLOWFORGE_DISPATCH_FIRST`` x weight generations waiting for a worker, taken first by
+    every worker) or the bulk lane (``states.TASK_FIRST_QUEUE``, ``states.TASK_QUEUE``).
+wait reason
+    Why a ready task run is not claimed (``repositories.waiting``): shown by the API and
+    the run page, and written as a 'waiting' event when it changes.
 """
