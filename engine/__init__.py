@@ -113,9 +113,10 @@ permit
 rate bucket
     ``RateLimitBucket``: claims of one key in its open fixed window (seed 001).
 lane
-    The queue an execute message goes to: the first lane (an organization's first
-    ``FLOWFORGE_DISPATCH_FIRST`` x weight generations waiting for a worker, taken first by
-    every worker) or the bulk lane (``states.TASK_FIRST_QUEUE``, ``states.TASK_QUEUE``).
+    Where in the task queue an execute message goes: the first lane (an organization's
+    first ``FLOWFORGE_DISPATCH_FIRST`` x weight generations waiting for a worker) to its
+    head, the bulk lane to its tail (routing keys ``states.TASK_FIRST_QUEUE`` and
+    ``states.TASK_QUEUE``).
 wait reason
     Why a ready task run is not claimed (``repositories.waiting``): shown by the API and
     the run page, and written as a 'waiting' event when it changes.

@@ -20,7 +20,7 @@ from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
 from engine.scheduler import note_waiting_if_due, schedule_once
-from engine.states import CONTROL_QUEUE, TASK_FIRST_QUEUE, TASK_QUEUE
+from engine.states import CONTROL_QUEUE, TASK_QUEUE
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
 from flowforge.broker import setup as setup_broker
@@ -74,9 +74,9 @@ def housekeeping() -> None:
     live.purge_expired()
 
 
-# Dramatiq priorities (lower runs first among the messages a worker has fetched): the
-# control actors and the first lane at 0, the bulk lane after them. So an organization's
-# first task, or a claim, never waits behind another organization's fetched backlog.
+# Dramatiq priority (lower runs first among the messages a worker has fetched): the
+# control actors at 0, the execute messages after them, so a claim (schedule_tick) never
+# waits behind the task messages a worker has already fetched.
 BULK_PRIORITY = 10
 
 
@@ -91,10 +91,3 @@ def execute_task_runs(dispatches: list[list]) -> None:
     """Run several generations, [[task_run_id, fencing_token], ...], in turn (a message of
     a claim burst: ``engine.relay.group_rows``; see ``engine.worker.execute.execute_many``)."""
     execute_many([(task_run_id, int(token)) for task_run_id, token in dispatches])
-
-
-@dramatiq.actor(queue_name=TASK_FIRST_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=0)
-def execute_task_run_first(task_run_id: str, fencing_token: int) -> None:
-    """``execute_task_run`` on the first lane (``engine.states.TASK_FIRST_QUEUE``): one of
-    an organization's first generations waiting for a worker."""
-    execute(task_run_id, fencing_token, continue_inline=True)

@@ -122,11 +122,11 @@ TASK_OPEN_STATES: tuple[str, ...] = (TaskRunState.PENDING.value, TaskRunState.RE
 CONTROL_QUEUE = "flowforge.control"
 #: Queue of the execute messages (``OutboxMessage.routing_key`` of a dispatch): the bulk lane.
 TASK_QUEUE = "flowforge.tasks"
-#: The first lane: the execute messages of an organization's first few generations
-#: waiting for a worker (FLOWFORGE_DISPATCH_FIRST x weight; ``task_run_claim_fair`` picks
-#: the lane). Its actor has a higher Dramatiq priority than the bulk lane's, so a worker
-#: takes them before any bulk message it has fetched, and one organization's backlog in
-#: the bulk lane never stands in front of another organization's first task.
+#: The first lane, a routing key and not a queue of its own: the execute message of one of
+#: an organization's first few generations waiting for a worker (FLOWFORGE_DISPATCH_FIRST
+#: x weight; ``task_run_claim_fair`` picks the lane) goes to the *head* of TASK_QUEUE
+#: (``flowforge.broker.HEAD_OPTION``), so one organization's backlog never stands in front
+#: of another organization's first task. One queue, so a worker's prefetch stays its own.
 TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
 __all__ = [

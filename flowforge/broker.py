@@ -59,9 +59,25 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
     raise ValueError(f"BROKER_URL {url!r}: expected a redis:// or amqp:// URL")
 
 
+#: A message option: enqueue this message at the head of its queue, not the tail (Redis;
+#: other brokers enqueue it at the tail). The scheduler's first lane (engine.states).
+HEAD_OPTION = "flowforge_head"
+
+# Dramatiq's Redis "enqueue" (dramatiq/brokers/redis/dispatch.lua: HSET the message into
+# "<namespace>:<queue>.msgs", RPUSH its id onto "<namespace>:<queue>"), at the head: the
+# consumers' fetch pops ids from the head, so this message is fetched next.
+_ENQUEUE_AT_HEAD = """
+redis.call("hset", KEYS[2], ARGV[1], ARGV[2])
+redis.call("lpush", KEYS[1], ARGV[1])
+return 1
+"""
+
+
 def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker | None = None) -> list[Exception | None]:
     """Enqueue ``messages``; returns, in order, None for each message the broker accepted
-    and the exception for each it did not.
+    and the exception for each it did not. A message whose options hold HEAD_OPTION goes to
+    the head of its queue on Redis (fetched before every message already waiting there),
+    to the tail on other brokers.
 
     On Redis the whole batch is one pipelined round trip of the same ``enqueue`` script
     ``RedisBroker.enqueue`` runs per message (a result per message, so one refused
@@ -83,6 +99,7 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
                 results.append(exc)
         return results
     dispatch = broker.scripts["dispatch"]
+    head = broker.client.register_script(_ENQUEUE_AT_HEAD)
     pipe = broker.client.pipeline(transaction=False)
     out: list[Exception | None] = [None] * len(messages)
     prepared: list[tuple[int, dramatiq.Message]] = []
@@ -93,13 +110,18 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
         except Exception as exc:  # a middleware refused it, as broker.enqueue would raise
             out[i] = exc
             continue
-        dispatch(
-            keys=[broker.namespace],
-            args=["enqueue", current_millis(), message.queue_name, broker.broker_id, broker.heartbeat_timeout,
-                  broker.dead_message_ttl, 0, broker._max_unpack_size(),
-                  message.options["redis_message_id"], message.encode()],
-            client=pipe,
-        )
+        if message.options.get(HEAD_OPTION):
+            queue_key = f"{broker.namespace}:{message.queue_name}"
+            head(keys=[queue_key, f"{queue_key}.msgs"], args=[message.options["redis_message_id"], message.encode()],
+                 client=pipe)
+        else:
+            dispatch(
+                keys=[broker.namespace],
+                args=["enqueue", current_millis(), message.queue_name, broker.broker_id, broker.heartbeat_timeout,
+                      broker.dead_message_ttl, 0, broker._max_unpack_size(),
+                      message.options["redis_message_id"], message.encode()],
+                client=pipe,
+            )
         prepared.append((i, message))
     if not prepared:
         return out

@@ -15,6 +15,7 @@ import dramatiq
 import pytest
 from django.db import connection
 
+from engine import dispatch
 from engine.handlers import TaskContext
 from engine.models import OutboxMessage, TaskRun, TaskRunEvent, WorkflowRun
 from engine.reaper import reap_once
@@ -28,7 +29,6 @@ from engine.worker.combiner import Combiner, _Slot
 from tests import engine_helpers
 
 TASK_QUEUE = "flowforge.tasks"
-TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
 
 @pytest.fixture(autouse=True)
@@ -52,14 +52,13 @@ def broker():
 
 
 def published_task_messages(broker) -> list[tuple[str, int]]:
-    """(task_run_id, fencing_token) of the execute messages waiting in Redis, on both lanes
-    (``execute_task_run`` on the bulk lane, ``execute_task_run_first`` on the first)."""
+    """(task_run_id, fencing_token) of the execute_task_run messages waiting in Redis (both
+    lanes: the first lane's go to the head of the same queue)."""
     out = []
-    for queue, actor in ((TASK_QUEUE, "execute_task_run"), (TASK_FIRST_QUEUE, "execute_task_run_first")):
-        for data in broker.client.hgetall(f"{broker.namespace}:{queue}.msgs").values():
-            msg = dramatiq.Message.decode(data)
-            assert msg.actor_name == actor
-            out.append((msg.args[0], msg.args[1]))
+    for data in broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs").values():
+        msg = dramatiq.Message.decode(data)
+        assert msg.actor_name == "execute_task_run"
+        out.append((msg.args[0], msg.args[1]))
     return sorted(out)
 
 
@@ -670,3 +669,20 @@ def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as
     assert event_kinds(run.pk, "a")[-1] == "attempt_timed_out"
     row = task_runs(run.pk)["a"]
     assert row.state == "failed" and row.error == "attempt timed out (timeout_seconds reached)"
+
+
+# --- Lanes: the first lane goes to the head of the task queue ------------------------------------
+
+
+def test_a_first_lane_message_is_fetched_before_the_backlog_already_queued(broker):
+    """Three bulk messages queued, then one of the first lane: a worker's next fetch (the
+    Redis broker's own ``fetch``) takes the first-lane message first, then the backlog in
+    order; every message is an ``execute_task_run`` on the one task queue."""
+    bulk = [dispatch.dispatch_message([(f"bulk-{i}", 1)], TASK_QUEUE) for i in range(3)]
+    first = dispatch.dispatch_message([("first", 1)], "flowforge.tasks.first")
+    assert (first.queue_name, first.actor_name) == (TASK_QUEUE, "execute_task_run")
+    assert dispatch.enqueue_many(bulk) == [None] * 3
+    assert dispatch.enqueue_many([first]) == [None]
+    fetched = [dramatiq.Message.decode(data) for data in broker.do_fetch(TASK_QUEUE, 4)]
+    assert [m.args[0] for m in fetched] == ["first", "bulk-0", "bulk-1", "bulk-2"]
+    assert [m.actor_name for m in fetched] == ["execute_task_run"] * 4
