@@ -23,7 +23,7 @@ from engine.services import IDEMPOTENCY_KEY_MAX_LENGTH
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 # Visible ASCII and spaces: what an HTTP header can carry without encoding questions.
-_KEY_RE = re.compile(rf"^[\x20-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}$")
+_KEY_RE = re.compile(rf"^[\x20-\x7e]{{1,{IDEMPOTENCY_KEY_MAX_LENGTH}}}\Z")  # \Z: "$" lets a final newline in
 
 
 def idempotency_key(request: Request) -> str | None:

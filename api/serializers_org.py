@@ -20,7 +20,13 @@ from croniter import CroniterError
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.serializers import ApiKeyCreateSerializer, ApiKeySerializer, InstantField, page_of
+from api.serializers import (
+    ApiKeyCreateSerializer,
+    ApiKeySerializer,
+    InstantField,
+    StrictPriorityField,
+    page_of,
+)
 from audit.models import AuditLog
 from engine import triggers
 from engine.models import CatchUpPolicy, ScheduledTrigger
@@ -152,9 +158,10 @@ class TriggerWriteSerializer(serializers.Serializer):
                                  help_text="Instants missed while the clock was down: fire none (skip), "
                                  "the latest, or all.")
     enabled = StrictBooleanField(default=True)
-    priority = serializers.IntegerField(default=0, min_value=-10, max_value=10,
-                                        help_text="The priority of the runs it starts, -10 to 10 (higher is "
-                                        "claimed first within the organization's share).")
+    # A JSON integer only, as POST /runs/ takes it: "3" and 2.0 are refused, not converted.
+    priority = StrictPriorityField(default=0,
+                                   help_text="The priority of the runs it starts, -10 to 10 (higher is "
+                                   "claimed first within the organization's share).")
 
 
 # --- members and invitations -----------------------------------------------------------------------

@@ -28,7 +28,7 @@ import re
 import secrets
 
 # Key ids are stored on every row; short and plain so they read well in reports.
-KEY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+KEY_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}\Z")  # \Z: "$" lets a final newline in
 # Bytes of key material at least (HMAC-SHA256's block is 64; its output 32).
 MIN_KEY_BYTES = 32
 # Distinct byte values at least: 32 random bytes have fewer than 16 with a chance below 1e-9.

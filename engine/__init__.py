@@ -33,6 +33,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         read-side summaries (and quota usage); the shared LISTEN connection of live streams; output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
+    limit_keys.py
+        concurrency keys' placeholders: their one written form, and their rendering from
+        a run input (definitions store keys in that form; start_run and triggers render).
     handlers/ : egress.py
         task types (noop, sleep, fail, python, http) and the egress policy http obeys.
     models.py | db.py | metrics.py | live.py

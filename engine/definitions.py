@@ -18,7 +18,8 @@ organization, optionally templated from the run input, and the most task runs of
 task holding it at once), ``rate_limit`` (a named fixed-window bucket: ``per_second`` or
 ``per_minute``); the workflow's ``concurrency`` (``max_running_tasks``,
 ``max_running_runs`` and the ``policy`` for a start over the latter), counted across
-every version of the name. ``render_concurrency_key`` fills a key's placeholders at start.
+every version of the name. ``render_concurrency_key`` (``engine.limit_keys``, re-exported
+here) fills a key's placeholders at start.
 
 ``validate_document`` either returns a normalized copy or raises DefinitionError
 listing every problem with the task (and field) it concerns. It writes nothing.
@@ -35,10 +36,15 @@ from typing import Any
 import yaml
 
 from engine.handlers import REGISTRY, ConfigError
+from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
+from engine.limit_keys import RENDERED_KEY_MAX as RENDERED_KEY_MAX  # re-exported
+from engine.limit_keys import placeholders as placeholders  # re-exported
+from engine.limit_keys import render_concurrency_key as render_concurrency_key  # re-exported
 from flowforge.jsonb import strip_nul
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
-KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# Anchored with \Z, not $: "$" also matches before a final newline, so "etl\n" passed.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")
+KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 KEY_FORM = "1-100 letters, digits, '_', '-' or '.'"  # what KEY_RE accepts, for error messages
 TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
@@ -51,13 +57,11 @@ DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency"}
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
 # Concurrency and rate-limit keys: the text outside placeholders, and the whole key as
 # written (Task.concurrency_key / rate_key hold 200 characters).
-LIMIT_KEY_CHARS_RE = re.compile(r"^[A-Za-z0-9_.:-]*$")
+LIMIT_KEY_CHARS_RE = re.compile(r"^[A-Za-z0-9_.:-]*\Z")
 LIMIT_KEY_FORM = "letters, digits, '_', '.', ':' or '-'"
 LIMIT_KEY_MAX = 200
-# A rendered concurrency key (TaskRun.concurrency_key holds 400 characters).
-RENDERED_KEY_MAX = 400
-# "{{ input.a.b }}": a dotted path into the run input, nothing else between the braces.
-PLACEHOLDER_RE = re.compile(r"\{\{\s*input((?:\.[A-Za-z0-9_-]+)+)\s*\}\}")
+# Placeholders and their rendering (PLACEHOLDER_RE, RENDERED_KEY_MAX, placeholders,
+# render_concurrency_key) live in engine.limit_keys, which cron triggers use too.
 CONCURRENCY_FIELDS = {"key", "limit"}
 RATE_LIMIT_FIELDS = {"key", "per_second", "per_minute"}
 RATE_WINDOWS = {"per_second": 1, "per_minute": 60}
@@ -208,16 +212,16 @@ def _find_cycle(keys: list[str], deps: dict[str, list[str]]) -> list[str] | None
 
 
 def _number(errors, path, value, *, minimum, integer=False, allow_none=False, maximum=None, unit=""):
+    """``value`` checked against ``minimum``/``maximum``, or None after appending the
+    error. ``integer``: a JSON integer only (as run starts and triggers take a
+    priority): a float is refused even when whole (``2.0``), as are a bool and a string."""
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
         errors.append({"path": path, "message": f"must be {'a whole number' if integer else 'a number'}, got {value!r}"})
         return None
     if not math.isfinite(value):
         errors.append({"path": path, "message": f"must be a finite number, got {value!r}"})
-        return None
-    if integer and int(value) != value:
-        errors.append({"path": path, "message": f"must be a whole number, got {value!r}"})
         return None
     if value < minimum:
         errors.append({"path": path, "message": f"must be at least {minimum}, got {value!r}"})
@@ -229,17 +233,24 @@ def _number(errors, path, value, *, minimum, integer=False, allow_none=False, ma
 
 
 def _limit_key(errors, path, value, *, placeholders: bool) -> str | None:
-    """Check a concurrency or rate-limit key as written: a string of 1..LIMIT_KEY_MAX
-    characters, LIMIT_KEY_FORM outside placeholders, and (``placeholders``) any number of
-    ``{{ input.<dotted path> }}``. Returns it, or None after appending the error."""
+    """Check a concurrency or rate-limit key: a string of 1..LIMIT_KEY_MAX characters,
+    LIMIT_KEY_FORM outside placeholders, and (``placeholders``) any number of
+    ``{{ input.<dotted path> }}``. Returns it with each placeholder written
+    ``{{ input.<path> }}`` (``limit_keys.normalize_placeholders``: spellings of one key
+    compare, store and render as one; the length counted is this form's), or None after
+    appending the error."""
     if value is None or value == "":
         errors.append({"path": path, "message": f"required: a name of 1-{LIMIT_KEY_MAX} {LIMIT_KEY_FORM}"})
         return None
     if not isinstance(value, str):
         errors.append({"path": path, "message": f"must be a string, got {value!r}"})
         return None
+    written = value
+    if placeholders:
+        value = normalize_placeholders(value)
     if len(value) > LIMIT_KEY_MAX:
-        errors.append({"path": path, "message": f"at most {LIMIT_KEY_MAX} characters, got {len(value)}"})
+        note = " (each placeholder counted as {{ input.<path> }})" if value != written else ""
+        errors.append({"path": path, "message": f"at most {LIMIT_KEY_MAX} characters{note}, got {len(value)}"})
         return None
     literal = PLACEHOLDER_RE.sub("", value) if placeholders else value
     if "{" in literal or "}" in literal:
@@ -329,48 +340,17 @@ def _workflow_concurrency(errors, raw: Any) -> dict[str, Any] | None:
         errors.append({"path": "concurrency.policy",
                        "message": f"must be one of {', '.join(RUN_LIMIT_POLICIES)}, got {policy!r}"})
         return None
+    if policy != "queue" and raw.get("max_running_runs") is None:
+        # A policy decides a start over max_running_runs; without that limit cancel_* would
+        # silently do nothing. (queue, the default, states what happens anyway, and every
+        # normalized document carries it: stored versions re-validate on restore.)
+        errors.append({"path": "concurrency.policy",
+                       "message": f"policy applies only with max_running_runs; {policy!r} without it would do nothing"})
+        return None
     if not out and "policy" not in raw:
         return None
     out["policy"] = policy
     return out
-
-
-def placeholders(template: str) -> list[str]:
-    """The dotted paths (``customer.id``) of a concurrency key's placeholders, in order."""
-    return [m.group(1)[1:] for m in PLACEHOLDER_RE.finditer(template)]
-
-
-def render_concurrency_key(template: str, run_input: dict[str, Any], *, task_key: str) -> str:
-    """``template`` with each ``{{ input.<path> }}`` replaced by that value of the run
-    input: a string as is, a number or boolean as JSON writes it (``7``, ``2.5``,
-    ``true``). Raises ValueError naming the task and the field when the path is missing,
-    or its value is an object, an array or null, or the rendered key is empty or longer
-    than RENDERED_KEY_MAX characters."""
-
-    def value_of(match: re.Match) -> str:
-        path = match.group(1)[1:]
-        field = f"input.{path}"
-        value: Any = run_input
-        for part in path.split("."):
-            if not isinstance(value, dict) or part not in value:
-                raise ValueError(f"task {task_key!r}: its concurrency key {template!r} needs {field}, "
-                                 "which the run input does not have")
-            value = value[part]
-        if value is None or isinstance(value, dict | list):
-            kind = "null" if value is None else "an object" if isinstance(value, dict) else "an array"
-            raise ValueError(f"task {task_key!r}: its concurrency key {template!r} needs {field} to be a string, "
-                             f"number or boolean, not {kind}")
-        if isinstance(value, str):
-            return value.replace("\x00", "")
-        return json.dumps(value)
-
-    rendered = PLACEHOLDER_RE.sub(value_of, template)
-    if not rendered:
-        raise ValueError(f"task {task_key!r}: its concurrency key {template!r} renders to an empty key")
-    if len(rendered) > RENDERED_KEY_MAX:
-        raise ValueError(f"task {task_key!r}: its concurrency key {template!r} renders to {len(rendered)} "
-                         f"characters; at most {RENDERED_KEY_MAX}")
-    return rendered
 
 
 def dependency_limits() -> tuple[int, int]:
@@ -391,13 +371,19 @@ def validate_document(doc: Any) -> dict[str, Any]:
     FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW in total, an unknown dependency, a
     self-dependency, a cycle (listing the keys on it), an unknown type, a config
     that the type rejects, and bad scheduling fields (a priority outside
-    PRIORITY_MIN..PRIORITY_MAX, a concurrency or rate limit below 1 or not a whole
-    number, a concurrency key without a limit, a key with characters outside
-    LIMIT_KEY_FORM or a placeholder other than ``{{ input.<dotted path> }}``, a rate
-    limit with both or neither of per_second and per_minute, an unknown field in any of
-    these objects, one key with two limits in one document, a run-limit policy other
-    than queue, cancel_newest or cancel_oldest). Raises DefinitionError with the problems found (at most
-    MAX_ERRORS_LISTED of them, then how many more).
+    PRIORITY_MIN..PRIORITY_MAX, a concurrency or rate limit below 1; any of these,
+    max_attempts or a workflow limit not a JSON integer: a float, even ``2.0``, a bool or
+    a string; a concurrency key without a limit, a key with characters outside
+    LIMIT_KEY_FORM (a trailing newline included) or a placeholder other than
+    ``{{ input.<dotted path> }}``, a rate limit with both or neither of per_second and
+    per_minute, an unknown field in any of these objects, one key with two limits in one
+    document (placeholders compared in their one written form: ``{{input.x}}`` is
+    ``{{ input.x }}``), a run-limit policy other than queue, cancel_newest or
+    cancel_oldest, or cancel_* without max_running_runs). Raises DefinitionError with
+    the problems found (at most MAX_ERRORS_LISTED of them, then how many more).
+
+    Concurrency keys are returned (and so stored) with their placeholders written
+    ``{{ input.<path> }}``.
 
     Time is linear in the size of the document (tasks + dependencies + configs): every
     membership test is a set or dict lookup, and the cycle search visits each edge once.
@@ -438,7 +424,8 @@ def validate_document(doc: Any) -> dict[str, Any]:
     workflow_concurrency = _workflow_concurrency(errors, doc.get("concurrency"))
     normalized: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
-    concurrency_limits: dict[str, tuple[str, int]] = {}  # key as written -> (first task, its limit)
+    # key (placeholders normalized, so two spellings of one key meet) -> (first task, its limit)
+    concurrency_limits: dict[str, tuple[str, int]] = {}
     for i, raw in enumerate(tasks):
         where = f"tasks[{i}]"
         if not isinstance(raw, dict):

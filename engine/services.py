@@ -16,7 +16,8 @@ from django.db import connection, transaction
 from audit import services as audit
 from engine import dispatch, metrics, sql
 from engine.db import retry_transient
-from engine.definitions import DefinitionError, render_concurrency_key, validate_document
+from engine.definitions import DefinitionError, validate_document
+from engine.limit_keys import render_definition_keys
 from engine.models import (
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -175,7 +176,7 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             raise QuotaExceeded(
                 f"stored definitions quota (max_definition_bytes) exceeded: the organization stores {used} bytes "
                 f"of workflow definitions, this version adds {adding}, and the limit is {allowed} bytes; "
-                "delete old workflows or ask staff to raise the quota",
+                "stored versions (archived ones too) keep counting, so ask staff to raise max_definition_bytes",
                 limit="max_definition_bytes", allowed=allowed, used=used)
         latest = (
             Workflow.objects.for_organization(organization)
@@ -293,7 +294,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
 
     ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
     it plus its task's. Each task's concurrency key is rendered with ``run_input``
-    (``engine.definitions.render_concurrency_key``).
+    (``engine.limit_keys.render_concurrency_key``).
 
     The organization's start quota (``max_runs_per_minute``, every channel): its runs
     created in the last 60 s are counted under a per-organization advisory lock; at the
@@ -407,16 +408,13 @@ def validate_priority(priority: Any, *, field: str = "priority") -> int:
 def concurrency_keys(workflow: Workflow, run_input: dict[str, Any]) -> dict[str, str]:
     """{task key: its concurrency key rendered with ``run_input``} for the tasks of
     ``workflow`` that have one, read from the stored definition (no query). Raises
-    InvalidStart('input', ...) naming the task and the field a placeholder needs."""
-    out: dict[str, str] = {}
-    for task in (workflow.definition or {}).get("tasks", ()):
-        template = (task.get("concurrency") or {}).get("key")
-        if template:
-            try:
-                out[task["key"]] = render_concurrency_key(template, run_input, task_key=task["key"])
-            except ValueError as exc:
-                raise InvalidStart("input", str(exc)) from None
-    return out
+    InvalidStart('input', ...) naming the task and the field a placeholder needs, or the
+    field whose string holds a control character, line break or bidirectional text
+    control (``engine.limit_keys.render_concurrency_key``)."""
+    try:
+        return render_definition_keys(workflow.definition, run_input)
+    except ValueError as exc:
+        raise InvalidStart("input", str(exc)) from None
 
 
 def _check_start_quota(organization) -> None:

@@ -18,7 +18,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
-from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow
+from engine.limit_keys import render_definition_keys
+from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
 from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
@@ -151,7 +152,33 @@ def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: Schedu
         if not isinstance(enabled, bool):
             raise TriggerError("enabled", "must be true or false")
         out["enabled"] = enabled
+    if "input" in out or "workflow_name" in out:
+        _check_input_starts(actor, workflow_name=out.get("workflow_name", getattr(current, "workflow_name", None)),
+                            run_input=out.get("input", getattr(current, "input", None) or {}))
     return out
+
+
+def _check_input_starts(actor: Actor, *, workflow_name: str | None, run_input: dict[str, Any]) -> None:
+    """Refuse (TriggerError naming ``input``) an input with which no firing could start a
+    run: one that cannot fill a concurrency key of the workflow version the firings run
+    (the name's latest active one, as engine.cron picks it), rendered as start_run renders
+    it (``limit_keys.render_definition_keys``). Without an active version there is
+    nothing to check against (each firing fails, saying so, until there is one)."""
+    if not workflow_name:
+        return
+    definition = (
+        Workflow.objects.for_organization(actor.organization)
+        .filter(name=workflow_name, state=WorkflowState.ACTIVE)
+        .order_by("-version")
+        .values_list("definition", flat=True)
+        .first()
+    )
+    if definition is None:
+        return
+    try:
+        render_definition_keys(definition, strip_nul(run_input))
+    except ValueError as exc:
+        raise TriggerError("input", f"no run could start with it: {exc}") from None
 
 
 def _schedule_fields(trigger: ScheduledTrigger) -> list[str]:
@@ -175,7 +202,9 @@ def _snapshot(t: ScheduledTrigger) -> dict[str, Any]:
 
 def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
     """Create a trigger from ``data`` (name, workflow_name, cron_expression, timezone,
-    input, catch_up, enabled, priority: of the runs it starts, -10..10, default 0). Raises Forbidden or TriggerError (naming the field)."""
+    input, catch_up, enabled, priority: of the runs it starts, a whole number -10..10,
+    default 0). Raises Forbidden or TriggerError (naming the field; ``input`` when it
+    cannot fill a concurrency key of the workflow's latest active version)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=False, current=None)
     creator = actor.user or getattr(actor.api_key, "created_by", None)  # a key acts for its creator
@@ -191,7 +220,9 @@ def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
 
 
 def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, Any]) -> ScheduledTrigger:
-    """Change some fields of ``trigger``; a schedule change recomputes next_fire_at.
+    """Change some fields of ``trigger``; a schedule change recomputes next_fire_at. A
+    change of ``input`` or ``workflow_name`` is refused (TriggerError naming ``input``)
+    when the two together cannot fill a concurrency key, as ``create_trigger``.
     Records ``trigger.changed`` (or paused/resumed when only ``enabled`` flips)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=True, current=trigger)

@@ -8,7 +8,7 @@ import uuid
 
 from audit.context import RequestMeta, current_request
 
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._-]{8,64}\Z")  # \Z: "$" lets a final newline in
 
 
 def client_ip(request) -> str | None:

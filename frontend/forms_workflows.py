@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 from zoneinfo import available_timezones
 
@@ -138,9 +139,22 @@ class DefinitionForm(forms.Form):
         )
 
 
+class WholeNumberField(forms.IntegerField):
+    """Digits with an optional sign only: Django's IntegerField also takes ``2.0`` (and
+    "2.000"), which the API, the definitions and the services refuse as not a whole
+    number; one rule everywhere."""
+
+    _WHOLE = re.compile(r"[+-]?[0-9]+\Z")
+
+    def to_python(self, value: Any) -> int | None:
+        if isinstance(value, str) and value.strip() and not self._WHOLE.match(value.strip()):
+            raise forms.ValidationError("Enter a whole number (no decimal point).", code="invalid")
+        return super().to_python(value)
+
+
 class StartRunForm(forms.Form):
     input = JsonObjectField(label="Run input (JSON object)", what="Run input", initial="{}")
-    priority = forms.IntegerField(
+    priority = WholeNumberField(
         min_value=-10, max_value=10, initial=0, required=False, label="Priority",
         help_text="-10 to 10: higher runs first within the organization's share.",
     )
@@ -193,7 +207,7 @@ class TriggerForm(forms.Form):
         help_text="What happens to firings missed while the scheduler was down.",
     )
     enabled = forms.BooleanField(required=False, initial=True, label="Enabled")
-    priority = forms.IntegerField(
+    priority = WholeNumberField(
         min_value=-10, max_value=10, initial=0, required=False, label="Priority",
         help_text="Of the runs it starts, -10 to 10: higher runs first within the organization's share.",
     )

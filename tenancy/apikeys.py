@@ -59,7 +59,7 @@ PREFIX_ALPHABET = string.ascii_lowercase + string.digits
 SECRET_BYTES = 32
 NAME_MAX_LENGTH = 100
 # Longer secrets are accepted (a future key format); the cap bounds the work a garbage header can cause.
-_RAW_KEY_RE = re.compile(r"^ffk_([a-z0-9]{12})_([A-Za-z0-9_-]{43,128})$")
+_RAW_KEY_RE = re.compile(r"^ffk_([a-z0-9]{12})_([A-Za-z0-9_-]{43,128})\Z")  # \Z: "$" lets a final newline in
 # Attempts at drawing an unused prefix; 36**12 values make even a second draw rare.
 _PREFIX_ATTEMPTS = 5
 

@@ -24,7 +24,7 @@ from tenancy.models import ROLE_RANK, ApiKey, Invitation, Membership, Organizati
 from tenancy.permissions import Action, Forbidden, can, require
 from tenancy.signals import member_departed
 
-SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" lets a final newline in
 # Seconds an invitation stays acceptable.
 INVITATION_TTL_SECONDS = 7 * 24 * 3600
 

@@ -65,7 +65,7 @@ def create_with_task_runs(
 
     Each task run's priority is ``priority`` + its task's, and its concurrency key
     ``concurrency_keys[task key]`` (the task's key rendered with the run input by the
-    caller: ``engine.definitions.render_concurrency_key``), NULL for a task without one.
+    caller: ``engine.limit_keys.render_concurrency_key``), NULL for a task without one.
     The caller has checked that the workflow may be started (it is active).
     """
     run_id = run_id or uuid.uuid4()

@@ -122,3 +122,53 @@ def test_createorganization_refuses_a_password_for_an_existing_user():
     User.objects.create_user(email="exists@example.com", password="an-old-long-password")
     with pytest.raises(CommandError, match="already has an account; --password only applies to a new user"):
         run("createorganization", "acme", "Acme", "exists@example.com", password="another-long-password-1")
+
+
+@pytest.mark.django_db
+def test_apply_workflow_over_the_definitions_quota_is_a_command_error_with_the_quotas_message(org, tmp_path):
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    first.write_text(DIAMOND)
+    second.write_text(DIAMOND.replace('"d"', '"e"'))
+    run("apply_workflow", str(first), org=org.slug)
+    one = Workflow.objects.for_organization(org).get().definition
+    from django.db import connection
+
+    with connection.cursor() as cur:  # the quota counts the stored text of every version
+        cur.execute("SELECT octet_length(definition::text) FROM core_workflow WHERE organization_id = %s", [org.pk])
+        (used,) = cur.fetchone()
+    Organization.objects.filter(pk=org.pk).update(max_definition_bytes_override=used)  # full
+    with pytest.raises(CommandError) as excinfo:
+        run("apply_workflow", str(second), org=org.slug)
+    message = str(excinfo.value)
+    assert message.startswith(f"{second}: rejected, nothing of it stored: stored definitions quota "
+                              f"(max_definition_bytes) exceeded: the organization stores {used} bytes")
+    assert message.endswith(f"and the limit is {used} bytes; stored versions (archived ones too) keep counting, "
+                            "so ask staff to raise max_definition_bytes")
+    assert list(Workflow.objects.for_organization(org).values_list("definition", flat=True)) == [one]
+
+
+@pytest.mark.django_db
+def test_outbox_replay_reports_a_retry_over_the_runs_quota_and_leaves_the_row(org, make_workflow):
+    from django.db import transaction
+
+    from engine.models import OutboxMessage
+    from engine.repositories import task_runs
+    from engine.services import cancel_run, start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    wr = start_run(workflow=wf)
+    with transaction.atomic():
+        (d,) = task_runs.claim_ready_many(limit=10, lease_seconds=300, owner="test")
+    OutboxMessage.objects.for_organization(org).filter(task_run_id=d.task_run_id).update(
+        dead_lettered_at=wr.created_at, publish_attempts=10, last_error="Refused")
+    cancel_run(run=wr)  # finished: the replay would retry the run
+    Organization.objects.filter(pk=org.pk).update(max_runs_per_minute_override=1)  # the one run started fills it
+    err = io.StringIO()
+    with pytest.raises(CommandError, match=r"^1 dead letter\(s\) not replayed; see above$"):
+        call_command("outbox_replay", "--all", stdout=io.StringIO(), stderr=err)
+    row_id = OutboxMessage.objects.for_organization(org).get(task_run_id=d.task_run_id).pk
+    assert err.getvalue().startswith(f"{row_id}: not replayed: runs per minute quota (max_runs_per_minute) reached: "
+                                     "the organization started 1 runs in the last 60 s, its limit is 1")
+    row = OutboxMessage.objects.for_organization(org).get(task_run_id=d.task_run_id)
+    assert row.replayed_at is None
+    assert WorkflowRun.objects.for_organization(org).count() == 1

@@ -111,6 +111,50 @@ BAD = [
     (doc(task(), concurrency=3), "concurrency", "must be an object"),
     (doc(task("a", concurrency={"key": "stripe", "limit": 5}), task("b", concurrency={"key": "stripe", "limit": 3})),
      "tasks[b].concurrency.limit", "key 'stripe' has limit 5 in task 'a'; one key has one limit within a workflow"),
+    # Two spellings of one placeholder are one key (stored in the first form).
+    (doc(task("a", concurrency={"key": "k-{{ input.x }}", "limit": 2}),
+         task("b", concurrency={"key": "k-{{input.x}}", "limit": 3})),
+     "tasks[b].concurrency.limit", "key 'k-{{ input.x }}' has limit 2 in task 'a'; one key has one limit"),
+    (doc(task("a", concurrency={"key": "k-{{input.x}}", "limit": 2}),
+         task("b", concurrency={"key": "k-{{   input.x\t}}", "limit": 3})),
+     "tasks[b].concurrency.limit", "key 'k-{{ input.x }}' has limit 2 in task 'a'; one key has one limit"),
+    # A trailing newline is not a key character ("$" matched before it: stored).
+    (doc(task(concurrency={"key": "k\n", "limit": 3})), "tasks[charge].concurrency.key",
+     "'k\\n': '\\n' not allowed"),
+    (doc(task(concurrency={"key": "k-{{ input.x }}\n", "limit": 3})), "tasks[charge].concurrency.key",
+     "'\\n' not allowed"),
+    (doc(task(rate_limit={"key": "r\n", "per_second": 5})), "tasks[charge].rate_limit.key",
+     "'r\\n': '\\n' not allowed"),
+    ({"name": "nlname\n", "tasks": [task("a")]}, "name", "'nlname\\n': use 1-200 letters"),
+    (doc(task("a\n")), "tasks[0].key", "'a\\n' is not a valid key"),
+    # Whole numbers are JSON integers: 2.0 is refused like "2" and true.
+    (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number, got 2.0"),
+    (doc(task(concurrency={"key": "stripe", "limit": 2.0})), "tasks[charge].concurrency.limit",
+     "must be a whole number, got 2.0"),
+    (doc(task(rate_limit={"key": "github", "per_second": 3.0})), "tasks[charge].rate_limit.per_second",
+     "must be a whole number, got 3.0"),
+    (doc(task(rate_limit={"key": "github", "per_minute": 60.0})), "tasks[charge].rate_limit.per_minute",
+     "must be a whole number, got 60.0"),
+    (doc(task(rate_limit={"key": "github", "per_minute": True})), "tasks[charge].rate_limit.per_minute",
+     "must be a whole number, got True"),
+    (doc(task(), concurrency={"max_running_tasks": 2.0}), "concurrency.max_running_tasks",
+     "must be a whole number, got 2.0"),
+    (doc(task(), concurrency={"max_running_runs": 1.0}), "concurrency.max_running_runs",
+     "must be a whole number, got 1.0"),
+    (doc(task(), concurrency={"max_running_runs": "2"}), "concurrency.max_running_runs",
+     "must be a whole number, got '2'"),
+    (doc(task(max_attempts=3.0)), "tasks[charge].max_attempts", "must be a whole number, got 3.0"),
+    # A cancel_* policy decides a start over max_running_runs: without it, it would do nothing.
+    (doc(task(), concurrency={"policy": "cancel_oldest"}), "concurrency.policy",
+     "policy applies only with max_running_runs; 'cancel_oldest' without it would do nothing"),
+    (doc(task(), concurrency={"max_running_tasks": 2, "policy": "cancel_oldest"}), "concurrency.policy",
+     "policy applies only with max_running_runs"),
+    (doc(task(), concurrency={"max_running_tasks": 2, "max_running_runs": None, "policy": "cancel_newest"}),
+     "concurrency.policy", "policy applies only with max_running_runs"),
+    # The length is the stored form's: "{{input.x}}" (11 characters) is stored as
+    # "{{ input.x }}" (13), so 188 + 13 = 201.
+    (doc(task(concurrency={"key": "x" * 188 + "{{input.x}}", "limit": 1})), "tasks[charge].concurrency.key",
+     "at most 200 characters (each placeholder counted as {{ input.<path> }}), got 201"),
 ]
 
 
@@ -142,15 +186,34 @@ def test_scheduling_fields_are_normalized_and_absent_ones_stay_absent():
         task("c"),
         concurrency={"max_running_runs": 2}))
     a, b, c = normalized["tasks"]
+    # The placeholder in its one stored form.
     assert (a["priority"], a["concurrency"], a["rate_limit"]) == (
-        -3, {"key": "cust-{{input.customer.id}}:eu", "limit": 2}, {"key": "github.api", "per_minute": 600})
+        -3, {"key": "cust-{{ input.customer.id }}:eu", "limit": 2}, {"key": "github.api", "per_minute": 600})
     assert b["rate_limit"] == {"key": "github.api", "per_second": 10}
     assert not {"priority", "concurrency", "rate_limit"} & set(b) - {"rate_limit"}
     assert not {"priority", "concurrency", "rate_limit"} & set(c)
     assert normalized["concurrency"] == {"max_running_runs": 2, "policy": "queue"}
     assert "concurrency" not in validate_document(doc(task()))
-    assert validate_document(doc(task(), concurrency={"max_running_tasks": 4, "policy": "cancel_oldest"}))[
-        "concurrency"] == {"max_running_tasks": 4, "policy": "cancel_oldest"}
+    # queue, the default, is what happens anyway; a normalized document carries it, and
+    # validates again as it is (a stored version is re-validated on restore).
+    only_tasks = validate_document(doc(task(), concurrency={"max_running_tasks": 4, "policy": "queue"}))
+    assert only_tasks["concurrency"] == {"max_running_tasks": 4, "policy": "queue"}
+    assert validate_document(only_tasks) == only_tasks
+    assert validate_document(doc(task(), concurrency={"max_running_runs": 1, "policy": "cancel_oldest"}))[
+        "concurrency"] == {"max_running_runs": 1, "policy": "cancel_oldest"}
+
+
+@pytest.mark.django_db
+def test_placeholders_are_stored_in_one_form_and_two_spellings_with_one_limit_are_one_key(org):
+    wf = apply_definition(organization=org, document=doc(
+        task("a", concurrency={"key": "k-{{input.x}}", "limit": 2}),
+        task("b", concurrency={"key": "k-{{ input.x }}", "limit": 2}),
+        task("c", concurrency={"key": "x" * 187 + "{{input.x}}", "limit": 1})))  # stored: 187 + 13 = 200
+    rows = dict(Task.objects.for_organization(org).filter(workflow=wf).values_list("key", "concurrency_key"))
+    assert rows == {"a": "k-{{ input.x }}", "b": "k-{{ input.x }}", "c": "x" * 187 + "{{ input.x }}"}
+    assert [t["concurrency"]["key"] for t in wf.definition["tasks"]] == [
+        "k-{{ input.x }}", "k-{{ input.x }}", "x" * 187 + "{{ input.x }}"]
+    assert render_concurrency_key(rows["a"], {"x": 5}, task_key="a") == "k-5"
 
 
 @pytest.mark.django_db
@@ -211,6 +274,34 @@ def test_a_key_that_the_input_cannot_fill_is_refused_naming_the_task_and_field(t
     assert message in str(excinfo.value)
 
 
+@pytest.mark.parametrize(("value", "named"), [
+    ("cus\n", "U+000A control character"),
+    ("cus\r", "U+000D control character"),
+    ("a\tb", "U+0009 control character"),
+    ("a\x1bb", "U+001B control character"),
+    ("a\x7f", "U+007F control character"),
+    ("a\x85", "U+0085 control character"),
+    ("\u202ecus", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ("\u202acus", "U+202A LEFT-TO-RIGHT EMBEDDING"),
+    ("\u2066cus\u2069", "U+2066 LEFT-TO-RIGHT ISOLATE"),
+    ("cus\u2069", "U+2069 POP DIRECTIONAL ISOLATE"),
+    ("\u200ecus", "U+200E LEFT-TO-RIGHT MARK"),
+    ("\u200fcus", "U+200F RIGHT-TO-LEFT MARK"),
+    ("a\u2028b", "U+2028 LINE SEPARATOR"),
+])
+def test_a_value_with_a_control_line_break_or_bidi_character_is_refused_naming_task_field_and_character(value, named):
+    with pytest.raises(ValueError) as excinfo:
+        render_concurrency_key("c-{{ input.v }}", {"v": value}, task_key="charge")
+    assert str(excinfo.value) == (
+        f"task 'charge': its concurrency key 'c-{{{{ input.v }}}}' cannot use input.v: it holds {named}; "
+        "control characters, line breaks and bidirectional text controls are not allowed in a key")
+
+
+def test_other_text_renders_as_is_and_nul_is_dropped():
+    assert render_concurrency_key("c-{{ input.v }}", {"v": "Zürich·東京 é"}, task_key="t") == "c-Zürich·東京 é"
+    assert render_concurrency_key("c-{{ input.v }}", {"v": "a\x00b"}, task_key="t") == "c-ab"
+
+
 def test_a_rendered_key_over_400_characters_is_refused():
     with pytest.raises(ValueError, match="renders to 401 characters; at most 400"):
         render_concurrency_key("k{{ input.v }}", {"v": "x" * 400}, task_key="charge")
@@ -247,7 +338,9 @@ def test_the_definition_bytes_quota_counts_every_stored_version_and_the_new_one(
                                                                            None)
     assert str(exc) == (f"stored definitions quota (max_definition_bytes) exceeded: the organization stores {one} "
                         f"bytes of workflow definitions, this version adds {one}, and the limit is {2 * one - 1} "
-                        "bytes; delete old workflows or ask staff to raise the quota")
+                        "bytes; stored versions (archived ones too) keep counting, so ask staff to raise "
+                        "max_definition_bytes")
+    assert "delete" not in str(exc)  # no version can be deleted (DELETE /workflows/<id>/ is 405)
     assert counts(org) == before
     set_quota(org, max_definition_bytes_override=2 * one)  # exactly full is within the quota
     assert apply_definition(organization=org, document=document).version == 2
@@ -323,6 +416,26 @@ def test_the_api_answers_an_apply_over_the_quota_with_a_422_problem_naming_it(ap
 
 
 @pytest.mark.django_db
+def test_the_api_names_a_trailing_newline_or_a_float_in_a_400(api_factory):
+    api = api_factory()
+    for document, path, message in [
+        ({"name": "nlname\n", "tasks": [task("a")]}, "name",
+         "'nlname\\n': use 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"),
+        (doc(task("a\n")), "tasks[0].key", "'a\\n' is not a valid key: use 1-100 letters, digits, '_', '-' or '.'"),
+        (doc(task(concurrency={"key": "k\n", "limit": 3})), "tasks[charge].concurrency.key",
+         "'k\\n': '\\n' not allowed; use letters, digits, '_', '.', ':' or '-'"),
+        (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number, got 2.0"),
+        (doc(task(), concurrency={"policy": "cancel_oldest"}), "concurrency.policy",
+         "policy applies only with max_running_runs; 'cancel_oldest' without it would do nothing"),
+    ]:
+        response = api.client.post("/api/v1/workflows/", json.dumps(document), content_type="application/json",
+                                   headers=bearer(api.keys[Role.ADMIN]))
+        assert response.status_code == 400, response.content
+        assert {"path": path, "message": message} in response.json()["errors"], response.json()
+    assert Workflow.objects.for_organization(api.org).count() == 0
+
+
+@pytest.mark.django_db
 def test_the_api_names_a_bad_scheduling_field_in_a_400(api_factory):
     api = api_factory()
     response = api.client.post(
@@ -332,3 +445,25 @@ def test_the_api_names_a_bad_scheduling_field_in_a_400(api_factory):
     assert {"path": "tasks[charge].concurrency.limit", "message": "must be at least 1, got 0"} in response.json()[
         "errors"]
     assert Workflow.objects.for_organization(api.org).count() == 0
+
+
+# --- other input-facing patterns anchored at the end ---------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_organization_slug_with_a_trailing_newline_is_refused(org):
+    from tenancy.models import Membership
+    from tenancy.services import TenancyError, create_organization_for
+
+    owner = Membership.objects.for_organization(org).get(role=Role.OWNER).user
+    with pytest.raises(TenancyError, match="use 1-63 lowercase letters"):
+        create_organization_for(user=owner, slug="acme\n", name="Acme")
+    assert not Organization.objects.filter(slug__startswith="acme").exists()
+
+
+def test_an_api_key_with_a_trailing_newline_does_not_parse():
+    from tenancy.apikeys import parse_key
+
+    raw = "ffk_abcdefghijkl_" + "A" * 43
+    assert parse_key(raw) == ("abcdefghijkl", "A" * 43)
+    assert parse_key(raw + "\n") is None

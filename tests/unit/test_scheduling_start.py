@@ -141,7 +141,7 @@ def test_a_cron_trigger_starts_runs_with_its_priority(org):
     assert process_trigger(trig.pk, trig.next_fire_at + dt.timedelta(seconds=1)) == 1
     run = WorkflowRun.objects.for_organization(org).get(trigger=trig)
     assert (run.priority, task_runs_of(run)["a"].priority) == (5, 7)
-    for bad in (11, -11, "1", 1.5, True):
+    for bad in (11, -11, "1", 1.5, 2.0, True):
         with pytest.raises(TriggerError) as excinfo:
             create_trigger(actor=Actor.system(org), data={
                 "name": "u", "workflow_name": "wf", "cron_expression": "0 * * * *", "priority": bad})
@@ -171,6 +171,9 @@ def test_each_task_run_stores_its_key_rendered_with_the_run_input(org):
     ({"customer_id": {"id": 1}}, "needs input.customer_id to be a string, number or boolean, not an object"),
     ({"customer_id": [1, 2]}, "needs input.customer_id to be a string, number or boolean, not an array"),
     ({"customer_id": None}, "needs input.customer_id to be a string, number or boolean, not null"),
+    ({"customer_id": "cus_1\n"}, "cannot use input.customer_id: it holds U+000A control character"),
+    ({"customer_id": "cus\u202e1"}, "cannot use input.customer_id: it holds U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ({"customer_id": "\u2067cus"}, "cannot use input.customer_id: it holds U+2067 RIGHT-TO-LEFT ISOLATE"),
 ])
 def test_an_input_that_cannot_fill_a_key_refuses_the_start_and_stores_nothing(org, run_input, message):
     wf = workflow(org, noop("charge", concurrency={"key": "customer-{{ input.customer_id }}", "limit": 2}))
@@ -283,6 +286,11 @@ def test_the_api_takes_a_priority_and_names_a_bad_one_or_a_bad_input(api_factory
     assert response.json()["errors"] == {"input": [
         "task 'a': its concurrency key 'c-{{ input.customer }}' needs input.customer, which the run input does not "
         "have"]}
+    response = post({"workflow": "wf", "input": {"customer": "x\ny"}})
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {"input": [
+        "task 'a': its concurrency key 'c-{{ input.customer }}' cannot use input.customer: it holds U+000A control "
+        "character; control characters, line breaks and bidirectional text controls are not allowed in a key"]}
     assert WorkflowRun.objects.for_organization(api.org).count() == 1
 
 
@@ -298,6 +306,9 @@ def test_the_web_start_form_takes_a_priority_and_shows_a_refusal(org):
     assert WorkflowRun.objects.for_organization(org).get().priority == 4
     response = client.post(url, {"input": "{}", "priority": "12"})
     assert response.status_code == 400
+    response = client.post(url, {"input": "{}", "priority": "2.0"})  # Django's IntegerField took it as 2
+    assert response.status_code == 400
+    assert "Enter a whole number (no decimal point)." in response.content.decode()
     set_quota(org, max_runs_per_minute_override=1)
     response = client.post(url, {"input": "{}", "priority": "0"})
     assert response.status_code == 400

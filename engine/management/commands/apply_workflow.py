@@ -8,6 +8,7 @@ from engine.definitions import DefinitionError, parse_document
 from engine.management.commands._common import get_organization
 from engine.models import WorkflowState
 from engine.services import apply_definition
+from tenancy.limits import QuotaExceeded
 
 
 class Command(BaseCommand):
@@ -34,6 +35,7 @@ class Command(BaseCommand):
                     f"{name}: not UTF-8 text (byte {exc.start}: {exc.reason}); nothing was applied"
                 ) from exc
         failed = False
+        applied = 0
         for name, path, text in texts:
             try:
                 wf = apply_definition(
@@ -47,6 +49,12 @@ class Command(BaseCommand):
                 for err in exc.errors:
                     self.stderr.write(f"  {err['path']}: {err['message']}")
                 continue
+            except QuotaExceeded as exc:
+                # Over max_definition_bytes: the quota's own message, not a traceback. The
+                # files after this one would not fit either; those before it are stored.
+                raise CommandError(f"{name}: rejected, nothing of it stored: {exc}"
+                                   + (f" ({applied} earlier file(s) applied)" if applied else "")) from exc
+            applied += 1
             self.stdout.write(f"{name}: {wf.name} v{wf.version} ({wf.pk}), {wf.tasks.count()} tasks, {wf.state}")
         if failed:
             raise CommandError("some definitions were rejected")

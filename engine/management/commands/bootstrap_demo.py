@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from engine.definitions import DefinitionError, parse_document, validate_document
 from engine.models import Workflow
 from engine.services import apply_definition
+from tenancy.limits import QuotaExceeded
 from tenancy.models import Membership, Organization, Role, User
 from tenancy.services import create_organization
 
@@ -57,5 +58,8 @@ class Command(BaseCommand):
             if latest is not None and latest.definition == normalized:
                 self.stdout.write(f"{path.name}: {latest.name} v{latest.version} is current")
                 continue
-            wf = apply_definition(organization=org, document=normalized, created_by=user)
+            try:
+                wf = apply_definition(organization=org, document=normalized, created_by=user)
+            except QuotaExceeded as exc:  # max_definition_bytes: its message, not a traceback
+                raise CommandError(f"{path}: {exc}") from exc
             self.stdout.write(f"{path.name}: applied {wf.name} v{wf.version}")

@@ -6,9 +6,10 @@ from django.utils import timezone
 
 from audit import services as audit
 from engine.models import OutboxMessage, TaskRun, WorkflowRun
-from engine.services import retry_run
+from engine.services import InvalidStart, WorkflowNotStartable, retry_run
 from engine.states import TaskRunState
 from tenancy.actors import Actor
+from tenancy.limits import QuotaExceeded
 
 
 class Command(BaseCommand):
@@ -32,8 +33,19 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write("no dead letters to replay")
             return
+        refused = 0
         for row in rows:
-            self.stdout.write(f"{row.pk}: {self._replay(row)}")
+            try:
+                outcome = self._replay(row)
+            except (QuotaExceeded, WorkflowNotStartable, InvalidStart) as exc:
+                # The retry's start was refused (runs-per-minute quota, an archived workflow,
+                # an input it cannot use): nothing of this row changed; say so and go on.
+                refused += 1
+                self.stderr.write(f"{row.pk}: not replayed: {exc}")
+                continue
+            self.stdout.write(f"{row.pk}: {outcome}")
+        if refused:
+            raise CommandError(f"{refused} dead letter(s) not replayed; see above")
 
     def _replay(self, row: OutboxMessage) -> str:
         actor = Actor(organization=row.organization, role="owner", channel="cli")
