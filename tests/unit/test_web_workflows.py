@@ -290,6 +290,28 @@ def test_new_version_form_starts_from_an_existing_definition(team):
     assert "New version of diamond" in body and "name: diamond" in body and "- key: extract" in body
 
 
+def test_the_definition_help_shows_the_scheduling_fields_in_a_valid_example(team):
+    from engine.definitions import DefinitionError, parse_document, validate_document
+
+    body = text(client_for(team["member"]).get("/workflows/new/"))
+    help_box = body[body.index("<h2>Definition format</h2>"):body.index("</aside>")]
+    example = re.search(r'<pre class="code small">(.*?)</pre>', help_box, flags=re.S).group(1)
+    # The placeholder is the definition's, not the template engine's.
+    assert 'concurrency: {key: "shop-{{ input.shop }}", limit: 2}' in example
+    try:
+        normalized = validate_document(parse_document(example))
+    except DefinitionError as exc:  # only a callable outside this deployment's allow-list may fail
+        assert [e["path"] for e in exc.errors] == ["tasks[extract].config"], exc.errors
+    else:
+        assert normalized["concurrency"] == {"max_running_runs": 1, "policy": "queue"}
+    for words in ("<code>priority</code>", "<code>concurrency: {key, limit}</code>",
+                  "<code>rate_limit: {key, per_second}</code>", "<code>{key, per_minute}</code>",
+                  "<code>{{ input.field }}</code>",
+                  "<code>concurrency: {max_running_tasks, max_running_runs, policy}</code>",
+                  "<code>docs/scheduling.md</code>"):
+        assert words in help_box, words
+
+
 # --- one version -------------------------------------------------------------------------------
 
 
