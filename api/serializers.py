@@ -16,7 +16,15 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from engine.models import RunLimitPolicy, RunState, TaskRun, TaskRunEvent, Workflow, WorkflowRun, WorkflowState
+from engine.models import (
+    RunLimitPolicy,
+    RunState,
+    TaskRun,
+    TaskRunEvent,
+    Workflow,
+    WorkflowRun,
+    WorkflowState,
+)
 from engine.outputs import output_or_summary
 from flowforge.instants import InstantError, storable_instant
 from tenancy.apikeys import NAME_MAX_LENGTH
