@@ -93,7 +93,7 @@ SMOKE = {
 }
 
 TARGETS = {
-    "throughput_ratio_independent": 0.30,
+    "throughput_ratio_independent": 0.35,  # issue 16: with fairness on
     "hop_p50_ratio": 3.0,
     "hop_p99_ratio": 5.0,
     "hot_query_ratio": 1.5,
@@ -340,7 +340,7 @@ def table(results: dict) -> str:
             lines.append(row.format(
                 label.format(n=t["engine"]["tasks"], runs=t["engine"]["runs"]),
                 f"{t['engine']['tasks_per_s']:.0f} tasks/s", f"{t['baseline']['messages_per_s']:.0f} msg/s",
-                f"{t['ratio']:.2f}", (">= 0.30; " if key == "independent" else "")
+                f"{t['ratio']:.2f}", (">= 0.35; " if key == "independent" else "")
                 + f"median of {len(t['rounds'])} rounds: " + ", ".join(f"{r:.2f}" for r in t["rounds"])))
     if "hop_latency" in results:
         h = results["hop_latency"]
@@ -438,6 +438,13 @@ def main(argv: list[str] | None = None) -> int:
     from tenancy.services import create_organization
 
     org, _user, _ = create_organization(slug="bench", name="Bench", owner_email="owner@bench.example")
+    # The bench starts thousands of runs a minute (200 chains a round, rounds back to back):
+    # the free plan's start quota would refuse them. Its scheduling (weight, running quota,
+    # dispatch-ahead) stays the free plan's, as a tenant's would be.
+    from tenancy.models import Organization
+
+    Organization.objects.filter(pk=org.pk).update(max_runs_per_minute_override=1_000_000)
+    org.refresh_from_db()
     results: dict = {"meta": {
         "mode": "smoke" if args.smoke else "full", "processes": cfg["processes"], "threads": cfg["threads"],
         "cpus": os.cpu_count(), "load_start": load(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

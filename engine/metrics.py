@@ -50,7 +50,9 @@ HISTOGRAMS = {
 }
 
 # The label of the organizations past FLOWFORGE_METRICS_TOP_ORGS in the per-organization gauges.
-OTHER_ORGS = "other"
+# The label of the organizations past the top ones: parentheses, which no slug holds, so
+# no tenant's series can be mistaken for (or merged into) the rest's.
+OTHER_ORGS = "(others)"
 
 # How often each process sends its sums to Redis, in seconds.
 FLUSH_INTERVAL_SECONDS = 1.0
@@ -193,23 +195,22 @@ def _db_gauges() -> list[str]:
 def _org_gauges(cur) -> list[str]:
     """Ready and running task runs per organization: the FLOWFORGE_METRICS_TOP_ORGS
     organizations with the most (ready + running) by slug, the rest summed under
-    org="other" (always present), so the series stay bounded however many tenants there
-    are. One query (``metrics_task_runs_by_org``)."""
+    org="(others)" (always present), so the series stay bounded however many tenants
+    there are. One query (``metrics_task_runs_by_org``)."""
     top = int(getattr(settings, "FLOWFORGE_METRICS_TOP_ORGS", 10))
     cur.execute(sql.queries["metrics_task_runs_by_org"], {"top": max(0, top)})
     ready: dict[str, int] = {}
     running: dict[str, int] = {}
     for org, n_ready, n_running in cur.fetchall():
-        # A tenant whose slug is "other" shares the rest's series rather than duplicating it.
         ready[org] = ready.get(org, 0) + int(n_ready)
         running[org] = running.get(org, 0) + int(n_running)
     ready.setdefault(OTHER_ORGS, 0)
     running.setdefault(OTHER_ORGS, 0)
     lines = ["# HELP flowforge_org_task_runs_ready Task runs ready, per organization (top organizations by "
-             "ready + running; the rest as org=\"other\").", "# TYPE flowforge_org_task_runs_ready gauge"]
+             "ready + running; the rest as org=\"(others)\").", "# TYPE flowforge_org_task_runs_ready gauge"]
     lines += [f'flowforge_org_task_runs_ready{{org="{org}"}} {n}' for org, n in ready.items()]
     lines += ["# HELP flowforge_org_task_runs_running Task runs running (claimed or started), per organization "
-              "(top organizations by ready + running; the rest as org=\"other\").",
+              "(top organizations by ready + running; the rest as org=\"(others)\").",
               "# TYPE flowforge_org_task_runs_running gauge"]
     lines += [f'flowforge_org_task_runs_running{{org="{org}"}} {n}' for org, n in running.items()]
     return lines

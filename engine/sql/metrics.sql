@@ -31,7 +31,7 @@ SELECT count(*) FROM core_outboxmessage WHERE dead_lettered_at IS NOT NULL;
 
 
 -- name: metrics_task_runs_by_org
--- Ready and running task runs per organization, the top %(top)s organizations by ready + running labelled by slug and the rest summed as 'other' (bounded label cardinality); idx_taskrun_ready_claim (partial: ready) and idx_taskrun_running_org (partial: running), both leading with organization_id.
+-- Ready and running task runs per organization, the top %(top)s organizations by ready + running labelled by slug and the rest summed as '(others)', a label no slug can take (bounded label cardinality); idx_taskrun_ready_claim (partial: ready) and idx_taskrun_running_org (partial: running), both leading with organization_id.
 WITH ready AS (
     SELECT organization_id, count(*) AS n FROM core_taskrun WHERE state = 'ready' GROUP BY organization_id
 ), running AS (
@@ -43,7 +43,7 @@ WITH ready AS (
 ), ranked AS (
     SELECT p.*, row_number() OVER (ORDER BY p.ready + p.running DESC, p.org) AS rank FROM per_org p
 )
-SELECT CASE WHEN k.rank <= %(top)s THEN o.slug ELSE 'other' END AS org, sum(k.ready), sum(k.running)
+SELECT CASE WHEN k.rank <= %(top)s THEN o.slug ELSE '(others)' END AS org, sum(k.ready), sum(k.running)
 FROM ranked k JOIN core_organization o ON o.id = k.org
 GROUP BY 1
 ORDER BY min(k.rank);

@@ -84,7 +84,7 @@ def _series(body: str, name: str) -> dict[str, int]:
 @pytest.mark.django_db
 def test_per_organization_gauges_keep_the_top_organizations_and_sum_the_rest(make_org, make_workflow, settings):
     """11 organizations with work: the 10 with the most ready + running by slug, the 11th
-    (the least) under org="other"; each count right, one query for all."""
+    (the least) under org="(others)"; each count right, one query for all."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -111,7 +111,7 @@ def test_per_organization_gauges_keep_the_top_organizations_and_sum_the_rest(mak
     for i, org in enumerate(orgs[1:], start=1):
         assert (ready[org.slug], running[org.slug]) == (i + 1, 1), org.slug
     # Other organizations of the test database (none have work here) and the smallest one.
-    assert (ready["other"], running["other"]) == (1, 1)
+    assert (ready["(others)"], running["(others)"]) == (1, 1)
     assert len(ready) == len(running) == 11  # 10 + other, whatever the number of tenants
     assert "# TYPE flowforge_org_task_runs_ready gauge" in body and "# HELP flowforge_org_task_runs_running" in body
 
@@ -119,8 +119,8 @@ def test_per_organization_gauges_keep_the_top_organizations_and_sum_the_rest(mak
 @pytest.mark.django_db
 def test_without_work_the_other_series_is_still_there():
     body = "\n".join(metrics._db_gauges())
-    assert _series(body, "flowforge_org_task_runs_ready") == {"other": 0}
-    assert _series(body, "flowforge_org_task_runs_running") == {"other": 0}
+    assert _series(body, "flowforge_org_task_runs_ready") == {"(others)": 0}
+    assert _series(body, "flowforge_org_task_runs_running") == {"(others)": 0}
 
 
 def test_the_claim_wait_histogram_is_declared_and_rendered_with_its_help():
@@ -134,3 +134,20 @@ def test_the_claim_wait_histogram_is_declared_and_rendered_with_its_help():
     assert "# HELP flowforge_claim_wait_seconds From ready (past any retry backoff) to claimed" in body
     assert "# TYPE flowforge_claim_wait_seconds histogram" in body
     assert 'flowforge_claim_wait_seconds_bucket{le="+Inf"}' in body and "flowforge_claim_wait_seconds_count" in body
+
+
+@pytest.mark.django_db
+def test_a_tenant_slugged_other_keeps_its_own_series(make_org, make_workflow, settings):
+    """A slug of "other" (or "others") is a tenant like any other: its series is its own,
+    never merged into the rest's, whose label no slug can take."""
+    from engine.services import start_run
+    from tenancy.models import Organization
+
+    settings.FLOWFORGE_METRICS_TOP_ORGS = 1
+    busy = make_org()
+    Organization.objects.filter(pk=busy.pk).update(slug="other")
+    start_run(workflow=make_workflow(busy, [{"key": f"t{j}", "type": "noop"} for j in range(3)]))
+    quiet = make_org()
+    start_run(workflow=make_workflow(quiet, [{"key": "t", "type": "noop"}]))
+    ready = _series("\n".join(metrics._db_gauges()), "flowforge_org_task_runs_ready")
+    assert ready == {"other": 3, "(others)": 1}
