@@ -16,7 +16,15 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from engine.models import RunState, TaskRun, TaskRunEvent, Workflow, WorkflowRun, WorkflowState
+from engine.models import (
+    RunLimitPolicy,
+    RunState,
+    TaskRun,
+    TaskRunEvent,
+    Workflow,
+    WorkflowRun,
+    WorkflowState,
+)
 from engine.outputs import output_or_summary
 from flowforge.instants import InstantError, storable_instant
 from tenancy.apikeys import NAME_MAX_LENGTH
@@ -91,10 +99,67 @@ class PositionSerializer(serializers.Serializer):
     y = serializers.IntegerField()
 
 
+class TaskConcurrencySerializer(serializers.Serializer):
+    """A task's ``concurrency`` as its definition wrote it (docs/scheduling.md)."""
+
+    key = serializers.CharField(help_text="The key as written: its `{{ input.<path> }}` placeholders are "
+                                "filled from each run's input (a task run's `concurrency_key`).")
+    limit = serializers.IntegerField(min_value=1, help_text="Task runs of this task holding the key at once, at most.")
+
+
+class TaskRateLimitSerializer(serializers.Serializer):
+    """A task's ``rate_limit`` as its definition wrote it: ``key`` and exactly one of
+    ``per_second`` / ``per_minute`` (claims per fixed window of 1 s or 60 s)."""
+
+    key = serializers.CharField()
+    per_second = serializers.IntegerField(required=False, min_value=1, help_text="Present for a 1 s window.")
+    per_minute = serializers.IntegerField(required=False, min_value=1, help_text="Present for a 60 s window.")
+
+
+class WorkflowConcurrencySerializer(serializers.Serializer):
+    """A workflow's ``concurrency`` block as the definition document spells it; an unset
+    limit is null. Both limits count every version of the workflow's name."""
+
+    max_running_tasks = serializers.IntegerField(allow_null=True, min_value=1,
+                                                 help_text="Task runs claimed or running at once, at most.")
+    max_running_runs = serializers.IntegerField(allow_null=True, min_value=1,
+                                                help_text="Runs going at once, at most.")
+    policy = serializers.ChoiceField(choices=RunLimitPolicy.choices,
+                                     help_text="What a start over max_running_runs does.")
+
+
+def task_concurrency(task) -> dict[str, Any] | None:
+    """``{"key", "limit"}`` of a Task (the key as written), or None when it has none."""
+    if task.concurrency_key is None:
+        return None
+    return {"key": task.concurrency_key, "limit": task.concurrency_limit}
+
+
+def task_rate_limit(task) -> dict[str, Any] | None:
+    """``{"key", "per_second": N}`` or ``{"key", "per_minute": N}`` of a Task, or None."""
+    if task.rate_key is None:
+        return None
+    window = "per_second" if task.rate_window_seconds == 1 else "per_minute"
+    return {"key": task.rate_key, window: task.rate_limit}
+
+
+def workflow_concurrency(workflow) -> dict[str, Any] | None:
+    """A Workflow's ``{"max_running_tasks", "max_running_runs", "policy"}``, or None when
+    no limit is set and the policy is the default (what a document without the block
+    stores: the block as applied, in the document's field names)."""
+    if (workflow.max_running_tasks is None and workflow.max_running_runs is None
+            and workflow.run_limit_policy == RunLimitPolicy.QUEUE):
+        return None
+    return {"max_running_tasks": workflow.max_running_tasks, "max_running_runs": workflow.max_running_runs,
+            "policy": workflow.run_limit_policy}
+
+
 class TaskSerializer(serializers.Serializer):
     """One task of a workflow version: its type and config, its upstream task keys, its
     retry settings (``max_attempts``, ``retry_backoff_seconds``: attempt n waits
-    base × 2^(n-1) seconds; ``timeout_seconds`` per attempt) and its canvas position."""
+    base × 2^(n-1) seconds; ``timeout_seconds`` per attempt), its canvas position and its
+    scheduling settings (``priority``, ``concurrency``, ``rate_limit``: null when not set)
+    in the definition document's field names."""
 
     id = serializers.UUIDField()
     key = serializers.CharField()
@@ -105,6 +170,9 @@ class TaskSerializer(serializers.Serializer):
     retry_backoff_seconds = serializers.FloatField()
     timeout_seconds = serializers.FloatField(allow_null=True)
     position = serializers.SerializerMethodField()
+    priority = serializers.IntegerField(help_text="-10 to 10, added to each run's priority (default 0).")
+    concurrency = serializers.SerializerMethodField()
+    rate_limit = serializers.SerializerMethodField()
 
     def get_depends_on(self, task) -> list[str]:
         # Filled by WorkflowDetailSerializer from the prefetched edges (no query per task).
@@ -115,6 +183,14 @@ class TaskSerializer(serializers.Serializer):
         if task.position_x is None or task.position_y is None:
             return None
         return {"x": task.position_x, "y": task.position_y}
+
+    @extend_schema_field(TaskConcurrencySerializer(allow_null=True))
+    def get_concurrency(self, task) -> dict[str, Any] | None:
+        return task_concurrency(task)
+
+    @extend_schema_field(TaskRateLimitSerializer(allow_null=True))
+    def get_rate_limit(self, task) -> dict[str, Any] | None:
+        return task_rate_limit(task)
 
 
 class EdgeSerializer(serializers.Serializer):
@@ -141,13 +217,18 @@ class WorkflowDetailSerializer(serializers.ModelSerializer):
     Expects ``tasks`` and ``dependencies`` (with ``task`` and ``depends_on``) prefetched.
     """
 
+    concurrency = serializers.SerializerMethodField()
     tasks = serializers.SerializerMethodField()
     edges = serializers.SerializerMethodField()
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "version", "state", "description", "created_at", "tasks", "edges"]
+        fields = ["id", "name", "version", "state", "description", "created_at", "concurrency", "tasks", "edges"]
         read_only_fields = fields
+
+    @extend_schema_field(WorkflowConcurrencySerializer(allow_null=True))
+    def get_concurrency(self, workflow) -> dict[str, Any] | None:
+        return workflow_concurrency(workflow)
 
     @extend_schema_field(TaskSerializer(many=True))
     def get_tasks(self, workflow) -> list[dict]:
@@ -224,6 +305,8 @@ class WorkflowRefSerializer(serializers.Serializer):
 
 class _RunFieldsMixin(_WaitingReasonMixin):
     workflow = serializers.SerializerMethodField()
+    priority = serializers.IntegerField(read_only=True, help_text="-10 to 10, set at start (a retry keeps the "
+                                        "original's); each task run's is this plus its task's.")
     triggered_by = serializers.SerializerMethodField()
 
     @extend_schema_field(WorkflowRefSerializer)
@@ -235,8 +318,8 @@ class _RunFieldsMixin(_WaitingReasonMixin):
         return run.triggered_by.email if run.triggered_by_id else None
 
 
-RUN_FIELDS = ["id", "workflow", "state", "trigger_source", "trigger", "triggered_by", "retry_of", "error",
-              "created_at", "started_at", "finished_at", "waiting_reason"]
+RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "triggered_by", "retry_of",
+              "error", "created_at", "started_at", "finished_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
@@ -257,12 +340,17 @@ class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
 
     key = serializers.CharField(source="task.key", read_only=True)
     task_id = serializers.UUIDField(read_only=True)
+    priority = serializers.IntegerField(read_only=True, help_text="Its run's priority plus its task's.")
+    concurrency_key = serializers.CharField(
+        read_only=True, allow_null=True,
+        help_text="Its task's concurrency key rendered with the run's input (it holds the key's permit while "
+        "running); null when its task has none.")
     output = serializers.SerializerMethodField(
         help_text="The output; or, over FLOWFORGE_INLINE_OUTPUT_BYTES, a summary with the URL of the whole output.")
 
     class Meta:
         model = TaskRun
-        fields = ["id", "key", "task_id", "state", "attempt", "output", "error",
+        fields = ["id", "key", "task_id", "state", "attempt", "priority", "concurrency_key", "output", "error",
                   "created_at", "started_at", "finished_at", "waiting_reason"]
         read_only_fields = fields
 

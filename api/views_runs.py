@@ -177,7 +177,7 @@ class RunListView(OrganizationAPIView):
                                       "conflict")),
         },
         examples=[OpenApiExample("start", request_only=True,
-                                 value={"workflow": "etl", "input": {"date": "2026-01-04"}}),
+                                 value={"workflow": "etl", "input": {"date": "2026-01-04", "source": "eu"}}),
                   OpenApiExample("started", response_only=True, status_codes=["201"],
                                  value={**RUN_EXAMPLE, "state": "running", "finished_at": None})],
     )

@@ -238,6 +238,7 @@ SPECTACULAR_SETTINGS = {
         "WorkflowStateEnum": "engine.models.WorkflowState",
         "RunStateEnum": "engine.models.RunState",
         "TaskRunStateEnum": "engine.models.TaskRunState",
+        "RunLimitPolicyEnum": "engine.models.RunLimitPolicy",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).

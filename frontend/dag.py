@@ -513,8 +513,9 @@ def load_graph(workflow) -> tuple[list[dict[str, Any]], list[tuple[str, str, str
     """(tasks, edges) of one workflow version in two queries, for ``render_dag_svg``.
 
     Tasks are dicts of id, key, type, position_x, position_y, max_attempts,
-    retry_backoff_seconds, timeout_seconds and depends_on (upstream keys), in the
-    definition's order; edges are (from_task_id, to_task_id, label) as strings.
+    retry_backoff_seconds, timeout_seconds, the scheduling columns (priority,
+    concurrency_key, concurrency_limit, rate_key, rate_limit, rate_window_seconds) and
+    depends_on (upstream keys), in the definition's order; edges are (from_task_id, to_task_id, label) as strings.
     """
     from engine.models import Task, TaskDependency
 
@@ -532,6 +533,12 @@ def load_graph(workflow) -> tuple[list[dict[str, Any]], list[tuple[str, str, str
             "max_attempts",
             "retry_backoff_seconds",
             "timeout_seconds",
+            "priority",
+            "concurrency_key",
+            "concurrency_limit",
+            "rate_key",
+            "rate_limit",
+            "rate_window_seconds",
         )
     )
     listed = {d.get("key"): d.get("depends_on", []) for d in (workflow.definition or {}).get("tasks", [])}

@@ -31,7 +31,7 @@ from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from frontend.dag import longest_path_layers, render_dag_svg
 from frontend.presenters.run_rows import EventRow, render_event_rows, render_task_rows, render_timeline_rows
-from frontend.presenters.text import cut, event_detail_text, human_duration, seconds_between
+from frontend.presenters.text import cut, event_detail_text, run_duration, without_countdown
 from frontend.presenters.timeline import (
     TIMELINE_KINDS,
     TaskRow,
@@ -175,7 +175,7 @@ def build_run_view(
         .filter(workflow_run=run)  # idx_taskrun_run_state
         .values_list(
             "id", "task_id", "task__key", "task__type", "state", "task__max_attempts", "task__position_x",
-            "task__position_y", "started_at", "finished_at",
+            "task__position_y", "started_at", "finished_at", "concurrency_key",
             # Outputs (up to 256 KiB each) and errors are cut in the database; an output's
             # size is read there too, for the link to the whole output.
             Left(Cast("output", TextField()), OUTPUT_PREVIEW_CHARS + 1),
@@ -207,9 +207,10 @@ def build_run_view(
             # A preview that was cut links to the whole output.
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
+            concurrency_key=concurrency_key or "",
         )
-        for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, output, error,
-             output_bytes) in task_runs
+        for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
+             output, error, output_bytes) in task_runs
     ]
     rows.sort(key=lambda r: (r.depth, r.key))
     # Why ready tasks (and a queued run) wait: one statement each, only when any does.
@@ -217,7 +218,9 @@ def build_run_view(
     if ready:
         reasons = waiting.reasons(task_run_ids=ready)
         for r in rows:
-            r.waiting_reason = reasons.get(r.id, "")
+            # Without the seconds: the page is redrawn when the run's events come, not each
+            # second, so a countdown would stand still (the API's reason has them).
+            r.waiting_reason = without_countdown(reasons.get(r.id, ""))
     run_waiting = waiting.run_reasons([run.pk]).get(run.pk, "") if run.state == "pending" else ""
     keys = {r.id: r.key for r in rows}
     # Events up to the run's seq as read with the run (frontend.views.runs), before the task runs:
@@ -248,7 +251,7 @@ def build_run_view(
         events_truncated=truncated,
         last_seq=run.last_event_seq,
         counts=dict(counts),
-        duration=human_duration(seconds_between(run.started_at or run.created_at, run.finished_at or now)),
+        duration=run_duration(run.started_at, run.finished_at, now),
         retries=retries,
         can_operate=can(request.membership.role, Action.RUN_OPERATE),
         dag_svg=dag_svg(rows, edges, run=run),

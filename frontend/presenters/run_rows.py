@@ -37,8 +37,8 @@ def _esc(value: object) -> str:
 
 
 def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
-    """The task table's ``<tr>``s: key, type, state (with a ready task's wait reason),
-    attempts, duration, error, output."""
+    """The task table's ``<tr>``s: key (with its rendered concurrency key), type, state
+    (with a ready task's wait reason), attempts, duration, error, output."""
     out = []
     for r in rows:
         key, state = _esc(r.key), _esc(r.state)
@@ -46,12 +46,15 @@ def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
                  if r.error_preview else "")
         output = f'<code class="output">{_esc(r.output_preview)}</code>' if r.output_preview else ""
         waiting = f' <span class="wait-reason">{_esc(r.waiting_reason)}</span>' if r.waiting_reason else ""
+        # Rendered from the run's input: any characters at all.
+        permit = (f'<div class="concurrency-key"><span class="muted">concurrency</span> '
+                  f'<code>{_esc(r.concurrency_key)}</code></div>' if r.concurrency_key else "")
         if r.output_url:
             output += (f' <a class="output-link" href="{_esc(r.output_url)}">whole output'
                        f' ({_esc(human_bytes(r.output_bytes or 0))})</a>')
         out.append(
             f'<tr id="task-{key}" class="task-row state-{state}" data-task-key="{key}">'
-            f'<td class="mono key">{key}</td><td><span class="type">{_esc(r.type)}</span></td>'
+            f'<td class="mono key">{key}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
             f'<td><span class="badge state-{state}">{_esc(r.state.capitalize())}</span>{waiting}</td>'
             f'<td class="num">{len(r.attempts)}<span class="muted">/{r.max_attempts}</span></td>'
             f'<td class="num">{_esc(r.duration)}</td><td class="error-cell">{error}</td>'

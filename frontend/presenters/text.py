@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
+
+# The countdown at the end of a wait reason (engine/sql/waiting.sql): "waiting: retry
+# backoff, 3.2 s", "waiting: rate limit github 10/10 per second, next window in 0.4 s".
+WAIT_COUNTDOWN_RE = re.compile(r",( next window in)? [0-9.]+ s$")
 
 
 def human_duration(seconds: float | None) -> str:
@@ -21,6 +26,23 @@ def human_duration(seconds: float | None) -> str:
         return f"{m} m {s:02d} s"
     h, rem = divmod(int(seconds), 3600)
     return f"{h} h {rem // 60:02d} m"
+
+
+def run_duration(started_at: dt.datetime | None, finished_at: dt.datetime | None, now: dt.datetime) -> str:
+    """How long a run has been going (to ``now``) or went, as ``human_duration``; "—"
+    for a run that never started (queued behind its workflow's run limit, or cancelled
+    before it started): its time in the queue is no duration."""
+    if started_at is None:
+        return "—"
+    return human_duration(seconds_between(started_at, finished_at or now))
+
+
+def without_countdown(reason: str) -> str:
+    """A wait reason without its trailing countdown ("waiting: rate limit github 10/10
+    per second, next window in 0.4 s" -> "waiting: rate limit github 10/10 per second";
+    "waiting: retry backoff, 3.2 s" -> "waiting: retry backoff"). A page refreshed only
+    when the run's events come would show the seconds frozen, counting down nothing."""
+    return WAIT_COUNTDOWN_RE.sub("", reason)
 
 
 def human_bytes(n: int) -> str:

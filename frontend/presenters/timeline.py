@@ -203,6 +203,7 @@ class TaskRow:
     output_bytes: int | None = None  # size of the output's JSON text
     output_url: str = ""  # the whole output, when the preview is cut
     waiting_reason: str = ""  # a ready task's "waiting: ..." (engine.repositories.waiting)
+    concurrency_key: str = ""  # its task's concurrency key rendered with the run's input; "" when none
 
     @property
     def duration(self) -> str:

@@ -41,7 +41,7 @@ from frontend.paging import BadCursor, newest_first_page, page_links
 from frontend.presenters.run_list import RunFilterForm, RunRow, progress_by_run, run_list_queryset
 from frontend.presenters.run_page import EVENT_COLUMNS, build_run_view, event_rows, started_by
 from frontend.presenters.run_rows import render_event_rows
-from frontend.presenters.text import human_duration, seconds_between
+from frontend.presenters.text import run_duration
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, require
 
@@ -96,7 +96,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         RunRow(
             run=r,
             progress=progress[r.pk],
-            duration=human_duration(seconds_between(r.started_at or r.created_at, r.finished_at or now)),
+            duration=run_duration(r.started_at, r.finished_at, now),
         )
         for r in page.rows
     ]

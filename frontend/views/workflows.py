@@ -39,6 +39,7 @@ from engine.services import (
 from frontend.dag import load_graph, render_dag_svg
 from frontend.forms_workflows import ArchiveForm, DefinitionForm, StartRunForm
 from frontend.organization import organization_required
+from frontend.presenters.scheduling import task_settings, workflow_settings
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, can, require
 
@@ -220,6 +221,8 @@ def _render_detail(
     org = request.membership.organization
     role = request.actor.role
     tasks, edges = load_graph(workflow)
+    for t in tasks:
+        t["scheduling"] = task_settings(t)
     versions = list(
         Workflow.objects.for_organization(org)
         .filter(name=workflow.name)
@@ -251,6 +254,8 @@ def _render_detail(
         "workflow": workflow,
         "dag": render_dag_svg(tasks, edges),
         "tasks": tasks,
+        "any_scheduling": any(t["scheduling"] for t in tasks),
+        "workflow_limits": workflow_settings(workflow),
         "edge_count": len(edges),
         "versions": versions,
         "latest": versions[0] if versions else workflow,

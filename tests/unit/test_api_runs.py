@@ -73,8 +73,12 @@ def test_a_start_by_name_is_201_with_the_run_and_its_task_runs(api, wf):
     assert (body["retry_of"], body["trigger"], body["triggered_by"]) == (None, None, None)
     assert {tr["key"]: (tr["state"], tr["attempt"]) for tr in body["task_runs"]} == {
         "extract": ("ready", 1), "load": ("pending", 1)}
-    assert set(body["task_runs"][0]) == {"id", "key", "task_id", "state", "attempt", "output", "error",
-                                         "created_at", "started_at", "finished_at", "waiting_reason"}
+    assert set(body["task_runs"][0]) == {"id", "key", "task_id", "state", "attempt", "priority", "concurrency_key",
+                                         "output", "error", "created_at", "started_at", "finished_at",
+                                         "waiting_reason"}
+    assert body["priority"] == 0
+    assert {tr["key"]: (tr["priority"], tr["concurrency_key"]) for tr in body["task_runs"]} == {
+        "extract": (0, None), "load": (0, None)}
 
 
 def test_a_start_names_a_version_or_an_id(api, wf):
@@ -378,6 +382,26 @@ def test_a_ready_task_run_and_a_queued_run_say_why_they_wait(api, wf):
     assert body["waiting_reason"] == "waiting: workflow run limit 1/2"
     listed = {r["id"]: r["waiting_reason"] for r in api.get("/api/v1/runs/").json()["results"]}
     assert listed == {str(run.pk): "waiting: workflow run limit 1/2", str(holder.pk): None}
+
+
+def test_a_run_shows_its_priority_and_each_task_run_its_priority_and_rendered_concurrency_key(api):
+    apply_definition(organization=api.org, document={"name": "charges", "tasks": [
+        {"key": "charge", "type": "noop", "priority": 3,
+         "concurrency": {"key": "customer-{{ input.customer.id }}:{{ input.region }}", "limit": 2}},
+        {"key": "mail", "type": "noop", "depends_on": ["charge"], "priority": -2},
+    ]})
+    response = start(api, {"workflow": "charges", "priority": -4,
+                           "input": {"customer": {"id": 42}, "region": "<eu&>"}})
+    assert response.status_code == 201, response.content
+    expected = {"charge": (-4 + 3, "customer-42:<eu&>"), "mail": (-4 - 2, None)}
+    assert response.json()["priority"] == -4
+    assert {tr["key"]: (tr["priority"], tr["concurrency_key"]) for tr in response.json()["task_runs"]} == expected
+    body = api.get(f"/api/v1/runs/{response.json()['id']}/", role=Role.VIEWER).json()
+    assert body["priority"] == -4
+    assert {tr["key"]: (tr["priority"], tr["concurrency_key"]) for tr in body["task_runs"]} == expected
+    start(api, {"workflow": "charges", "input": {"customer": {"id": "c-7"}, "region": "us"}})
+    listed = api.get("/api/v1/runs/?workflow=charges").json()["results"]
+    assert [r["priority"] for r in listed] == [0, -4]  # newest first
 
 
 # --- retrieve and retry ---------------------------------------------------------------------------

@@ -176,3 +176,27 @@ def test_the_trigger_response_describes_next_fire_times(schema):
     trigger = schema["components"]["schemas"]["Trigger"]["properties"]
     assert trigger["next_fire_times"]["items"] == {"type": "string", "format": "date-time"}
     assert trigger["next_fire_at"]["format"] == "date-time"
+
+
+def test_workflows_and_runs_describe_their_scheduling_settings(schema):
+    components = schema["components"]["schemas"]
+    task = components["Task"]["properties"]
+    assert task["priority"]["type"] == "integer"
+    for field, component in (("concurrency", "TaskConcurrency"), ("rate_limit", "TaskRateLimit")):
+        assert task[field]["nullable"] is True
+        assert task[field]["allOf"] == [{"$ref": f"#/components/schemas/{component}"}]
+    assert set(components["TaskConcurrency"]["required"]) == {"key", "limit"}
+    # Exactly one window is present, so neither is required.
+    assert components["TaskRateLimit"]["required"] == ["key"]
+    assert set(components["TaskRateLimit"]["properties"]) == {"key", "per_second", "per_minute"}
+    workflow = components["WorkflowDetail"]["properties"]
+    assert workflow["concurrency"]["nullable"] is True
+    block = components["WorkflowConcurrency"]
+    assert set(block["required"]) == {"max_running_tasks", "max_running_runs", "policy"}
+    assert block["properties"]["max_running_runs"]["nullable"] is True
+    assert components["RunLimitPolicyEnum"]["enum"] == ["queue", "cancel_newest", "cancel_oldest"]
+    for run in ("RunList", "Run"):
+        assert components[run]["properties"]["priority"]["type"] == "integer"
+    task_run = components["TaskRun"]["properties"]
+    assert task_run["priority"]["type"] == "integer"
+    assert task_run["concurrency_key"] == {**task_run["concurrency_key"], "type": "string", "nullable": True}

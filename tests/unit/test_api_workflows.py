@@ -177,8 +177,9 @@ def test_detail_has_tasks_with_type_config_retry_settings_position_and_labelled_
         "id": tasks["b"]["id"], "key": "b", "type": "fail", "config": {"message": "task failed on purpose",
                                                                        "fail_attempts": 1},
         "depends_on": ["a"], "max_attempts": 3, "retry_backoff_seconds": 0.5, "timeout_seconds": 30.0,
-        "position": {"x": 200, "y": 0},
+        "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None,
     }
+    assert body["concurrency"] is None
     assert tasks["a"]["position"] == {"x": 0, "y": 100}
     assert tasks["c"]["position"] is None
     assert tasks["d"]["depends_on"] == ["b", "c"]
@@ -188,6 +189,66 @@ def test_detail_has_tasks_with_type_config_retry_settings_position_and_labelled_
         {"from": "b", "to": "d", "label": "joined"},
         {"from": "c", "to": "d", "label": ""},
     ]
+
+
+SCHEDULED = {
+    "name": "charges",
+    "concurrency": {"max_running_runs": 2, "policy": "cancel_oldest"},
+    "tasks": [
+        {"key": "charge", "type": "noop", "priority": -3,
+         "concurrency": {"key": "customer-{{ input.customer.id }}", "limit": 2},
+         "rate_limit": {"key": "stripe", "per_second": 25}},
+        {"key": "mail", "type": "noop", "depends_on": ["charge"], "priority": 7,
+         "rate_limit": {"key": "smtp", "per_minute": 600}},
+        {"key": "audit", "type": "noop", "depends_on": ["charge"], "concurrency": {"key": "ledger", "limit": 1}},
+    ],
+}
+
+
+def test_detail_shows_each_tasks_scheduling_settings_and_the_workflow_concurrency_as_written(api):
+    created = api.post("/api/v1/workflows/", SCHEDULED)
+    assert created.status_code == 201, created.content
+    assert created.json()["concurrency"] == {"max_running_tasks": None, "max_running_runs": 2,
+                                             "policy": "cancel_oldest"}
+    body = api.get(f"/api/v1/workflows/{created.json()['id']}/", role=Role.VIEWER).json()
+    assert body["concurrency"] == {"max_running_tasks": None, "max_running_runs": 2, "policy": "cancel_oldest"}
+    settings = {t["key"]: (t["priority"], t["concurrency"], t["rate_limit"]) for t in body["tasks"]}
+    assert settings == {
+        # The key as written (its placeholder unrendered); a run's task run has it rendered.
+        "charge": (-3, {"key": "customer-{{ input.customer.id }}", "limit": 2}, {"key": "stripe", "per_second": 25}),
+        "mail": (7, None, {"key": "smtp", "per_minute": 600}),
+        "audit": (0, {"key": "ledger", "limit": 1}, None),
+    }
+
+
+def test_a_workflow_concurrency_block_is_null_only_when_nothing_in_it_is_set(api):
+    def block(concurrency):
+        doc = {"name": "blocks", "tasks": [{"key": "a", "type": "noop"}]}
+        if concurrency is not None:
+            doc["concurrency"] = concurrency
+        created = api.post("/api/v1/workflows/", doc)
+        assert created.status_code == 201, created.content
+        return api.get(f"/api/v1/workflows/{created.json()['id']}/").json()["concurrency"]
+
+    assert block(None) is None
+    assert block({"policy": "queue"}) is None  # the default, the same as no block
+    assert block({"max_running_tasks": 5}) == {"max_running_tasks": 5, "max_running_runs": None, "policy": "queue"}
+    assert block({"policy": "cancel_newest"}) == {"max_running_tasks": None, "max_running_runs": None,
+                                                  "policy": "cancel_newest"}
+
+
+def test_a_workflow_read_back_is_a_definition_that_applies_to_the_same_settings(api):
+    first = api.get(f"/api/v1/workflows/{api.post('/api/v1/workflows/', SCHEDULED).json()['id']}/").json()
+    # The read shape, minus what the server owns, is a definition document again.
+    document = {"name": first["name"], "concurrency": first["concurrency"], "tasks": [
+        {k: v for k, v in t.items() if k not in ("id", "position") and v is not None} for t in first["tasks"]]}
+    second_response = api.post("/api/v1/workflows/", document)
+    assert second_response.status_code == 201, second_response.content
+    second = second_response.json()
+    assert second["version"] == 2
+    assert second["concurrency"] == first["concurrency"]
+    assert ({t["key"]: (t["priority"], t["concurrency"], t["rate_limit"]) for t in second["tasks"]}
+            == {t["key"]: (t["priority"], t["concurrency"], t["rate_limit"]) for t in first["tasks"]})
 
 
 def test_a_missing_or_foreign_workflow_is_404(api, api_factory):

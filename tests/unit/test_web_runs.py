@@ -626,3 +626,100 @@ def test_run_page_of_a_queued_run_names_the_run_limit(org):
     TaskRun.objects.for_organization(org).filter(workflow_run=queued).update(state="pending")
     body = text(client_for(owner_of(org)).get(f"/runs/{queued.pk}/"))
     assert '<p class="alert run-waiting">waiting: workflow run limit 1/1</p>' in body
+
+
+# --- scheduling on the run pages ------------------------------------------------------------------
+
+
+def fact(body: str, name: str) -> str | None:
+    """The <dd> of the run page's fact ``name`` (its inner HTML), or None when absent."""
+    match = re.search(rf"<div><dt>{re.escape(name)}</dt><dd[^>]*>(.*?)</dd></div>", body, flags=re.S)
+    return match.group(1) if match else None
+
+
+def test_run_page_shows_the_run_priority_and_each_task_runs_rendered_concurrency_key_escaped(org):
+    wf = apply_definition(actor=actor_for(org), document={"name": "charges", "tasks": [
+        {"key": "charge", "type": "noop", "priority": 2,
+         "concurrency": {"key": "customer-{{ input.customer }}", "limit": 1}},
+        {"key": "mail", "type": "noop", "depends_on": ["charge"]}]})
+    run = start_run(workflow=wf, actor=actor_for(org), priority=-7,
+                    run_input={"customer": '<script>alert("x")</script>&'})
+    client = client_for(owner_of(org))
+    for url in (f"/runs/{run.pk}/", f"/runs/{run.pk}/live/?after=0"):
+        body = client.get(url).content.decode()
+        assert fact(body, "Priority") == "-7", url
+        charge = re.search(r'<tr id="task-charge".*?</tr>', body).group(0)
+        assert ('<td class="mono key">charge<div class="concurrency-key"><span class="muted">concurrency</span> '
+                '<code>customer-&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;</code></div></td>') in charge
+        assert "<script>alert" not in body
+        assert "concurrency-key" not in re.search(r'<tr id="task-mail".*?</tr>', body).group(0)
+    # Priority 0, the default, is not shown.
+    plain = start_run(workflow=wf, actor=actor_for(org), run_input={"customer": "c1"})
+    assert fact(client.get(f"/runs/{plain.pk}/").content.decode(), "Priority") is None
+
+
+def test_a_queued_run_has_no_duration_on_its_page_its_live_fragment_or_the_list(org):
+    from engine.models import Workflow
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
+    Workflow.objects.unscoped().filter(pk=wf.pk).update(max_running_runs=1)
+    wf.refresh_from_db()
+    running = start_run(workflow=wf, actor=actor_for(org))
+    queued = start_run(workflow=wf, actor=actor_for(org))
+    assert (queued.state, queued.started_at) == ("pending", None)
+    # It was created a minute ago: a duration counted from then would say "1 m 00 s".
+    WorkflowRun.objects.unscoped().filter(pk=queued.pk).update(created_at=F("created_at") - dt.timedelta(minutes=1))
+    client = client_for(owner_of(org))
+    for url in (f"/runs/{queued.pk}/", f"/runs/{queued.pk}/live/?after=0"):
+        body = text(client.get(url))
+        assert fact(body, "Started") == "—", url
+        assert fact(body, "Duration") == "—", url
+        assert '<p class="alert run-waiting">waiting: workflow run limit 1/1</p>' in body
+    listing = client.get("/runs/").content.decode()
+    row = re.search(rf'<tr class="run-row state-pending" data-run-id="{queued.pk}">.*?</tr>', listing, re.S).group(0)
+    assert re.search(r'<td class="num">—</td>\s*</tr>$', row), row
+    # The running run has one, from its start (90 s ago), not from its creation.
+    WorkflowRun.objects.unscoped().filter(pk=running.pk).update(
+        started_at=timezone.now() - dt.timedelta(seconds=90), created_at=F("created_at") - dt.timedelta(hours=1))
+    assert fact(text(client.get(f"/runs/{running.pk}/")), "Duration") == "1 m 30 s"
+
+
+def test_run_durations_count_from_the_start_only():
+    now = timezone.now()
+    assert run_text.run_duration(None, None, now) == "—"
+    assert run_text.run_duration(None, now, now) == "—"  # cancelled while queued: it never ran
+    assert run_text.run_duration(now - dt.timedelta(seconds=12.44), None, now) == "12.4 s"
+    assert run_text.run_duration(now - dt.timedelta(seconds=185), now - dt.timedelta(seconds=5), now) == "3 m 00 s"
+
+
+def test_wait_reasons_lose_their_countdown_and_nothing_else():
+    assert (run_text.without_countdown("waiting: rate limit github 10/10 per second, next window in 0.4 s")
+            == "waiting: rate limit github 10/10 per second")
+    assert (run_text.without_countdown("waiting: rate limit gh 3/3 per minute, next window in 44.9 s")
+            == "waiting: rate limit gh 3/3 per minute")
+    assert run_text.without_countdown("waiting: retry backoff, 3.2 s") == "waiting: retry backoff"
+    for unchanged in ("waiting: concurrency stripe 5/5", "waiting: for a worker", "waiting: workflow run limit 2/2",
+                      "waiting: organization's share of the workers (64 dispatched, not started)"):
+        assert run_text.without_countdown(unchanged) == unchanged
+
+
+def test_the_run_page_names_a_full_rate_window_without_a_countdown_that_would_stand_still(org):
+    from engine.models import RateLimitBucket, Task
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "calls", "tasks": [
+        {"key": "call", "type": "noop", "rate_limit": {"key": "github", "per_minute": 10}}]})
+    assert Task.objects.unscoped().get(workflow=wf).rate_window_seconds == 60
+    run = start_run(workflow=wf, actor=actor_for(org))
+    with connection.cursor() as cur:
+        cur.execute("SELECT now()")
+        db_now = cur.fetchone()[0]
+    RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=10,
+                                   window_start=db_now - dt.timedelta(seconds=15))
+    client = client_for(owner_of(org))
+    for url in (f"/runs/{run.pk}/", f"/runs/{run.pk}/live/?after=0"):
+        row = re.search(r'<tr id="task-call".*?</tr>', text(client.get(url))).group(0)
+        assert '<span class="wait-reason">waiting: rate limit github 10/10 per minute</span>' in row, url
+        assert "next window" not in row
+    # The API, read at one instant, keeps the seconds.
+    from engine.repositories import waiting
+    assert "next window in" in waiting.reasons(run_id=run.pk)[TaskRun.objects.unscoped().get(workflow_run=run).pk]

@@ -290,6 +290,28 @@ def test_new_version_form_starts_from_an_existing_definition(team):
     assert "New version of diamond" in body and "name: diamond" in body and "- key: extract" in body
 
 
+def test_the_definition_help_shows_the_scheduling_fields_in_a_valid_example(team):
+    from engine.definitions import DefinitionError, parse_document, validate_document
+
+    body = text(client_for(team["member"]).get("/workflows/new/"))
+    help_box = body[body.index("<h2>Definition format</h2>"):body.index("</aside>")]
+    example = re.search(r'<pre class="code small">(.*?)</pre>', help_box, flags=re.S).group(1)
+    # The placeholder is the definition's, not the template engine's.
+    assert 'concurrency: {key: "shop-{{ input.shop }}", limit: 2}' in example
+    try:
+        normalized = validate_document(parse_document(example))
+    except DefinitionError as exc:  # only a callable outside this deployment's allow-list may fail
+        assert [e["path"] for e in exc.errors] == ["tasks[extract].config"], exc.errors
+    else:
+        assert normalized["concurrency"] == {"max_running_runs": 1, "policy": "queue"}
+    for words in ("<code>priority</code>", "<code>concurrency: {key, limit}</code>",
+                  "<code>rate_limit: {key, per_second}</code>", "<code>{key, per_minute}</code>",
+                  "<code>{{ input.field }}</code>",
+                  "<code>concurrency: {max_running_tasks, max_running_runs, policy}</code>",
+                  "<code>docs/scheduling.md</code>"):
+        assert words in help_box, words
+
+
 # --- one version -------------------------------------------------------------------------------
 
 
@@ -325,6 +347,63 @@ def test_detail_shows_the_dag_tasks_and_versions(team):
     # An older version says a newer one exists.
     older = text(client_for(team["viewer"]).get(f"/workflows/{v1.pk}/"))
     assert f'The latest is <a href="/workflows/{v2.pk}/">v2</a> (active).' in older
+
+
+def task_row(body: str, key: str) -> str:
+    row = body[body.index(f"<code>{key}</code>"):]
+    return row[: row.index("</tr>")]
+
+
+def test_detail_shows_each_tasks_scheduling_settings_and_the_workflow_limits(team):
+    org = team["org"]
+    wf = apply_definition(organization=org, document={
+        "name": "charges",
+        "concurrency": {"max_running_tasks": 20, "max_running_runs": 2, "policy": "cancel_oldest"},
+        "tasks": [
+            {"key": "charge", "type": "noop", "priority": 5,
+             "concurrency": {"key": "customer-{{ input.customer_id }}", "limit": 2},
+             "rate_limit": {"key": "stripe", "per_second": 10}},
+            {"key": "mail", "type": "noop", "depends_on": ["charge"], "priority": -3,
+             "rate_limit": {"key": "smtp", "per_minute": 600}},
+            {"key": "plain", "type": "noop", "depends_on": ["charge"]},
+        ]})
+    body = client_for(team["viewer"]).get(f"/workflows/{wf.pk}/").content.decode()
+    assert "<th>Scheduling</th>" in body
+    charge = task_row(body, "charge")
+    assert '<span class="muted small">priority</span> <code>+5</code></div>' in charge
+    assert ('<span class="muted small">concurrency</span> <code>customer-{{ input.customer_id }}</code> '
+            '<span class="small">limit 2</span>') in charge
+    assert ('<span class="muted small">rate limit</span> <code>stripe</code> '
+            '<span class="small">10 per second</span>') in charge
+    mail = task_row(body, "mail")
+    assert "<code>-3</code>" in mail and "<code>smtp</code> <span class=\"small\">600 per minute</span>" in mail
+    assert "concurrency" not in mail
+    # Nothing set: priority 0 is the default and is not shown.
+    assert '<td data-label="Scheduling" class="scheduling"><span class="muted">—</span></td>' in task_row(body, "plain")
+    limits = text(client_for(team["viewer"]).get(f"/workflows/{wf.pk}/"))
+    limits = limits[limits.index('<dl class="wf-limits"'):limits.index("</dl>")]
+    assert "<dt>max running tasks</dt><dd><code>20</code>" in limits
+    assert ("<dt>max running runs</dt><dd><code>2</code> <span class=\"muted small\">runs at once, every version; "
+            "then the oldest running run is cancelled (cancel_oldest)</span>") in limits
+    assert_csp_clean(body)
+
+
+def test_a_workflow_without_scheduling_settings_shows_no_scheduling_column_or_limits(team):
+    wf = chain(team["org"], "plain", 2)
+    body = client_for(team["viewer"]).get(f"/workflows/{wf.pk}/").content.decode()
+    assert "Scheduling" not in body and "wf-limits" not in body
+
+
+def test_scheduling_keys_are_escaped_on_the_workflow_page(team):
+    wf = apply_definition(organization=team["org"], document={"name": "keys", "tasks": [
+        {"key": "a", "type": "noop", "concurrency": {"key": "k", "limit": 1}, "rate_limit": {"key": "r", "per_second": 1}}]})
+    # Keys are checked when a definition is applied; a row written any other way is still only text.
+    Task.objects.unscoped().filter(workflow=wf).update(concurrency_key="<script>alert(1)</script>",
+                                                       rate_key='"><img src=x onerror=alert(2)>')
+    body = client_for(team["viewer"]).get(f"/workflows/{wf.pk}/").content.decode()
+    assert "<script>alert(1)" not in body and "<img src=x" not in body
+    assert "<code>&lt;script&gt;alert(1)&lt;/script&gt;</code>" in body
+    assert "<code>&quot;&gt;&lt;img src=x onerror=alert(2)&gt;</code>" in body
 
 
 def test_diff_between_versions_is_rendered_escaped(team):
