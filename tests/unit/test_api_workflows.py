@@ -233,8 +233,14 @@ def test_a_workflow_concurrency_block_is_null_only_when_nothing_in_it_is_set(api
     assert block(None) is None
     assert block({"policy": "queue"}) is None  # the default, the same as no block
     assert block({"max_running_tasks": 5}) == {"max_running_tasks": 5, "max_running_runs": None, "policy": "queue"}
-    assert block({"policy": "cancel_newest"}) == {"max_running_tasks": None, "max_running_runs": None,
-                                                  "policy": "cancel_newest"}
+    assert block({"max_running_runs": 1, "policy": "cancel_newest"}) == {
+        "max_running_tasks": None, "max_running_runs": 1, "policy": "cancel_newest"}
+    # cancel_* without max_running_runs would do nothing: refused, not stored as a block.
+    refused = api.post("/api/v1/workflows/", {"name": "blocks", "tasks": [{"key": "a", "type": "noop"}],
+                                              "concurrency": {"policy": "cancel_newest"}})
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["errors"] == [{"path": "concurrency.policy", "message": "policy applies only with "
+                                         "max_running_runs; 'cancel_newest' without it would do nothing"}]
 
 
 def test_a_workflow_read_back_is_a_definition_that_applies_to_the_same_settings(api):
