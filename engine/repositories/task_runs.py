@@ -129,15 +129,17 @@ def claim_ready_many(
     owner: str,
     task_run_ids: Sequence[uuid.UUID] | None = None,
     organizations: Sequence[uuid.UUID] | None = None,
+    organizations_of: Sequence[uuid.UUID] | None = None,
     reserve_seconds: float = 0.0,
 ) -> list[Dispatch]:
     """Claim up to ``limit`` ready task runs fairly (the design brief's "Claim +
     dispatch", issue 16): ready -> running with a dispatch lease of ``lease_seconds`` and a
     bumped ``fencing_token``, one outbox row per new generation, a 'claimed' event each.
 
-    For the ``organizations`` given, else the first CLAIM_ORGS_PER_PASS with ready task
-    runs (``ready_organizations_after``); with ``task_run_ids``, only those rows (and
-    their organizations). One transaction: first the organizations' claim locks
+    For the ``organizations`` given, or those of the task runs in ``organizations_of``
+    (a worker's refill), else the first CLAIM_ORGS_PER_PASS with ready task runs
+    (``ready_organizations_after``); with ``task_run_ids``, only those rows (and their
+    organizations). One transaction: first the organizations' claim locks
     (``task_run_lock_orgs`` / ``task_run_lock_orgs_of``), then ``task_run_claim_fair``:
     weighted round robin between organizations, highest priority then oldest within one,
     within each organization's room (claimed-not-started under FLOWFORGE_DISPATCH_AHEAD x
@@ -156,6 +158,12 @@ def claim_ready_many(
         ids = list(task_run_ids)
         lock = (queries["task_run_lock_orgs_of"], {"lock_ids": ids})
         params.update(orgs=[], org_of=ids, only_ids=ids)
+    elif organizations_of is not None:
+        ids = list(organizations_of)
+        if not ids:
+            return []
+        lock = (queries["task_run_lock_orgs_of"], {"lock_ids": ids})
+        params.update(orgs=[], org_of=ids, only_ids=None)
     else:
         orgs = list(organizations) if organizations is not None else ready_organizations_after(None)
         if not orgs:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Protocol
@@ -37,6 +38,7 @@ from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler, process_owner
 from engine.relay import publish_dispatches
 from engine.repositories import task_runs, types
+from engine.repositories.driver import autocommit_retry
 from engine.scheduler import observe_claim_waits
 from engine.worker.combiner import Combiner
 
@@ -107,7 +109,27 @@ class BatchCompleter:
     transaction; successes without dependents are written behind (module docstring)."""
 
     def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64):
-        self.combiner: Combiner = Combiner(run_batch or record_batch, max_batch=max_batch)
+        self.combiner: Combiner = Combiner(run_batch or self._record, max_batch=max_batch)
+        # When this process's batches last claimed (time.monotonic()).
+        self._last_claim = 0.0
+
+    def _record(self, items: list[Start | Success]) -> list:
+        """``record_batch`` with the refill throttled: a batch claims for its organizations
+        when a success has dependents to claim, or FLOWFORGE_REFILL_INTERVAL_SECONDS have
+        passed since this process's last claim; otherwise not, and if no batch follows it
+        (nothing queued), a claim of its own runs right after it (``refill``), so work is
+        never left ready waiting for the clock. Measured (make bench, 2 x 8 threads): one
+        claim per batch cost a fifth of the independent-task throughput."""
+        now = time.monotonic()
+        claim = (now - self._last_claim >= settings.FLOWFORGE_REFILL_INTERVAL_SECONDS
+                 or any(isinstance(item, Success) and item.request.has_dependents for item in items))
+        if claim:
+            self._last_claim = now
+        results = record_batch(items, claim=claim)
+        if not claim and self.combiner.backlog() == 0:
+            self._last_claim = time.monotonic()
+            refill([item.request.task_run_id for item in items])
+        return results
 
     def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
         """``Completer.start``, batched with the process's other starts and successes."""
@@ -129,7 +151,7 @@ class BatchCompleter:
         )
 
 
-def record_batch(items: list[Start | Success]) -> list:
+def record_batch(items: list[Start | Success], *, claim: bool = True) -> list:
     """Record a batch of starts and successes in one transaction and one round trip
     (``task_runs.start_and_complete_many``), then publish the dependents the successes
     claimed (``_publish_claimed``). Returns, per item, a start's StartedAttempt or None,
@@ -137,6 +159,7 @@ def record_batch(items: list[Start | Success]) -> list:
     (after its connection retries)."""
     successes = [item for item in items if isinstance(item, Success)]
     started, results, dispatches = task_runs.start_and_complete_many(
+        claim=claim,
         starts=[item.request for item in items if isinstance(item, Start)],
         successes=[item.request for item in successes],
         worker_lease_seconds=settings.FLOWFORGE_LEASE_SECONDS,
@@ -150,6 +173,33 @@ def record_batch(items: list[Start | Success]) -> list:
     completed = iter(_publish_claimed(successes, results, dispatches))
     started_iter = iter(started)
     return [next(started_iter) if isinstance(item, Start) else next(completed) for item in items]
+
+
+def refill(task_run_ids: list[uuid.UUID]) -> int:
+    """Claim for the organizations of ``task_run_ids`` (a batch that did not claim) in a
+    transaction of its own and publish what it took; returns how many were claimed. A
+    failure is logged, not raised: the clock's next tick claims them."""
+    try:
+        dispatches = atomic_free_claim(task_run_ids)
+    except Exception:  # noqa: BLE001 - the clock's next tick claims them
+        log.exception("a worker's refill claim failed; the clock's next tick claims")
+        return 0
+    observe_claim_waits(dispatches)
+    publish_dispatches(dispatches, reserved=True)
+    return len(dispatches)
+
+
+def atomic_free_claim(task_run_ids: list[uuid.UUID]) -> list[types.Dispatch]:
+    """``task_runs.claim_ready_many`` for the organizations of ``task_run_ids``, retried on
+    a deadlock or a lost connection."""
+    return autocommit_retry(
+        lambda: task_runs.claim_ready_many(
+            limit=settings.FLOWFORGE_CLAIM_BATCH, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+            owner=process_owner("worker"), organizations_of=task_run_ids,
+            reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+        ),
+        connection_attempts=8,
+    )
 
 
 def _publish_claimed(
