@@ -144,3 +144,30 @@ def test_starts_that_share_a_batch_get_the_results_they_get_alone(org, make_work
     assert sizes[:2] == [1, 4]
     assert batch["started"] == inline["started"]
     assert batch == inline
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_throttled_batch_refills_right_after_when_nothing_follows_it(org, make_workflow, settings):
+    """The BatchCompleter's refill: within FLOWFORGE_REFILL_INTERVAL_SECONDS of its last
+    claim a batch does not claim in its own transaction; when no batch follows it (the
+    combiner's queue is empty), a claim of its own runs right after, so the ready work it
+    made room for is claimed now, not at the clock's next tick."""
+    from engine.models import TaskRun
+
+    settings.FLOWFORGE_DISPATCH_AHEAD = 4
+    settings.FLOWFORGE_REFILL_INTERVAL_SECONDS = 3600.0
+    wf = make_workflow(org, [{"key": f"t{i:02d}", "type": "noop"} for i in range(12)], name="wide")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 4  # the organization's dispatch-ahead: 4
+    claimed = list(TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running"))
+    completer = BatchCompleter()
+    completer._last_claim = 10**9  # "just claimed": the interval has not passed
+    # One start alone: its batch does not claim (interval), nothing queued after it, so the
+    # refill claims one more (the one that left the broker) right after.
+    started = completer.start(types.StartRequest(claimed[0].pk, claimed[0].fencing_token, "w"))
+    assert started is not None
+    running = TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running").count()
+    assert running == 5  # 4 claimed + 1 refilled
+    started_rows = TaskRun.objects.for_organization(org).filter(workflow_run=run, started_at__isnull=False)
+    assert started_rows.count() == 1
