@@ -14,18 +14,22 @@ not started)``, ``waiting: retry backoff, 3.2 s``, ``waiting: workflow run limit
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
 from engine.repositories.driver import fetch
 from engine.sql import queries
 from tenancy.limits import plan_table
 
-#: The reason of a ready task run nothing holds back.
+#: The reason of a ready task run nothing holds back (its claim follows).
 FOR_A_WORKER = "waiting: for a worker"
+# A reason's countdown: ", 3.2 s" (retry backoff) or ", next window in 0.4 s" (rate limit).
+_COUNTDOWN = re.compile(r",( next window in)? [0-9.]+ s\Z")
 
 # Ready task runs note_waiting looks at per call, at most (the heads of the organizations' queues).
 NOTE_LIMIT = 500
@@ -58,22 +62,44 @@ def run_reasons(run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     return dict(fetch(queries["run_wait_reasons"], {"ids": list(run_ids)}))
 
 
-def note_waiting(*, limit: int = NOTE_LIMIT) -> int:
-    """Record what changed in why ready task runs wait (``task_run_note_waiting``): for
-    at most ``limit`` ready task runs (each organization's next ones in claim order, an
-    equal share per organization with ready work), those whose reason differs from their
-    ``wait_reason`` column get it stored and, when something holds them back, a
-    ``waiting`` event with ``detail = {"reason": <the reason's words>}``.
+def without_countdown(reason: str) -> str:
+    """``reason`` without its countdown: "waiting: retry backoff, 3.2 s" -> "waiting: retry
+    backoff"; "..., next window in 0.4 s" -> "..." (what a page that is not refreshed each
+    second shows, and what ``wait_reason`` keeps)."""
+    return _COUNTDOWN.sub("", reason)
 
-    The stored form leaves out the countdown ("retry backoff, 3.2 s" is kept as "retry
-    backoff"), so a reason that only counts down writes nothing; a task run nothing holds
-    back stores '' and gets no event (its claim follows, which resets the column too).
-    Rows a claim has locked are skipped. Returns the number of events written. One
-    statement: its own transaction in autocommit mode, else part of the caller's.
+
+def stored_reason(reason: str) -> str:
+    """What ``wait_reason`` keeps of ``reason``: the words without a countdown ("retry
+    backoff, 3.2 s" is kept as "retry backoff", "..., next window in 0.4 s" without it,
+    so a reason that only counts down is no change), '' when nothing holds the task run
+    back ("waiting: for a worker"), at most the column's 200 characters."""
+    if reason == FOR_A_WORKER:
+        return ""
+    return without_countdown(reason)[:200]
+
+
+def note_waiting(*, limit: int = NOTE_LIMIT) -> int:
+    """Record what changed in why ready task runs wait: for at most ``limit`` ready task
+    runs (each organization's next ones in claim order, an equal share per organization
+    with ready work: ``task_run_waiting_heads``), their reasons (``task_run_wait_reasons``,
+    the API's own), and for those whose ``stored_reason`` differs from their
+    ``wait_reason`` column, the column set and, when something holds them back, a
+    ``waiting`` event with ``detail = {"reason": <the reason's words>}``
+    (``task_run_note_waiting``; rows a claim has locked are skipped).
+
+    Returns the number of events written. One transaction (its own, or the caller's).
     """
     if limit <= 0:
         return 0
-    rows = fetch(queries["task_run_note_waiting"], {"limit": int(limit), **_limits_params()})
+    with transaction.atomic():
+        heads = [row[0] for row in fetch(queries["task_run_waiting_heads"], {"limit": int(limit)})]
+        found = reasons(task_run_ids=heads)
+        if not found:
+            return 0
+        ids = list(found)
+        rows = fetch(queries["task_run_note_waiting"], {
+            "ids": ids, "reasons": [found[i] for i in ids], "stored": [stored_reason(found[i]) for i in ids]})
     return int(rows[0][1]) if rows else 0
 
 

@@ -13,8 +13,8 @@
 --   started >= FLOWFORGE_DISPATCH_AHEAD x weight)
 --   nothing holds it back                      waiting: for a worker
 --
--- The part from the CTE clock to the CTE reasons is written the same in each statement
--- that computes reasons (tests/unit/test_sql_statements.py checks it). It reads the
+-- The reasons are computed in task_run_wait_reasons alone, for the API's read and for the
+-- scheduler's note of changes (task_run_waiting_heads, then task_run_note_waiting). It reads the
 -- organization's limits the way the fair claim does: each *_override column, else the
 -- plan's default from tenancy.limits.plan_table() (parallel arrays; an unknown plan is
 -- 'free'). Its counts are served by idx_taskrun_running_org (running task runs per
@@ -119,8 +119,8 @@ SELECT r.id, r.reason FROM reasons r
 ORDER BY r.id;
 
 
--- name: task_run_note_waiting
--- For at most limit ready task runs (the head of each organization's queue, an equal share each: idx_taskrun_ready_claim) whose wait reason changed, set wait_reason and append a 'waiting' event (detail.reason); returns the number of events.
+-- name: task_run_waiting_heads
+-- The ids of at most limit ready task runs that the scheduler notes the wait reasons of: the head of each organization's queue in claim order, an equal share each (a loose index scan for the organizations, then idx_taskrun_ready_claim per organization).
 WITH RECURSIVE ready_orgs AS (
     -- The organizations with ready work, one index probe each (a loose index scan).
     (SELECT t.organization_id AS org FROM core_taskrun t WHERE t.state = 'ready'
@@ -132,108 +132,24 @@ WITH RECURSIVE ready_orgs AS (
     FROM ready_orgs o WHERE o.org IS NOT NULL
 ), share AS (
     SELECT greatest(1, %(limit)s::int / greatest(1, count(*)))::int AS n FROM ready_orgs WHERE org IS NOT NULL
-), waiting AS (
-    -- Each organization's next task runs in claim order: the ones whose reason matters.
-    SELECT h.* FROM ready_orgs o CROSS JOIN share s CROSS JOIN LATERAL (
-        SELECT t.id, t.organization_id, t.workflow_run_id, t.task_id, t.attempt, t.fencing_token, t.not_before,
-               t.concurrency_key, t.wait_reason
-        FROM core_taskrun t
-        WHERE t.organization_id = o.org AND t.state = 'ready'
-        ORDER BY t.priority DESC, t.created_at                           -- idx_taskrun_ready_claim
-        LIMIT s.n
-    ) h
-    WHERE o.org IS NOT NULL
-    LIMIT %(limit)s::int
-), clock AS (
-    SELECT clock_timestamp() AS now
-), plans AS (
-    SELECT * FROM unnest(%(plan_names)s::text[], %(plan_weights)s::int[], %(plan_max_running)s::int[])
-        AS p(name, weight, max_running)
-), orgs AS (
-    SELECT o.id,
-           COALESCE(o.weight_override, p.weight, f.weight) AS weight,
-           COALESCE(o.max_running_task_runs_override, p.max_running, f.max_running) AS max_running,
-           c.running, c.dispatched
-    FROM core_organization o
-    LEFT JOIN plans p ON p.name = o.plan
-    LEFT JOIN plans f ON f.name = 'free'
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS running,
-               count(*) FILTER (WHERE x.started_fencing_token IS DISTINCT FROM x.fencing_token) AS dispatched
-        FROM core_taskrun x
-        WHERE x.organization_id = o.id AND x.state = 'running'          -- idx_taskrun_running_org
-    ) c
-    WHERE o.id IN (SELECT w.organization_id FROM waiting w)
-), facts AS (
-    SELECT w.id, w.organization_id, w.workflow_run_id, w.attempt, w.fencing_token, w.not_before,
-           w.concurrency_key, k.concurrency_limit, k.rate_key, k.rate_limit, k.rate_window_seconds,
-           r.state AS run_state, wf.name AS workflow_name, wf.max_running_tasks, wf.max_running_runs
-    FROM waiting w
-    JOIN core_task k ON k.id = w.task_id
-    JOIN core_workflowrun r ON r.id = w.workflow_run_id
-    JOIN core_workflow wf ON wf.id = r.workflow_id
-), key_counts AS (
-    SELECT n.organization_id, n.concurrency_key,
-           (SELECT count(*) FROM core_taskrun x
-            WHERE x.organization_id = n.organization_id AND x.state = 'running'
-              AND x.concurrency_key = n.concurrency_key) AS holders      -- idx_taskrun_running_org
-    FROM (SELECT DISTINCT organization_id, concurrency_key FROM facts WHERE concurrency_limit IS NOT NULL) n
-), name_counts AS (
-    -- Limits count across every version of the workflow's name.
-    SELECT n.organization_id, n.workflow_name,
-           (SELECT count(*) FROM core_taskrun x
-            JOIN core_workflowrun xr ON xr.id = x.workflow_run_id
-            JOIN core_workflow xw ON xw.id = xr.workflow_id
-            WHERE x.organization_id = n.organization_id AND x.state = 'running'
-              AND xw.name = n.workflow_name) AS running_tasks,
-           (SELECT count(*) FROM core_workflow xw
-            JOIN core_workflowrun xr ON xr.workflow_id = xw.id
-            WHERE xw.organization_id = n.organization_id AND xw.name = n.workflow_name
-              AND xr.state = 'running') AS running_runs
-    FROM (SELECT DISTINCT organization_id, workflow_name FROM facts
-          WHERE max_running_tasks IS NOT NULL OR max_running_runs IS NOT NULL) n
-), reasons AS (
-    SELECT f.id, f.organization_id, f.workflow_run_id, f.attempt, f.fencing_token, CASE
-        WHEN f.not_before > c.now THEN
-            'waiting: retry backoff, '
-            || (ceil(extract(epoch FROM f.not_before - c.now) * 10) / 10)::numeric(12, 1) || ' s'
-        WHEN f.run_state = 'pending' AND f.max_running_runs IS NOT NULL THEN
-            'waiting: workflow run limit ' || nc.running_runs || '/' || f.max_running_runs
-        WHEN kc.holders >= f.concurrency_limit THEN
-            'waiting: concurrency ' || f.concurrency_key || ' ' || kc.holders || '/' || f.concurrency_limit
-        WHEN b.count >= f.rate_limit THEN
-            'waiting: rate limit ' || f.rate_key || ' ' || b.count || '/' || f.rate_limit
-            || CASE WHEN f.rate_window_seconds = 1 THEN ' per second' ELSE ' per minute' END
-            || ', next window in '
-            || (ceil(extract(epoch FROM b.window_start + make_interval(secs => f.rate_window_seconds) - c.now) * 10)
-                / 10)::numeric(12, 1) || ' s'
-        WHEN nc.running_tasks >= f.max_running_tasks THEN
-            'waiting: workflow limit ' || nc.running_tasks || '/' || f.max_running_tasks || ' running tasks'
-        WHEN g.running >= g.max_running THEN
-            'waiting: organization quota ' || g.running || '/' || g.max_running || ' running'
-        WHEN g.dispatched >= %(dispatch_ahead)s::int * g.weight THEN
-            'waiting: organization''s share of the workers (' || g.dispatched || ' dispatched, not started)'
-        ELSE 'waiting: for a worker'
-    END AS reason
-    FROM facts f
-    CROSS JOIN clock c
-    JOIN orgs g ON g.id = f.organization_id
-    LEFT JOIN key_counts kc ON kc.organization_id = f.organization_id AND kc.concurrency_key = f.concurrency_key
-    LEFT JOIN name_counts nc ON nc.organization_id = f.organization_id AND nc.workflow_name = f.workflow_name
-    LEFT JOIN core_ratelimitbucket b                                     -- uniq_ratelimit_bucket
-        ON b.organization_id = f.organization_id AND b.key = f.rate_key
-       AND b.window_seconds = f.rate_window_seconds
-       AND b.window_start + make_interval(secs => b.window_seconds) > c.now   -- its window is open
-), stable AS (
-    -- What wait_reason keeps: the reason without its countdown (which changes every tick
-    -- and is no change of reason), '' when nothing holds the task run back; the column's
-    -- 200 characters (a rendered concurrency key may be longer).
-    SELECT r.*,
-           CASE WHEN r.reason = 'waiting: for a worker' THEN ''
-                ELSE left(regexp_replace(r.reason, ',( next window in)? [0-9.]+ s$', ''), 200) END AS stored
-    FROM reasons r
-), changed AS (
-    SELECT s.* FROM stable s JOIN waiting w ON w.id = s.id WHERE s.stored <> w.wait_reason
+)
+SELECT h.id FROM ready_orgs o CROSS JOIN share s CROSS JOIN LATERAL (
+    SELECT t.id FROM core_taskrun t
+    WHERE t.organization_id = o.org AND t.state = 'ready'
+    ORDER BY t.priority DESC, t.created_at                               -- idx_taskrun_ready_claim
+    LIMIT s.n
+) h
+WHERE o.org IS NOT NULL
+LIMIT %(limit)s::int;
+
+
+-- name: task_run_note_waiting
+-- For the ready task runs in ids whose stored reason (stored, computed by task_run_wait_reasons) differs from their wait_reason, set it and append a 'waiting' event (detail.reason: reasons) unless it is ''; core_taskrun_pkey. Returns (changed, events).
+WITH changed AS (
+    SELECT a.id, a.reason, a.stored
+    FROM unnest(%(ids)s::uuid[], %(reasons)s::text[], %(stored)s::text[]) AS a(id, reason, stored)
+    JOIN core_taskrun t ON t.id = a.id
+    WHERE (t.state || '') = 'ready' AND a.stored <> t.wait_reason         -- by primary key (task_runs.sql header)
 ), locked AS (
     -- A row a claim holds is being claimed: skipped, not waited for (and no lock-order
     -- cycle with a claim: rows first, in id order, the run rows last in ev_seq).

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from typing import Any
 
-# The countdown at the end of a wait reason (engine/sql/waiting.sql): "waiting: retry
-# backoff, 3.2 s", "waiting: rate limit github 10/10 per second, next window in 0.4 s".
-WAIT_COUNTDOWN_RE = re.compile(r",( next window in)? [0-9.]+ s$")
+from engine.repositories import waiting
 
 
 def human_duration(seconds: float | None) -> str:
@@ -38,11 +35,9 @@ def run_duration(started_at: dt.datetime | None, finished_at: dt.datetime | None
 
 
 def without_countdown(reason: str) -> str:
-    """A wait reason without its trailing countdown ("waiting: rate limit github 10/10
-    per second, next window in 0.4 s" -> "waiting: rate limit github 10/10 per second";
-    "waiting: retry backoff, 3.2 s" -> "waiting: retry backoff"). A page refreshed only
-    when the run's events come would show the seconds frozen, counting down nothing."""
-    return WAIT_COUNTDOWN_RE.sub("", reason)
+    """A wait reason without its trailing countdown (``engine.repositories.waiting``): a
+    page refreshed only when the run's events come would show the seconds frozen."""
+    return waiting.without_countdown(reason)
 
 
 def human_bytes(n: int) -> str:
