@@ -1,8 +1,9 @@
 """Baseline actors of the benchmark: plain Dramatiq, no database.
 
-Loaded into the same worker processes as the engine's actors
-(``dramatiq flowforge.worker bench.actors``), on the same broker, so each scenario's
-engine figure and its baseline are measured on the same processes and threads.
+Run by a worker group of their own, as plain Dramatiq runs them (``dramatiq
+flowforge.worker bench.actors --queues bench`` with FLOWFORGE_BROKER_WAKEUP off: upstream's
+polling Redis consumer, the same middleware), with as many processes and threads as the
+engine's group; the two groups take turns, each idle while the other is measured.
 
 - ``bench_noop(label)`` does nothing. Each process keeps, per label, how many it ran,
   when the first started and when the last finished (``time.time()``), and a
@@ -11,6 +12,8 @@ engine figure and its baseline are measured on the same processes and threads.
 - ``bench_hop(label, i, n)`` is a chain of ``n`` raw actors: each records when it
   started, then enqueues its successor (recording when it did so), and only then
   appends ``(i, started, finished)`` to a Redis list, off the measured path.
+- ``bench_echo(label, i)`` pushes ``(i, started, finished)`` onto a Redis list: one
+  enqueue -> actor start -> result round trip (the start-to-finish baseline).
 """
 
 from __future__ import annotations
@@ -93,3 +96,15 @@ def bench_hop(label: str, i: int, n: int) -> None:
     if i + 1 < n:
         bench_hop.send(label, i + 1, n)
     redis_client().rpush(hops_key(label), json.dumps([i, started, finished]))
+
+
+def echo_key(label: str) -> str:
+    return f"{settings.BROKER_NAMESPACE}:bench:echo:{label}"
+
+
+@dramatiq.actor(queue_name=BENCH_QUEUE, max_retries=0)
+def bench_echo(label: str, i: int) -> None:
+    """A raw round trip's actor: records when it started and pushes ``[i, started,
+    finished]`` onto its label's list, its "result" (the issue 17 baseline)."""
+    started = time.time()
+    redis_client().rpush(echo_key(label), json.dumps([i, started, time.time()]))

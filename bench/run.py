@@ -5,12 +5,14 @@
 It works in its own PostgreSQL database (``BENCH_DATABASE_URL``, default
 ``postgres://postgres@127.0.0.1:5432/flowforge_bench``: dropped, re-created and migrated
 each run), its own Redis database and broker namespace (``BENCH_REDIS_URL``, default
-``redis://127.0.0.1:6379/4``; namespace ``ff-bench``), and starts its own Dramatiq
-workers, ``dramatiq flowforge.worker bench.actors`` with 2 processes x 8 threads
-(``--processes``/``--threads``) and Dramatiq's default prefetch (the baseline is plain
-Dramatiq; ``make run`` caps the prefetch at the thread count, see the README), plus the clock, through ``flowforge.stack``, with
-``DEBUG=0`` as deployed. Every engine figure and its baseline are measured in this one
-run on these same worker processes:
+``redis://127.0.0.1:6379/4``; namespace ``ff-bench``), and starts two Dramatiq worker
+groups of 2 processes x 8 threads each (``--processes``/``--threads``) with Dramatiq's
+default prefetch: the engine's, ``dramatiq flowforge.worker`` (its consumers woken by
+enqueues, ``flowforge.redis_wakeup``), and the baseline's, plain Dramatiq:
+``dramatiq flowforge.worker bench.actors --queues bench`` with upstream's polling Redis
+consumer (FLOWFORGE_BROKER_WAKEUP=0); plus the clock, through ``flowforge.stack``, with
+``DEBUG=0`` as deployed. Each group is idle while the other is measured. Every engine
+figure and its baseline are measured in this one run:
 
 1. throughput: one run of 2,000 independent ``noop`` tasks and 200 runs of a 10-task
    chain, tasks/s from the first 'claimed' event to the last 'succeeded' event; baseline
@@ -31,7 +33,13 @@ run on these same worker processes:
 6. fairness between organizations: organization B's one-task run's start latency (run
    created -> 'started' event) while organization A's run of 2,000 sleep tasks of 50 ms
    fills the workers, as a ratio to B's idle start latency measured just before on the
-   same workers (median of 5); target <= 3 (issue 16).
+   same workers (median of 5); target <= 3 (issue 16);
+7. start to finish (issue 17): a one-task run started through the public API
+   (``POST /api/v1/runs/`` on a gunicorn of the bench's own) and awaited, 100 times one
+   after another with idle gaps of 5 s and 60 s before some of them, from just before
+   the request to the run's ``finished_at``; baseline raw Dramatiq's enqueue -> actor
+   start -> result round trip, interleaved, with the same gaps (``bench.start_latency``).
+   Targets: p50 <= 3x the raw round trip's and <= 10 ms; p99 <= 45 ms.
 
 Where the server's autovacuum is off (a CI database), the hot tables are vacuumed between
 rounds (``bench.live.settle``), as autovacuum would, so that no round runs on the dead row
@@ -74,6 +82,8 @@ FULL = {
     "hot_reps": 25,
     "fairness_tasks": 2000,
     "fairness_task_seconds": 0.05,
+    "start_runs": 100,
+    "start_gaps": None,  # bench.start_latency.GAPS: 5 s and 60 s idle before some runs
     "timeout": 600.0,
 }
 SMOKE = {
@@ -89,6 +99,8 @@ SMOKE = {
     "hot_sizes": (500, 2_000),
     "hot_reps": 3,
     "fairness_tasks": 40,
+    "start_runs": 10,
+    "start_gaps": {4: 0.5},
     "timeout": 60.0,
 }
 
@@ -99,6 +111,10 @@ TARGETS = {
     "hot_query_ratio": 1.5,
     "memory_ratio": 1.10,
     "fairness_ratio": 3.0,
+    # issue 17: a one-task run, API start to finish, against raw Dramatiq's round trip
+    "start_p50_ratio": 3.0,
+    "start_p50_ms": 10.0,
+    "start_p99_ms": 45.0,
 }
 
 
@@ -150,19 +166,25 @@ def flush_namespace(redis_url: str, namespace: str) -> None:
 
 
 def start_workers(stack, cfg: dict):
+    """The engine's worker group (``dramatiq flowforge.worker``, its own broker: consumers
+    woken by enqueues) and the baseline's (``bench.actors`` on the ``bench`` queue only,
+    with upstream Dramatiq's polling Redis consumer: FLOWFORGE_BROKER_WAKEUP=0), the same
+    processes x threads each, and the clock. Returns the engine's group."""
     from flowforge.stack import bin_path, wait_until, worker_child_pids
 
-    worker = stack.start(
-        "worker",
-        [bin_path("dramatiq"), "flowforge.worker", "bench.actors", "--processes", str(cfg["processes"]),
-         "--threads", str(cfg["threads"]), "--worker-shutdown-timeout", "10000"],
-        # An idle consumer backs off up to the worker timeout before it polls again (1 s by
-        # default): with 100 ms no process sits out a whole run while another drains it.
-        env={"dramatiq_worker_timeout": "100"},
-    )
+    size = ["--processes", str(cfg["processes"]), "--threads", str(cfg["threads"]), "--worker-shutdown-timeout",
+            "10000"]
+    # An idle upstream consumer backs off up to the worker timeout before it polls again (1 s
+    # by default): with 100 ms no process sits out a whole run while another drains it.
+    worker = stack.start("worker", [bin_path("dramatiq"), "flowforge.worker", *size],
+                         env={"dramatiq_worker_timeout": "100"})
+    baseline = stack.start("baseline-worker", [bin_path("dramatiq"), "flowforge.worker", "bench.actors",
+                                               "--queues", "bench", *size],
+                           env={"dramatiq_worker_timeout": "100", "FLOWFORGE_BROKER_WAKEUP": "0"})
     stack.start_clock()
-    wait_until(lambda: len(worker_child_pids(worker.pid)) >= cfg["processes"], timeout=60,
-               what="the worker processes to start")
+    for group in (worker, baseline):
+        wait_until(lambda g=group: len(worker_child_pids(g.pid)) >= cfg["processes"], timeout=60,
+                   what="the worker processes to start")
     return worker
 
 
@@ -238,6 +260,11 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
     out["load"]["after_fairness"] = load()
     live.settle()
 
+    # 7: start to finish of a one-task run through the public API, against raw Dramatiq.
+    log("start latency")
+    out["start_latency"] = run_start_latency(stack, org, cfg, log=log)
+    out["load"]["after_start_latency"] = load()
+
     # 5 (second half): more independent runs until every worker process has run 10,000.
     log("memory")
     wide = independent if cfg["independent_tasks"] >= small_width else small
@@ -252,6 +279,36 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
                      "ratio": round(max(ratios), 3) if ratios else None}
     out["load"]["end"] = load()
     return out
+
+
+def run_start_latency(stack, org, cfg: dict, log=print) -> dict:
+    """Scenario 7 on a gunicorn of its own (``Stack.start_web``, a free port)."""
+    import socket
+
+    import httpx
+
+    from bench import start_latency
+    from engine.services import apply_definition
+    from flowforge.stack import wait_until
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    web = stack.start_web("bench-web", bind=f"127.0.0.1:{port}")
+    apply_definition(organization=org, document={"name": "bench-start", "tasks": [{"key": "only", "type": "noop"}]})
+    key = start_latency.api_key_for(org)
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+        def up():
+            if not web.alive():
+                raise RuntimeError(f"gunicorn exited; see {web.log_path}")
+            try:
+                return http.get("/api/v1/runs/").status_code == 401
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=60, interval=0.2, what="gunicorn to answer")
+        return start_latency.scenario(http, key, "bench-start", runs=cfg["start_runs"], gaps=cfg["start_gaps"],
+                                      timeout=cfg["timeout"], log=log)
 
 
 def median_round(rounds: list[dict]) -> dict:
@@ -315,6 +372,11 @@ def verdicts(results: dict) -> dict:
         v["memory"] = results["memory"]["ratio"] <= TARGETS["memory_ratio"]
     if "fairness" in results:
         v["fairness"] = results["fairness"]["ratio"] <= TARGETS["fairness_ratio"]
+    if "start_latency" in results:
+        s = results["start_latency"]
+        v["start_p50"] = (s["ratio_p50"] <= TARGETS["start_p50_ratio"]
+                          and s["engine"]["p50_ms"] <= TARGETS["start_p50_ms"])
+        v["start_p99"] = s["engine"]["p99_ms"] <= TARGETS["start_p99_ms"]
     return v
 
 
@@ -372,6 +434,14 @@ def table(results: dict) -> str:
             f"6 fairness: B's start under A's {f['a']['tasks']} tasks", f"{f['loaded_ms']:.1f} ms",
             f"{f['idle_median_ms']:.1f} ms", f"{f['ratio']:.2f}x",
             f"<= 3x; baseline: B idle (median of {len(f['idle_ms'])}); A {f['a']['tasks_per_s']:.0f} tasks/s"))
+    if "start_latency" in results:
+        s = results["start_latency"]
+        gaps = ", ".join(f"{g['gap_s']:g} s: {g['engine_ms']:.1f}/{g['raw_ms']:.1f} ms" for g in s["after_gap"])
+        lines.append(row.format(f"7 start to finish p50 ({s['engine']['n']} runs)", f"{s['engine']['p50_ms']:.1f} ms",
+                                f"{s['raw']['p50_ms']:.1f} ms", f"{s['ratio_p50']:.2f}x", "<= 3x and <= 10 ms"))
+        lines.append(row.format("7 start to finish p99", f"{s['engine']['p99_ms']:.1f} ms",
+                                f"{s['raw']['p99_ms']:.1f} ms", "", "<= 45 ms; after idle gaps (engine/raw): "
+                                + gaps))
     lines.append("(engine column: the larger size / later figure; baseline column: raw Dramatiq, the smaller "
                  "size or the earlier figure)")
     if "api" in results:

@@ -16,10 +16,12 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.
-    relay.py | services.py | signals.py
-        relay: publish outbox rows to the broker and stamp them. services: what the API,
-        the web UI and the commands call (start, cancel, retry runs; apply workflows).
-        signals: the engine's receivers of tenancy's hooks.
+    services.py | signals.py
+        services: what the API, the web UI and the commands call (start, cancel, retry
+        runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
+    relay.py
+        publish outbox rows to the broker and stamp them (a new run's roots, claimed by
+        services.start_run, are published through it after the commit).
     dispatch.py
         messages by actor name and their queues, the lease owner string.
     repositories/
@@ -50,9 +52,11 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         queue names.
 
 The life of a task in that order: ``services.start_run`` writes the run and its task
-runs (roots ``ready``) and nudges the scheduler (``dispatch.nudge_scheduler``);
-``scheduler.schedule_once`` claims them and writes their outbox rows in one statement
-(``repositories``) and publishes them (``relay.publish_dispatches``); the worker
+runs (roots ``ready``), claims its roots in the same transaction (the scheduler's fair
+claim: room, permits and buckets decide) and publishes them after the commit
+(``relay.publish_dispatches``); what it could not claim, the scheduler does when nudged
+(``dispatch.nudge_scheduler``): ``scheduler.schedule_once`` claims and writes outbox rows
+in one statement (``repositories``) and publishes them; the worker
 (``actors.execute_task_run`` -> ``worker``) starts the generation, heartbeats, runs the
 handler (``handlers``) and records the completion, which promotes the dependents and,
 in the same transaction, claims for its organization (the fair claim, below);

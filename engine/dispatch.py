@@ -49,7 +49,8 @@ _HOSTNAME = socket.gethostname()
 def process_owner(role: str) -> str:
     """A lease owner string, ``role@host:pid``, recorded on a claimed row (``lease_owner``)
     and in its events: ``scheduler`` for the scheduler's claims, ``worker`` for the
-    dependents a worker's completion claims, ``reaper`` for a reaper's retries."""
+    dependents a worker's completion claims, ``reaper`` for a reaper's retries, ``start``
+    for a new run's roots claimed by the process that started it."""
     return f"{role}@{_HOSTNAME}:{os.getpid()}"
 
 

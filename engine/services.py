@@ -6,15 +6,17 @@ schedules its side effects (nudges to the scheduler) on commit.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from audit import services as audit
-from engine import dispatch, metrics, sql
+from engine import dispatch, metrics, relay, sql
 from engine.db import retry_transient
 from engine.definitions import DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
@@ -29,7 +31,7 @@ from engine.models import (
     WorkflowRun,
     WorkflowState,
 )
-from engine.repositories import runs
+from engine.repositories import runs, task_runs
 from engine.states import RUN_OPEN_STATES
 from flowforge.jsonb import jsonb_safe, strip_nul
 from tenancy.actors import Actor
@@ -339,7 +341,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         _check_start_quota(actor.organization)
         run_id = uuid.uuid4()
         queued_reason = cancel_reason = None
-        held = False
+        held = made_room = False
         limit = workflow.max_running_runs
         if limit is not None:
             runs.lock(runs.run_limit_lock_key(org_id, workflow.name))
@@ -358,6 +360,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
                                                         limit=going - limit + 1):
                         _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=old),
                                            actor=actor, reason=reason)
+                        made_room = True
                 else:
                     # Running runs over the limit, as the run's wait reason says it
                     # (engine/sql/waiting.sql run_wait_reasons); queued runs ahead count too.
@@ -389,10 +392,45 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         if cancel_reason is not None:
             _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=run_id), actor=actor,
                                reason=cancel_reason)
+        elif queued_reason is None and not made_room and settings.FLOWFORGE_CLAIM_ON_START:
+            # Not after cancelling older runs: their rows are locked by this transaction
+            # then, and a claimer must take its lock before any row lock.
+            claimed, unclaimed = _claim_roots(run_id)
+            transaction.on_commit(functools.partial(_publish_roots, claimed, nudge=unclaimed > 0))
         else:
             transaction.on_commit(nudge_scheduler)
         transaction.on_commit(lambda: metrics.incr("flowforge_runs_started_total", str(trigger_source)))
     return WorkflowRun.objects.for_organization(org_id).get(pk=run_id)
+
+
+def _claim_roots(run_id: uuid.UUID) -> tuple[list, int]:
+    """Claim the ready roots of the run just created, in the caller's transaction (the
+    fair claim, ``task_runs.claim_ready_many``: the organization's room, permits and rate
+    buckets decide, under its claim lock until the commit), their outbox rows reserved
+    for this process's publish (``dispatch.INLINE_PUBLISH_RESERVATION_SECONDS``). Returns
+    (the claimed generations, how many roots were left ready)."""
+    roots = task_runs.ready_ids_of_run(run_id, limit=settings.FLOWFORGE_CLAIM_BATCH)
+    if not roots:
+        return [], 0
+    claimed = task_runs.claim_ready_many(
+        limit=len(roots), lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+        owner=dispatch.process_owner("start"), task_run_ids=roots,
+        reserve_seconds=dispatch.INLINE_PUBLISH_RESERVATION_SECONDS,
+    )
+    # A run with more roots than one claim batch leaves the rest to the scheduler too.
+    more = len(roots) >= settings.FLOWFORGE_CLAIM_BATCH
+    return claimed, len(roots) - len(claimed) + (1 if more else 0)
+
+
+def _publish_roots(claimed: list, *, nudge: bool) -> None:
+    """After the start's commit: publish the roots it claimed (``relay.publish_dispatches``;
+    if this process dies first, the relay publishes them once their reservation has
+    passed), and nudge the scheduler when roots were left ready (the organization had no
+    room, or a limit held them). Never raises: a failed publish is the relay's, a failed
+    nudge the clock's next tick."""
+    relay.publish_dispatches(claimed, reserved=True)
+    if nudge:
+        nudge_scheduler()
 
 
 def validate_priority(priority: Any, *, field: str = "priority") -> int:

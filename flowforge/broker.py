@@ -51,7 +51,13 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
     if url.startswith(("redis://", "rediss://", "unix://")):
         from dramatiq.brokers.redis import RedisBroker
 
-        return RedisBroker(url=url, namespace=namespace, middleware=middleware)
+        from flowforge.redis_wakeup import WakingRedisBroker
+
+        # Upstream's Redis broker whose idle consumers are woken by enqueues and acks
+        # instead of waiting for their next poll (flowforge.redis_wakeup), unless
+        # FLOWFORGE_BROKER_WAKEUP is off.
+        cls = WakingRedisBroker if getattr(settings, "FLOWFORGE_BROKER_WAKEUP", True) else RedisBroker
+        return cls(url=url, namespace=namespace, middleware=middleware)
     if url.startswith(("amqp://", "amqps://")):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -81,7 +87,8 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
 
     On Redis the whole batch is one pipelined round trip of the same ``enqueue`` script
     ``RedisBroker.enqueue`` runs per message (a result per message, so one refused
-    message does not hide the others). Other brokers enqueue one by one (RabbitMQ
+    message does not hide the others), followed by one wake-up per queue
+    (``flowforge.redis_wakeup``). Other brokers enqueue one by one (RabbitMQ
     confirms each).
     """
     broker = broker or get_broker()
@@ -125,8 +132,12 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
         prepared.append((i, message))
     if not prepared:
         return out
+    from flowforge.redis_wakeup import WakingRedisBroker
+
+    if isinstance(broker, WakingRedisBroker):  # one wake-up per queue, after its messages
+        broker.notify([m.queue_name for _i, m in prepared], pipeline=pipe)
     try:
-        replies = pipe.execute(raise_on_error=False)
+        replies = pipe.execute(raise_on_error=False)[: len(prepared)]
     except Exception as exc:  # the connection failed: nothing is known to be accepted
         for i, _message in prepared:
             out[i] = exc

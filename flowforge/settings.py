@@ -298,6 +298,15 @@ FLOWFORGE_DISPATCH_FANOUT = int(os.environ.get("FLOWFORGE_DISPATCH_FANOUT", "64"
 # Seconds one such message may run before the generations in it not yet started are
 # handed back to the broker, one message each, for other threads (engine.worker.handoff.HandOff).
 FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1.0)
+# A new run's roots are claimed in the transaction that creates it and published by the
+# starting process after the commit (the fair claim decides, as the scheduler's would):
+# no broker hop to the scheduler before the first task. Off: the start nudges the
+# scheduler, which claims them (issue 17; README "Latency").
+FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", True)
+# Idle worker consumers are woken by each enqueue (a Redis pub/sub notification) and by
+# their own acks instead of polling with back-off (flowforge.redis_wakeup). Off: upstream
+# Dramatiq's polling consumer. Redis broker only.
+FLOWFORGE_BROKER_WAKEUP = env_bool("FLOWFORGE_BROKER_WAKEUP", True)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))
 FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))

@@ -13,3 +13,8 @@ FLOWFORGE_TASK_CALLABLES = [
     "tests.callables.echo",  # tests/unit/test_handlers.py, tests/unit/test_definitions.py
     "tests.faults.tasks.kill_own_worker",  # the fault suite's self_killing_task scenario
 ]
+
+# The unit tests follow one transition at a time: a new run's roots stay ready until the
+# test claims them (the scheduler's path). tests/unit/test_claim_on_start.py and the
+# integration suite (tests/integration/conftest.py) run with the deployment's default, on.
+FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", False)  # noqa: F405

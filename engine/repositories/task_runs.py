@@ -179,6 +179,12 @@ def claim_ready_many(
     return in_own_transaction(claim, 0)
 
 
+def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:
+    """Ids of up to ``limit`` ready task runs of run ``run_id``, oldest first
+    (``task_run_ready_of_run``; read only): a new run's roots."""
+    return [row[0] for row in fetch(queries["task_run_ready_of_run"], {"run": run_id, "limit": limit})]
+
+
 def ready_organizations_after(after: uuid.UUID | None, *, limit: int = CLAIM_ORGS_PER_PASS) -> list[uuid.UUID]:
     """Ids of up to ``limit`` organizations with ready task runs whose id sorts after
     ``after`` (None: from the first), ascending (``task_run_ready_orgs_after``; read only)."""

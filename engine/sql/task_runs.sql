@@ -33,6 +33,14 @@ WHERE t.workflow_id = %(wf)s
 ORDER BY t.key;
 
 
+-- name: task_run_ready_of_run
+-- The ids of run's ready task runs, oldest first (a new run's roots, claimed in its start's transaction); idx_taskrun_run_state.
+SELECT id FROM core_taskrun
+WHERE workflow_run_id = %(run)s AND state = 'ready'   -- idx_taskrun_run_state (workflow_run_id, state)
+ORDER BY created_at
+LIMIT %(limit)s;
+
+
 -- name: task_run_ready_orgs_after
 -- Up to max_orgs organizations with ready task runs whose id sorts after the cursor, ascending (a loose index scan: one probe of idx_taskrun_ready_claim each); idx_taskrun_ready_claim.
 WITH RECURSIVE o(id) AS (

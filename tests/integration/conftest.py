@@ -51,9 +51,17 @@ def stack_env(transactional_db, tmp_path):
         FLOWFORGE_CLOCK_REAP_SECONDS="0.5",
         FLOWFORGE_CLOCK_RELAY_SECONDS="1",
         FLOWFORGE_REPORT_DIR=str(tmp_path / "reports"),
+        # The deployment's default (tests/settings.py turns it off for the unit tests).
+        FLOWFORGE_CLAIM_ON_START="1",
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+@pytest.fixture(autouse=True)
+def claim_on_start(settings):
+    """Runs started in the test process claim their roots at once, as a deployment's do."""
+    settings.FLOWFORGE_CLAIM_ON_START = True
 
 
 def flush_broker() -> None:

@@ -45,10 +45,14 @@ def test_ten_task_dag_runs_in_dependency_order_to_success(stack, org, make_workf
     assert started == 10
 
 
-def test_a_claim_burst_carried_several_generations_per_message_runs_each_task_once(stack, org, make_workflow):
+def test_a_claim_burst_carried_several_generations_per_message_runs_each_task_once(
+    stack, org, make_workflow, settings
+):
     # 40 independent tasks claimed at once, a fan-out of 4: each of 4 messages carries
     # 10 generations; with a 0.2 s hand-off the sleeping ones are passed back to other threads.
+    # (The start claims and publishes the roots in this process: its fan-out too.)
     stack.env.update(FLOWFORGE_DISPATCH_FANOUT="4", FLOWFORGE_GROUP_HANDOFF_SECONDS="0.2")
+    settings.FLOWFORGE_DISPATCH_FANOUT = 4
     tasks = [{"key": f"n{i:02d}", "type": "noop"} for i in range(30)]
     tasks += [{"key": f"s{i}", "type": "sleep", "config": {"seconds": 0.3}} for i in range(10)]
     wf = make_workflow(org, tasks, name="burst")

@@ -97,9 +97,12 @@ SCHEDULER_SNIPPET = (
 )
 
 
-def test_two_schedulers_at_once_create_one_outbox_row_per_generation(stack, org, make_workflow):
+def test_two_schedulers_at_once_create_one_outbox_row_per_generation(stack, org, make_workflow, settings):
     # Room for all 450 at once (the free plan's would stop the claims at 64): the claims'
     # organization lock serializes the two schedulers' batches, each claims some of them.
+    # The runs are started as with FLOWFORGE_CLAIM_ON_START off: their roots are left to
+    # the schedulers (this test is their race).
+    settings.FLOWFORGE_CLAIM_ON_START = False
     Organization.objects.filter(pk=org.pk).update(weight_override=100, max_running_task_runs_override=10_000)
     wf = make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(150)], name="wide")
     runs = [start_run(workflow=wf, run_input={"i": i}) for i in range(3)]

@@ -1,0 +1,209 @@
+"""Dramatiq's Redis broker with consumers that are woken instead of left to poll.
+
+Upstream's Redis consumer (``dramatiq.brokers.redis._RedisConsumer``) fetches by
+polling: when a fetch finds its queue empty, or when it may not fetch because the
+messages it already holds reach its prefetch, it sleeps an exponential back-off
+(5 ms doubling up to the worker timeout, 1 s by default) before it looks again. So a
+message enqueued while every consumer sleeps waits for the next poll (the first run
+after an idle minute waited up to a second), and a process whose prefetch is taken up
+by long messages leaves threads idle for up to that back-off after they finish.
+
+``WakingRedisBroker`` keeps upstream's broker, scripts and queue layout, and its
+back-off as the longest wait, but a consumer waits on an event instead of sleeping:
+
+- every enqueue also PUBLISHes on the queue's wake channel (``wake_channel``); one
+  listener thread per process (a Redis pub/sub subscription, started with the first
+  consumer) sets the events of that queue's consumers, so an idle consumer fetches a
+  new message at once;
+- a consumer that held back because its prefetch was taken is woken when its process
+  acks or nacks enough of them that half its prefetch is free again.
+
+A lost notification (the listener reconnecting, a message enqueued by a client that
+does not publish) costs what upstream always costs: the next poll. Selected by
+``flowforge.broker.build_broker`` for redis:// URLs; RabbitMQ's consumer is pushed
+to already.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import compute_backoff
+from dramatiq.errors import ConnectionClosed
+from dramatiq.message import Message
+
+log = logging.getLogger(__name__)
+
+# Seconds the listener waits before subscribing again after its connection failed.
+LISTENER_RETRY_SECONDS = 0.5
+
+
+def wake_channel(namespace: str, queue_name: str) -> str:
+    """The pub/sub channel that announces messages on ``queue_name`` (delay queues,
+    ``<name>.DQ``, have their own)."""
+    return f"{namespace}:wake:{queue_name}"
+
+
+class WakingRedisBroker(RedisBroker):
+    """``RedisBroker`` whose consumers wait on an event that enqueues and acks set
+    (module docstring). Same constructor arguments as ``RedisBroker``."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._events_lock = threading.Lock()
+        # queue name -> the events of this process's consumers of it
+        self._events: dict[str, set[threading.Event]] = {}
+        self._listener: threading.Thread | None = None
+
+    @property
+    def consumer_class(self):
+        return WakingConsumer
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> WakingConsumer:
+        """A consumer of ``queue_name`` (as upstream's), registered for its wake-ups."""
+        consumer = WakingConsumer(self, queue_name, prefetch, timeout)
+        with self._events_lock:
+            self._events.setdefault(queue_name, set()).add(consumer.wake_event)
+            if self._listener is None or not self._listener.is_alive():
+                self._listener = threading.Thread(target=self._listen, name="flowforge-broker-wakeup", daemon=True)
+                self._listener.start()
+        return consumer
+
+    def forget(self, consumer: WakingConsumer) -> None:
+        """Stop waking ``consumer`` (it was closed)."""
+        with self._events_lock:
+            self._events.get(consumer.queue_name, set()).discard(consumer.wake_event)
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """Upstream's enqueue, then a notification on the queue's wake channel (the
+        delay queue's when ``delay`` is given). A failed notification is logged, not
+        raised: the message is enqueued and the consumers' next poll finds it."""
+        message = super().enqueue(message, delay=delay)
+        self.notify([message.queue_name])
+        return message
+
+    def notify(self, queue_names: Iterable[str], pipeline=None) -> None:
+        """PUBLISH once on the wake channel of each queue in ``queue_names``: in
+        ``pipeline`` when given (the caller executes it), else now."""
+        target = pipeline if pipeline is not None else self.client.pipeline(transaction=False)
+        for name in dict.fromkeys(queue_names):
+            target.publish(wake_channel(self.namespace, name), b"")
+        if pipeline is None:
+            try:
+                target.execute()
+            except redis.RedisError as exc:
+                log.warning("could not publish a wake-up for %s (consumers find it at their next poll): %s",
+                            ", ".join(queue_names), exc)
+
+    def wake(self, queue_name: str) -> None:
+        """Set the events of this process's consumers of ``queue_name``."""
+        with self._events_lock:
+            events = list(self._events.get(queue_name, ()))
+        for event in events:
+            event.set()
+
+    def _listen(self) -> None:
+        """The listener thread: one pattern subscription to this namespace's wake
+        channels; each notification wakes that queue's consumers. Resubscribes after a
+        lost connection, and wakes every consumer then (a notification may have been
+        missed meanwhile)."""
+        prefix = wake_channel(self.namespace, "")
+        while True:
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.psubscribe(prefix + "*")
+                self._wake_all()
+                while True:
+                    item = pubsub.get_message(timeout=1.0)
+                    if item is None:
+                        continue
+                    channel = item["channel"]
+                    channel = channel.decode() if isinstance(channel, bytes) else channel
+                    self.wake(channel[len(prefix):])
+            except Exception as exc:  # noqa: BLE001 - the listener must outlive a lost connection
+                log.warning("broker wake-up listener lost its connection (%s); resubscribing", exc)
+                time.sleep(LISTENER_RETRY_SECONDS)
+            finally:
+                try:
+                    pubsub.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+
+    def _wake_all(self) -> None:
+        with self._events_lock:
+            events = [e for events in self._events.values() for e in events]
+        for event in events:
+            event.set()
+
+
+class WakingConsumer(_RedisConsumer):
+    """Upstream's Redis consumer whose back-off is a wait on ``wake_event``: set by the
+    broker's listener when a message is enqueued on this queue, and by this consumer's
+    own acks and nacks when it was held back by its prefetch and half of it is free."""
+
+    def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int):
+        super().__init__(broker, queue_name, prefetch, timeout)
+        self.wake_event = threading.Event()
+        # True while the consumer waits because its prefetch is taken (acks wake it then).
+        self._held_back = False
+
+    def ack(self, message: MessageProxy) -> None:
+        try:
+            super().ack(message)
+        finally:
+            self._wake_if_room()
+
+    def nack(self, message: MessageProxy) -> None:
+        try:
+            super().nack(message)
+        finally:
+            self._wake_if_room()
+
+    def _wake_if_room(self) -> None:
+        if self._held_back and self.outstanding_message_count <= self.prefetch // 2:
+            self.wake_event.set()
+
+    def close(self) -> None:
+        self.broker.forget(self)
+        super().close()
+
+    def __next__(self):
+        # Upstream's __next__ (dramatiq/brokers/redis.py, _RedisConsumer) with its
+        # time.sleep(backoff) made a wait on wake_event.
+        try:
+            while True:
+                try:
+                    data = self.message_cache.pop(0)
+                    if data is None:
+                        continue
+                    self.misses = 0
+                    message = Message.decode(data)
+                    self.queued_message_ids.add(message.message_id)
+                    return MessageProxy(message)
+                except IndexError:
+                    messages = []
+                    held_back = self.outstanding_message_count >= self.prefetch
+                    if not held_back:
+                        self.message_cache = messages = self.broker.do_fetch(
+                            self.queue_name,
+                            self.prefetch - self.outstanding_message_count,
+                        )
+                    if not messages:
+                        self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+                        self._held_back = held_back
+                        # Checked again after publishing the flag: an ack in between has
+                        # seen it unset and could not wake this wait.
+                        if held_back:
+                            self._wake_if_room()
+                        self.wake_event.wait(backoff_ms / 1000)
+                        self.wake_event.clear()
+                        self._held_back = False
+                        return None
+        except redis.ConnectionError as e:
+            raise ConnectionClosed(e) from None

@@ -1,0 +1,217 @@
+"""Issue 17 in process, against real PostgreSQL and Redis: a new run's roots claimed by its
+start's own transaction and published after the commit (never before it, never when it
+rolls back, the rest left to the scheduler when the organization has no room), and the
+Redis broker whose idle consumers are woken by enqueues and acks
+(``flowforge.redis_wakeup``)."""
+
+from __future__ import annotations
+
+import threading
+
+import dramatiq
+import pytest
+from django.db import transaction
+from dramatiq.brokers.redis import RedisBroker
+
+import engine.actors  # noqa: F401  (declares the engine's queues)
+from engine import dispatch, relay
+from engine import services as engine_services
+from engine.models import OutboxMessage, TaskRun, TaskRunEvent
+from engine.services import apply_definition, start_run
+from engine.states import TASK_QUEUE
+from flowforge import broker as ff_broker
+from flowforge.redis_wakeup import WakingConsumer, WakingRedisBroker, wake_channel
+from tenancy.models import Organization
+
+
+@pytest.fixture
+def broker():
+    b = ff_broker.broker
+    assert isinstance(b, WakingRedisBroker) and dramatiq.get_broker() is b
+    b.flush_all()
+    yield b
+    b.flush_all()
+
+
+def rows(run) -> dict[str, TaskRun]:
+    return {tr.task.key: tr for tr in TaskRun.objects.for_organization(run.organization_id)
+            .filter(workflow_run=run).select_related("task")}
+
+
+def queued_task_runs(broker) -> list[str]:
+    return sorted(dramatiq.Message.decode(data).args[0]
+                  for data in broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs").values())
+
+
+# --- claim on start -----------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_claims_its_roots_in_its_transaction_and_publishes_them_after_the_commit(
+    org, make_workflow, broker, settings
+):
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
+                             {"key": "c", "type": "noop", "depends_on": ["a", "b"]}])
+    with transaction.atomic():
+        run = start_run(workflow=wf)
+        inside = rows(run)
+        # Claimed in the start's transaction, not yet published: nothing reached the broker.
+        assert {k: tr.state for k, tr in inside.items()} == {"a": "running", "b": "running", "c": "pending"}
+        assert queued_task_runs(broker) == []
+    after = rows(run)
+    assert queued_task_runs(broker) == sorted(str(after[k].pk) for k in ("a", "b"))
+    for key in ("a", "b"):
+        assert after[key].fencing_token == 1 and after[key].lease_owner.startswith("start@")
+        (row,) = OutboxMessage.objects.for_organization(org).filter(task_run=after[key])
+        assert row.published_at is not None and row.publish_attempts == 1
+    claimed = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="claimed")
+    assert sorted(e.task_run_id for e in claimed) == sorted(after[k].pk for k in ("a", "b"))
+    # The scheduler was not needed: no schedule_tick was sent.
+    assert broker.client.hlen(f"{broker.namespace}:flowforge.control.msgs") == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_start_that_rolls_back_leaves_no_claim_and_publishes_nothing(org, make_workflow, broker, settings):
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    with pytest.raises(RuntimeError), transaction.atomic():
+        start_run(workflow=wf)
+        raise RuntimeError("the caller's transaction fails after the start")
+    assert TaskRun.objects.for_organization(org).count() == 0
+    assert OutboxMessage.objects.for_organization(org).count() == 0
+    assert queued_task_runs(broker) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_roots_the_organization_has_no_room_for_stay_ready_and_the_scheduler_is_nudged(
+    org, make_workflow, broker, settings
+):
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    Organization.objects.filter(pk=org.pk).update(max_running_task_runs_override=1)
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}])
+    run = start_run(workflow=wf)
+    states = sorted(tr.state for tr in rows(run).values())
+    assert states == ["ready", "running"]  # the quota is 1: the fair claim took one
+    assert len(queued_task_runs(broker)) == 1
+    # The one left ready is the scheduler's: a schedule_tick was sent.
+    control = [dramatiq.Message.decode(d).actor_name
+               for d in broker.client.hgetall(f"{broker.namespace}:flowforge.control.msgs").values()]
+    assert control == ["schedule_tick"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_queued_behind_its_run_limit_claims_nothing(org, make_workflow, broker, settings):
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    wf = apply_definition(organization=org, document={
+        "name": "limited", "tasks": [{"key": "a", "type": "noop"}], "concurrency": {"max_running_runs": 1}})
+    first = start_run(workflow=wf)
+    second = start_run(workflow=wf)
+    assert rows(first)["a"].state == "running"
+    assert second.state == "pending" and rows(second)["a"].state == "pending"
+    assert OutboxMessage.objects.for_organization(org).filter(workflow_run=second).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_publish_that_fails_after_the_commit_leaves_the_rows_to_the_relay(
+    org, make_workflow, broker, settings, monkeypatch
+):
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+
+    def broker_down(messages, broker=None):
+        raise ConnectionError("the broker is down")
+
+    monkeypatch.setattr(ff_broker, "enqueue_many", broker_down)
+    run = start_run(workflow=wf)  # the start itself succeeds: the run is stored and claimed
+    (row,) = OutboxMessage.objects.for_organization(org).filter(workflow_run=run)
+    assert row.published_at is None and row.next_attempt_at is not None  # reserved, then the relay's
+    monkeypatch.undo()
+    OutboxMessage.objects.for_organization(org).filter(pk=row.pk).update(next_attempt_at=None)  # reservation over
+    assert relay.relay_pending() == 1
+    assert queued_task_runs(broker) == [str(rows(run)["a"].pk)]
+
+
+def test_the_start_path_is_documented_as_the_settings_say(settings):
+    """The knob exists in the deployment's settings with the default on."""
+    from flowforge import settings as deployment
+
+    assert deployment.FLOWFORGE_CLAIM_ON_START is True
+    assert deployment.FLOWFORGE_BROKER_WAKEUP is True
+    assert engine_services._publish_roots.__doc__ and dispatch.INLINE_PUBLISH_RESERVATION_SECONDS > 0
+
+
+# --- the waking Redis broker ----------------------------------------------------------------------
+
+
+def test_the_wakeup_setting_selects_upstreams_polling_broker(settings):
+    settings.FLOWFORGE_BROKER_WAKEUP = False
+    plain = ff_broker.build_broker()
+    assert type(plain) is RedisBroker
+    settings.FLOWFORGE_BROKER_WAKEUP = True
+    assert type(ff_broker.build_broker()) is WakingRedisBroker
+
+
+def test_an_enqueue_wakes_an_idle_consumer_before_its_poll_would(broker):
+    consumer = broker.consume(TASK_QUEUE, prefetch=2, timeout=30_000)
+    try:
+        got: list = []
+        fetched = threading.Event()
+
+        def consume():
+            # The first __next__ finds the queue empty and waits (up to its back-off); the
+            # enqueue's notification ends the wait, and the next __next__ fetches.
+            for _ in range(50):
+                message = next(consumer)
+                if message is not None:
+                    got.append(message)
+                    fetched.set()
+                    return
+
+        consumer.misses = 12  # backed off to its longest wait (the 30 s timeout)
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        # Another process's enqueue (a second broker on the same Redis and namespace).
+        sender = WakingRedisBroker(url=ff_broker.settings.BROKER_URL, namespace=broker.namespace)
+        sender.enqueue(dispatch.message("execute_task_run", args=("woken", 1)))
+        assert fetched.wait(10), "the consumer was not woken by the enqueue"
+        assert got[0].args == ("woken", 1)
+        thread.join(5)
+    finally:
+        consumer.close()
+
+
+def test_an_ack_wakes_a_consumer_held_back_by_its_prefetch_once_half_of_it_is_free(broker):
+    for i in range(4):
+        broker.enqueue(dispatch.message("execute_task_run", args=(f"m{i}", 1)))
+    consumer: WakingConsumer = broker.consume(TASK_QUEUE, prefetch=4, timeout=30_000)
+    try:
+        held = [next(consumer) for _ in range(4)]
+        assert all(m is not None for m in held)
+        consumer.misses = 12
+        waiting = threading.Thread(target=lambda: next(consumer), daemon=True)
+        waiting.start()
+        # Held back (4 outstanding = its prefetch): one ack leaves 3, not yet half free.
+        consumer.ack(held[0])
+        assert not consumer.wake_event.wait(0.3)
+        consumer.ack(held[1])  # 2 of 4 outstanding: half free, it is woken
+        waiting.join(10)
+        assert not waiting.is_alive(), "the held-back consumer was not woken by its acks"
+    finally:
+        consumer.close()
+
+
+def test_enqueue_many_sends_one_wakeup_per_queue_after_its_messages(broker):
+    pubsub = broker.client.pubsub()
+    pubsub.subscribe(wake_channel(broker.namespace, TASK_QUEUE))
+    try:
+        assert pubsub.get_message(timeout=5)["type"] == "subscribe"  # subscribed before the enqueue
+        messages = [dispatch.dispatch_message([(f"t{i}", 1)], TASK_QUEUE) for i in range(5)]
+        assert ff_broker.enqueue_many(messages) == [None] * 5
+        notes = []
+        while (item := pubsub.get_message(timeout=0.5)) is not None:
+            notes.append(item["channel"])
+        assert notes == [wake_channel(broker.namespace, TASK_QUEUE).encode()]
+        assert len(queued_task_runs(broker)) == 5
+    finally:
+        pubsub.close()
