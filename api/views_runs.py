@@ -102,6 +102,19 @@ class RunListView(OrganizationAPIView):
 
     required_action = {"GET": Action.READ, "POST": Action.RUN_OPERATE}
 
+    @classmethod
+    def as_view(cls, **initkwargs):
+        # Outside ATOMIC_REQUESTS: a start commits in its own transaction (start_run's,
+        # or start_run_idempotent's), whose on-commit publish of the roots it claimed
+        # then goes out before the response body is read and rendered, not after it.
+        return transaction.non_atomic_requests(super().as_view(**initkwargs))
+
+    def handle_exception(self, exc):
+        # An error's rollback (DRF's set_rollback) stays inside a transaction of its own,
+        # as in a request transaction: it never reaches one the caller holds.
+        with transaction.atomic():
+            return super().handle_exception(exc)
+
     def get_scoped_queryset(self):
         return WorkflowRun.objects.for_organization(self.organization).select_related("workflow", "triggered_by")
 

@@ -321,9 +321,9 @@ FLOWFORGE_DISPATCH_AHEAD = int(os.environ.get("FLOWFORGE_DISPATCH_AHEAD", "64"))
 # which workers take before any bulk message: an organization with little waiting starts
 # its next task ahead of another organization's whole backlog.
 FLOWFORGE_DISPATCH_FIRST = int(os.environ.get("FLOWFORGE_DISPATCH_FIRST", "2"))
-# A worker process's batches claim (refill their organizations' dispatch-ahead) at most
-# once per this many seconds, besides the claims of dependents; a batch nothing follows
-# always claims (engine.worker.batching.BatchCompleter). 0: every batch claims.
+# A worker process's refill thread claims for the organizations its batches recorded
+# (refills their dispatch-ahead) at most once per this many seconds; batches themselves
+# claim only the dependents their successes promote (engine.worker.batching.Refiller).
 FLOWFORGE_REFILL_INTERVAL_SECONDS = env_float("FLOWFORGE_REFILL_INTERVAL_SECONDS", 0.02)
 # Each plan's defaults: weight (share of the workers against other organizations with
 # ready work), max_running_task_runs (claimed or running at once), max_runs_per_minute

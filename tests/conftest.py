@@ -41,6 +41,16 @@ def pytest_sessionfinish(session, exitstatus):
             pass  # nothing to clean where Redis is gone
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _refill_threads_stopped(django_db_setup):
+    """Stop the worker refill threads (engine.worker.batching.Refiller) before the test
+    database is dropped: an open connection of theirs would keep it from being dropped."""
+    yield
+    from engine.worker.batching import Refiller
+
+    Refiller.stop_all()
+
+
 def _transactional(request) -> bool:
     marker = request.node.get_closest_marker("django_db")
     if marker is not None and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):

@@ -171,12 +171,11 @@ def claim_ready_many(
         lock = (queries["task_run_lock_orgs"], {"orgs": orgs})
         params.update(orgs=orgs, org_of=[], only_ids=None)
 
-    def claim() -> list[Dispatch]:
-        with transaction.atomic(savepoint=False):
-            fetch(*lock)
-            return _dispatches(run_prepared([queries["task_run_claim_fair"]], params)[0])
-
-    return in_own_transaction(claim, 0)
+    # The locks and the claim in one message to the server (each statement takes its own
+    # snapshot, so the claim counts after the locks are granted).
+    params.update(lock[1])
+    return in_own_transaction(
+        lambda: _dispatches(run_prepared([lock[0], queries["task_run_claim_fair"]], params)[1]), 0)
 
 
 def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:

@@ -18,7 +18,9 @@ covers several threads' starts and successes. Its write-behind: a success withou
 dependents (nothing to continue with, nothing to publish) submitted while a batch is in
 flight does not wait; it goes into the next batch and its result is counted and logged
 by ``_record_queued_success``. A process that dies first leaves the attempt to the
-reaper, as a death during the handler would.
+reaper, as a death during the handler would. A batch claims only the dependents its
+successes promote; the rest of a process's claims are its ``Refiller``'s, a thread of
+their own (``InlineRefiller`` claims at once, for tests).
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -106,29 +110,26 @@ class InlineCompleter:
 class BatchCompleter:
     """Starts and successes of the process's threads go through one Combiner over
     ``run_batch`` (default ``record_batch``), at most ``max_batch`` requests per
-    transaction; successes without dependents are written behind (module docstring)."""
+    transaction; successes without dependents are written behind (module docstring).
+    A batch claims in its own transaction only for the dependents its successes promote
+    (the thread may continue with one); every other batch asks ``refiller`` (default the
+    process's ``Refiller``) to refill its organizations, off the batches' path."""
 
-    def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64):
+    def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64,
+                 refiller: Refiller | InlineRefiller | None = None):
         self.combiner: Combiner = Combiner(run_batch or self._record, max_batch=max_batch)
-        # When this process's batches last claimed (time.monotonic()).
-        self._last_claim = 0.0
+        self.refiller = refiller if refiller is not None else Refiller()
 
     def _record(self, items: list[Start | Success]) -> list:
-        """``record_batch`` with the refill throttled: a batch claims for its organizations
-        when a success has dependents to claim, or FLOWFORGE_REFILL_INTERVAL_SECONDS have
-        passed since this process's last claim; otherwise not, and if no batch follows it
-        (nothing queued), a claim of its own runs right after it (``refill``), so work is
-        never left ready waiting for the clock. Measured (make bench, 2 x 8 threads): one
-        claim per batch cost a fifth of the independent-task throughput."""
-        now = time.monotonic()
-        claim = (now - self._last_claim >= settings.FLOWFORGE_REFILL_INTERVAL_SECONDS
-                 or any(isinstance(item, Success) and item.request.has_dependents for item in items))
-        if claim:
-            self._last_claim = now
+        """``record_batch``, claiming in the batch's transaction only when a success has
+        dependents; otherwise the refiller is asked to claim for these task runs'
+        organizations (what their starts and successes made room for). Measured (make
+        bench, 2 x 8 threads): one claim per batch cost a fifth of the independent-task
+        throughput, and a claim in a start's transaction delays that start by it."""
+        claim = any(isinstance(item, Success) and item.request.has_dependents for item in items)
         results = record_batch(items, claim=claim)
-        if not claim and self.combiner.backlog() == 0:
-            self._last_claim = time.monotonic()
-            refill([item.request.task_run_id for item in items])
+        if not claim:
+            self.refiller.request([item.request.task_run_id for item in items])
         return results
 
     def start(self, request: types.StartRequest) -> types.StartedAttempt | None:
@@ -173,6 +174,88 @@ def record_batch(items: list[Start | Success], *, claim: bool = True) -> list:
     completed = iter(_publish_claimed(successes, results, dispatches))
     started_iter = iter(started)
     return [next(started_iter) if isinstance(item, Start) else next(completed) for item in items]
+
+
+class Refiller:
+    """A worker process's refill claims, in a thread of its own (started with the first
+    request): the organizations of the task runs its batches recorded get what their
+    starts (room in the broker) and successes (room, permits) made room for
+    (``refill``), at most once per FLOWFORGE_REFILL_INTERVAL_SECONDS. No batch waits for
+    a claim; requests that arrive while one runs are merged into the next. A request
+    lost with the process is claimed by the clock's next tick."""
+
+    #: Task run ids kept per pending refill (their organizations are what is claimed for).
+    MAX_IDS = 64
+    #: Seconds without a request after which the thread closes its database connection.
+    IDLE_CLOSE_SECONDS = 1.0
+
+    # Every Refiller of this process (stop_all).
+    _instances: weakref.WeakSet[Refiller] = weakref.WeakSet()
+
+    def __init__(self, interval_seconds: float | None = None):
+        Refiller._instances.add(self)
+        self._interval = interval_seconds
+        self._lock = threading.Lock()
+        self._ids: list[uuid.UUID] = []
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def request(self, task_run_ids: list[uuid.UUID]) -> None:
+        """Refill the organizations of ``task_run_ids`` soon (returns at once)."""
+        with self._lock:
+            room = self.MAX_IDS - len(self._ids)
+            if room > 0:
+                self._ids.extend(task_run_ids[:room])
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._loop, name="flowforge-refill", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the pending refill, end the thread and close its database connection (tests)."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """``stop`` every Refiller of this process (a test session's end: no thread may
+        keep a connection to the database being dropped)."""
+        for refiller in list(cls._instances):
+            refiller.stop()
+
+    def _loop(self) -> None:
+        from django.db import connection
+
+        try:
+            while True:
+                if not self._wake.wait(self.IDLE_CLOSE_SECONDS):
+                    connection.close()  # idle: give the connection back (reopened on the next claim)
+                    continue
+                self._wake.clear()
+                with self._lock:
+                    ids, self._ids = self._ids, []
+                if ids:
+                    refill(ids)
+                if self._stopping:
+                    return
+                interval = (self._interval if self._interval is not None
+                            else settings.FLOWFORGE_REFILL_INTERVAL_SECONDS)
+                if interval > 0:
+                    time.sleep(interval)
+        finally:
+            connection.close()
+
+
+class InlineRefiller:
+    """``Refiller``'s interface, claiming at once in the calling thread (tests)."""
+
+    def request(self, task_run_ids: list[uuid.UUID]) -> None:
+        """``refill(task_run_ids)`` now."""
+        refill(task_run_ids)
 
 
 def refill(task_run_ids: list[uuid.UUID]) -> int:

@@ -148,26 +148,59 @@ def test_starts_that_share_a_batch_get_the_results_they_get_alone(org, make_work
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("broker")
-def test_a_throttled_batch_refills_right_after_when_nothing_follows_it(org, make_workflow, settings):
-    """The BatchCompleter's refill: within FLOWFORGE_REFILL_INTERVAL_SECONDS of its last
-    claim a batch does not claim in its own transaction; when no batch follows it (the
-    combiner's queue is empty), a claim of its own runs right after, so the ready work it
-    made room for is claimed now, not at the clock's next tick."""
+def test_a_batch_without_dependents_leaves_the_claim_to_its_refiller(org, make_workflow, settings):
+    """A batch of starts and successes without dependents does not claim in its own
+    transaction: it asks the process's refiller to claim for its organizations (here
+    inline, so the test sees it at once), which takes what its start made room for."""
     from engine.models import TaskRun
+    from engine.worker.batching import InlineRefiller
 
     settings.FLOWFORGE_DISPATCH_AHEAD = 4
-    settings.FLOWFORGE_REFILL_INTERVAL_SECONDS = 3600.0
     wf = make_workflow(org, [{"key": f"t{i:02d}", "type": "noop"} for i in range(12)], name="wide")
     run = start_run(workflow=wf)
     assert schedule_once() == 4  # the organization's dispatch-ahead: 4
     claimed = list(TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running"))
-    completer = BatchCompleter()
-    completer._last_claim = 10**9  # "just claimed": the interval has not passed
-    # One start alone: its batch does not claim (interval), nothing queued after it, so the
-    # refill claims one more (the one that left the broker) right after.
+    asked: list[list] = []
+
+    class Recording(InlineRefiller):
+        def request(self, task_run_ids):
+            asked.append(list(task_run_ids))
+            super().request(task_run_ids)
+
+    completer = BatchCompleter(refiller=Recording())
     started = completer.start(types.StartRequest(claimed[0].pk, claimed[0].fencing_token, "w"))
     assert started is not None
+    assert asked == [[claimed[0].pk]]
     running = TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running").count()
-    assert running == 5  # 4 claimed + 1 refilled
+    assert running == 5  # 4 claimed + 1 refilled (the one that left the broker)
     started_rows = TaskRun.objects.for_organization(org).filter(workflow_run=run, started_at__isnull=False)
     assert started_rows.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_refiller_thread_claims_what_a_start_made_room_for_without_the_batch_waiting(
+    org, make_workflow, settings
+):
+    from engine.models import TaskRun
+    from engine.worker.batching import Refiller
+    from flowforge.stack import wait_until
+
+    settings.FLOWFORGE_DISPATCH_AHEAD = 4
+    wf = make_workflow(org, [{"key": f"t{i:02d}", "type": "noop"} for i in range(12)], name="wide")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 4
+    claimed = list(TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running"))
+    refiller = Refiller(interval_seconds=0.0)
+    try:
+        completer = BatchCompleter(refiller=refiller)
+        for row in claimed[:2]:
+            assert completer.start(types.StartRequest(row.pk, row.fencing_token, "w")) is not None
+
+        def running():
+            n = TaskRun.objects.for_organization(org).filter(workflow_run=run, state="running").count()
+            return n if n == 6 else None
+
+        # Two left the broker: the refiller's thread claims two more (4 claimed + 2).
+        assert wait_until(running, timeout=10, what="the refiller's claim") == 6
+    finally:
+        refiller.stop()
