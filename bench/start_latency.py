@@ -54,7 +54,7 @@ def _finished_at(run_id: str, *, timeout: float) -> float:
             return row[0]
         return None
 
-    return wait_until(done, timeout=timeout, interval=0.001, what=f"run {run_id} to finish")
+    return wait_until(done, timeout=timeout, interval=0.002, what=f"run {run_id} to finish")
 
 
 def engine_once(http, key: str, workflow: str, *, timeout: float) -> float:

@@ -317,7 +317,8 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     cannot fill a concurrency key's placeholder, ValueError when ``run_input`` is not a
     JSON object, and QuotaExceeded; nothing is stored when it raises.
     """
-    actor = _actor(actor, workflow.organization)
+    # (The workflow's organization is read only without an actor: a query saved per start.)
+    actor = actor if actor is not None else _actor(None, workflow.organization)
     require(actor.role, Action.RUN_OPERATE)
     if workflow.organization_id != actor.organization.pk:
         raise Workflow.DoesNotExist("no such workflow")
