@@ -76,13 +76,23 @@ def housekeeping() -> None:
 
 # Dramatiq priority (lower runs first among the messages a worker has fetched): the
 # control actors at 0, the execute messages after them, so a claim (schedule_tick) never
-# waits behind the task messages a worker has already fetched.
+# waits behind the task messages a worker has already fetched; and a first-lane message
+# (an organization's first few generations waiting, engine.states.TASK_FIRST_QUEUE) before
+# the bulk ones a worker has already fetched, as it goes before them in the broker's queue.
+FIRST_PRIORITY = 5
 BULK_PRIORITY = 10
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=BULK_PRIORITY)
 def execute_task_run(task_run_id: str, fencing_token: int) -> None:
     """Run one generation of one task run (see ``engine.worker.execute.execute``)."""
+    execute(task_run_id, fencing_token, continue_inline=True)
+
+
+@dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=FIRST_PRIORITY)
+def execute_task_run_first(task_run_id: str, fencing_token: int) -> None:
+    """``execute_task_run`` for a first-lane generation: the same run of it, ahead of the
+    bulk messages a worker process has already fetched (FIRST_PRIORITY)."""
     execute(task_run_id, fencing_token, continue_inline=True)
 
 

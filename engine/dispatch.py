@@ -36,6 +36,7 @@ ACTOR_QUEUES: dict[str, str] = {
     "sweep_runs": CONTROL_QUEUE,
     "housekeeping": CONTROL_QUEUE,
     "execute_task_run": TASK_QUEUE,
+    "execute_task_run_first": TASK_QUEUE,
     "execute_task_runs": TASK_QUEUE,
 }
 
@@ -89,13 +90,14 @@ def dispatch_message(pairs: Sequence[tuple[str, int]], queue_name: str = TASK_QU
     (an outbox row's ``routing_key``): ``execute_task_run(task_run_id, fencing_token)``
     for one, ``execute_task_runs([[task_run_id, fencing_token], ...])`` (run in that
     order by one worker thread) for more; on the first lane (TASK_FIRST_QUEUE),
-    ``execute_task_run`` for exactly one, on TASK_QUEUE, marked to be enqueued at its head
-    (``flowforge.broker.HEAD_OPTION``). Raises ValueError for several pairs on the first
+    ``execute_task_run_first`` for exactly one, on TASK_QUEUE, marked to be enqueued at its
+    head (``flowforge.broker.HEAD_OPTION``), whose actor's priority puts it before the
+    bulk messages a worker has already fetched too. Raises ValueError for several pairs on the first
     lane (its messages are never grouped)."""
     if queue_name == TASK_FIRST_QUEUE:
         if len(pairs) != 1:
             raise ValueError(f"a first-lane message carries one generation, not {len(pairs)}")
-        first = message("execute_task_run", args=tuple(pairs[0]), queue_name=TASK_QUEUE)
+        first = message("execute_task_run_first", args=tuple(pairs[0]), queue_name=TASK_QUEUE)
         return first.copy(options={flowforge.broker.HEAD_OPTION: True})
     if len(pairs) == 1:
         return message("execute_task_run", args=tuple(pairs[0]), queue_name=queue_name)

@@ -40,7 +40,7 @@ class LogContextMiddleware(Middleware):
 
     def before_process_message(self, broker, message):
         self._local.token = None
-        if message.actor_name == "execute_task_run" and len(message.args) >= 2:
+        if message.actor_name in ("execute_task_run", "execute_task_run_first") and len(message.args) >= 2:
             ctx_fields = {"task_run_id": message.args[0], "fencing_token": message.args[1]}
             self._local.token = logs._fields.set({**logs._fields.get(), **{k: str(v) for k, v in ctx_fields.items()}})
 

@@ -16,7 +16,9 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
   consumer) sets the events of that queue's consumers, so an idle consumer fetches a
   new message at once;
 - a consumer that held back because its prefetch was taken is woken when its process
-  acks or nacks enough of them that half its prefetch is free again.
+  acks or nacks one of them: it fetches as soon as it has room, as upstream's would at
+  its next poll (a message at the head of the queue, the scheduler's first lane, waits
+  for the first free place, not for a poll).
 
 A lost notification (the listener reconnecting, a message enqueued by a client that
 does not publish) costs what upstream always costs: the next poll. Selected by
@@ -145,7 +147,7 @@ class WakingRedisBroker(RedisBroker):
 class WakingConsumer(_RedisConsumer):
     """Upstream's Redis consumer whose back-off is a wait on ``wake_event``: set by the
     broker's listener when a message is enqueued on this queue, and by this consumer's
-    own acks and nacks when it was held back by its prefetch and half of it is free."""
+    own acks and nacks when it was held back by its prefetch."""
 
     def __init__(self, broker: WakingRedisBroker, queue_name: str, prefetch: int, timeout: int):
         super().__init__(broker, queue_name, prefetch, timeout)
@@ -166,7 +168,7 @@ class WakingConsumer(_RedisConsumer):
             self._wake_if_room()
 
     def _wake_if_room(self) -> None:
-        if self._held_back and self.outstanding_message_count <= self.prefetch // 2:
+        if self._held_back and self.outstanding_message_count < self.prefetch:
             self.wake_event.set()
 
     def close(self) -> None:

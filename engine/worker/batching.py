@@ -186,8 +186,9 @@ class Refiller:
 
     #: Task run ids kept per pending refill (their organizations are what is claimed for).
     MAX_IDS = 64
-    #: Seconds without a request after which the thread closes its database connection.
-    IDLE_CLOSE_SECONDS = 1.0
+    #: Seconds without a request after which the thread closes its database connection
+    #: (a new one prepares the claim statements again).
+    IDLE_CLOSE_SECONDS = 300.0
 
     # Every Refiller of this process (stop_all).
     _instances: weakref.WeakSet[Refiller] = weakref.WeakSet()

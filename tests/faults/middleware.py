@@ -12,7 +12,8 @@ class DuplicateDelivery(Middleware):
     new message id (the copy is marked so it is not copied again)."""
 
     def after_enqueue(self, broker, message, delay):
-        if message.actor_name not in ("execute_task_run", "execute_task_runs") or message.options.get("ff_duplicate"):
+        if (message.actor_name not in ("execute_task_run", "execute_task_run_first", "execute_task_runs")
+                or message.options.get("ff_duplicate")):
             return
         copy = message.copy(message_id=str(uuid.uuid4()), options={**message.options, "ff_duplicate": True})
         broker.enqueue(copy, delay=delay)
@@ -24,7 +25,7 @@ class KillBeforeExecuteEnqueue(Middleware):
     committed a start (and its roots' claim) and dies before publishing them."""
 
     def before_enqueue(self, broker, message, delay):
-        if message.actor_name in ("execute_task_run", "execute_task_runs"):
+        if message.actor_name in ("execute_task_run", "execute_task_run_first", "execute_task_runs"):
             import os
 
             os._exit(137)

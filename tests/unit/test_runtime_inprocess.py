@@ -57,7 +57,7 @@ def published_task_messages(broker) -> list[tuple[str, int]]:
     out = []
     for data in broker.client.hgetall(f"{broker.namespace}:{TASK_QUEUE}.msgs").values():
         msg = dramatiq.Message.decode(data)
-        assert msg.actor_name == "execute_task_run"
+        assert msg.actor_name in ("execute_task_run", "execute_task_run_first")
         out.append((msg.args[0], msg.args[1]))
     return sorted(out)
 
@@ -677,12 +677,17 @@ def test_an_attempt_whose_lease_ran_to_its_timeout_is_reaped_as_timed_out_not_as
 def test_a_first_lane_message_is_fetched_before_the_backlog_already_queued(broker):
     """Three bulk messages queued, then one of the first lane: a worker's next fetch (the
     Redis broker's own ``fetch``) takes the first-lane message first, then the backlog in
-    order; every message is an ``execute_task_run`` on the one task queue."""
+    order; every message is on the one task queue, the first lane's an
+    ``execute_task_run_first`` (its actor's priority puts it before bulk messages a worker
+    has already fetched)."""
     bulk = [dispatch.dispatch_message([(f"bulk-{i}", 1)], TASK_QUEUE) for i in range(3)]
     first = dispatch.dispatch_message([("first", 1)], "flowforge.tasks.first")
-    assert (first.queue_name, first.actor_name) == (TASK_QUEUE, "execute_task_run")
+    assert (first.queue_name, first.actor_name) == (TASK_QUEUE, "execute_task_run_first")
     assert dispatch.enqueue_many(bulk) == [None] * 3
     assert dispatch.enqueue_many([first]) == [None]
     fetched = [dramatiq.Message.decode(data) for data in broker.do_fetch(TASK_QUEUE, 4)]
     assert [m.args[0] for m in fetched] == ["first", "bulk-0", "bulk-1", "bulk-2"]
-    assert [m.actor_name for m in fetched] == ["execute_task_run"] * 4
+    assert [m.actor_name for m in fetched] == ["execute_task_run_first"] + ["execute_task_run"] * 3
+    from engine import actors
+
+    assert actors.execute_task_run_first.priority < actors.execute_task_run.priority

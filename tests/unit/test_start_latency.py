@@ -181,22 +181,23 @@ def test_an_enqueue_wakes_an_idle_consumer_before_its_poll_would(broker):
         consumer.close()
 
 
-def test_an_ack_wakes_a_consumer_held_back_by_its_prefetch_once_half_of_it_is_free(broker):
+def test_an_ack_wakes_a_consumer_held_back_by_its_prefetch(broker):
     for i in range(4):
         broker.enqueue(dispatch.message("execute_task_run", args=(f"m{i}", 1)))
-    consumer: WakingConsumer = broker.consume(TASK_QUEUE, prefetch=4, timeout=30_000)
+    consumer: WakingConsumer = broker.consume(TASK_QUEUE, prefetch=3, timeout=30_000)
     try:
-        held = [next(consumer) for _ in range(4)]
+        held = [next(consumer) for _ in range(3)]
         assert all(m is not None for m in held)
-        consumer.misses = 12
-        waiting = threading.Thread(target=lambda: next(consumer), daemon=True)
+        consumer.misses = 12  # its next wait would be its longest (15 to 30 s)
+        got: list = []
+        waiting = threading.Thread(target=lambda: got.append(next(consumer)), daemon=True)
         waiting.start()
-        # Held back (4 outstanding = its prefetch): one ack leaves 3, not yet half free.
-        consumer.ack(held[0])
+        # Held back: 3 outstanding = its prefetch, so it waits instead of fetching.
         assert not consumer.wake_event.wait(0.3)
-        consumer.ack(held[1])  # 2 of 4 outstanding: half free, it is woken
+        consumer.ack(held[0])  # a place is free: it is woken and fetches the 4th message
         waiting.join(10)
-        assert not waiting.is_alive(), "the held-back consumer was not woken by its acks"
+        assert not waiting.is_alive(), "the held-back consumer was not woken by the ack"
+        assert next(consumer).args == ("m3", 1)
     finally:
         consumer.close()
 
