@@ -283,6 +283,7 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
 
 def run_start_latency(stack, org, cfg: dict, log=print) -> dict:
     """Scenario 7 on a gunicorn of its own (``Stack.start_web``, a free port)."""
+    import logging
     import socket
 
     import httpx
@@ -291,6 +292,7 @@ def run_start_latency(stack, org, cfg: dict, log=print) -> dict:
     from engine.services import apply_definition
     from flowforge.stack import wait_until
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -129,7 +129,7 @@ def retry_run(*, actor: Actor, run: WorkflowRun) -> WorkflowRun:
         raise RunNotFinished(f"run {run.pk} is {run.state}; only a finished run can be retried")
     with transaction.atomic():
         new = start_run(workflow=run.workflow, run_input=run.input, actor=actor,
-                        trigger_source=TriggerSource.RETRY, retry_of=run, priority=run.priority)
+                        trigger_source=TriggerSource.RETRY, retry_of=run, priority=run.priority, claim_roots=True)
         audit.record("run.retried", actor=actor, target=run, metadata={"new_run": str(new.pk), "channel": actor.channel})
     return new
 
@@ -289,10 +289,19 @@ CHANNEL_SOURCES = {"api": TriggerSource.API, "web": TriggerSource.WEB, "cli": Tr
 
 def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, actor: Actor | None = None,
               trigger_source: str | None = None, triggered_by=None, retry_of=None, trigger=None,
-              audit_metadata: dict[str, Any] | None = None, priority: int = 0) -> WorkflowRun:
+              audit_metadata: dict[str, Any] | None = None, priority: int = 0,
+              claim_roots: bool | None = None) -> WorkflowRun:
     """Start a run of ``workflow``: the run and all its task runs in one transaction,
-    roots ready, then a nudge to the scheduler on commit. Records ``run.started``
-    with who started it and through which channel.
+    roots ready. Records ``run.started`` with who started it and through which channel.
+
+    With FLOWFORGE_CLAIM_ON_START (issue 17), the same transaction claims the roots (the
+    fair claim: what the organization's room, permits and buckets let in) and the caller's
+    process publishes them after the commit; roots left ready, and every root without
+    it, are the scheduler's, nudged on commit. ``claim_roots`` None claims only when this
+    is the outermost transaction: a caller that starts many runs in one transaction (the
+    claim lock would be held until its end, each start claiming in turn) leaves them to
+    the scheduler's batches; True (a caller whose transaction is short: the idempotent
+    start, a retry, a cron firing, the web form) claims inside it anyway.
 
     ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
     it plus its task's. Each task's concurrency key is rendered with ``run_input``
@@ -338,6 +347,8 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         )
     keys = concurrency_keys(workflow, strip_nul(run_input))
     org_id = workflow.organization_id
+    if claim_roots is None:
+        claim_roots = not connection.in_atomic_block
     with transaction.atomic():
         _check_start_quota(actor.organization)
         run_id = uuid.uuid4()
@@ -393,7 +404,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         if cancel_reason is not None:
             _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=run_id), actor=actor,
                                reason=cancel_reason)
-        elif queued_reason is None and not made_room and settings.FLOWFORGE_CLAIM_ON_START:
+        elif queued_reason is None and not made_room and claim_roots and settings.FLOWFORGE_CLAIM_ON_START:
             # Not after cancelling older runs: their rows are locked by this transaction
             # then, and a claimer must take its lock before any row lock.
             claimed, unclaimed = _claim_roots(run_id)
@@ -524,7 +535,8 @@ def start_run_idempotent(*, actor: Actor, key: str, request_hash: str, workflow:
                              "key": stored_key, "request_hash": request_hash, "ttl": IDEMPOTENCY_TTL_SECONDS})
                 claimed = cur.fetchone()
                 if claimed is not None:
-                    run = start_run(workflow=workflow, run_input=run_input, actor=actor, priority=priority)
+                    run = start_run(workflow=workflow, run_input=run_input, actor=actor, priority=priority,
+                                    claim_roots=True)
                     cur.execute(sql.queries["idempotency_key_set_run"], {"run": run.pk, "id": claimed[0]})
                     return run, True
                 cur.execute(sql.queries["idempotency_key_get"], {"org": org_id, "user": user_id, "key": stored_key})

@@ -128,7 +128,10 @@ class BatchCompleter:
         throughput, and a claim in a start's transaction delays that start by it."""
         claim = any(isinstance(item, Success) and item.request.has_dependents for item in items)
         results = record_batch(items, claim=claim)
-        if not claim:
+        # Not for a batch of continuations' starts alone: the success that claimed them
+        # claimed for their organization in the same transaction, and a refill racing the
+        # chain's next success for the organization's claim lock only delays that hop.
+        if not claim and not all(isinstance(item, Start) and item.request.outbox_id is not None for item in items):
             self.refiller.request([item.request.task_run_id for item in items])
         return results
 

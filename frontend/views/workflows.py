@@ -288,7 +288,7 @@ def workflow_start(request: HttpRequest, workflow_id: uuid.UUID) -> HttpResponse
     if form.is_valid():
         try:
             run = start_run(workflow=workflow, run_input=form.cleaned_data["input"], actor=request.actor,
-                            priority=form.cleaned_data.get("priority") or 0)
+                            priority=form.cleaned_data.get("priority") or 0, claim_roots=True)
         except Forbidden as exc:
             raise PermissionDenied(str(exc)) from None
         except (WorkflowNotStartable, QuotaExceeded) as exc:

@@ -54,7 +54,7 @@ def test_a_start_claims_its_roots_in_its_transaction_and_publishes_them_after_th
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"},
                              {"key": "c", "type": "noop", "depends_on": ["a", "b"]}])
     with transaction.atomic():
-        run = start_run(workflow=wf)
+        run = start_run(workflow=wf, claim_roots=True)  # claims although inside a caller's transaction
         inside = rows(run)
         # Claimed in the start's transaction, not yet published: nothing reached the broker.
         assert {k: tr.state for k, tr in inside.items()} == {"a": "running", "b": "running", "c": "pending"}
@@ -76,11 +76,30 @@ def test_a_start_that_rolls_back_leaves_no_claim_and_publishes_nothing(org, make
     settings.FLOWFORGE_CLAIM_ON_START = True
     wf = make_workflow(org, [{"key": "a", "type": "noop"}])
     with pytest.raises(RuntimeError), transaction.atomic():
-        start_run(workflow=wf)
+        start_run(workflow=wf, claim_roots=True)
+        assert TaskRun.objects.for_organization(org).get().state == "running"  # claimed, then rolled back
         raise RuntimeError("the caller's transaction fails after the start")
     assert TaskRun.objects.for_organization(org).count() == 0
     assert OutboxMessage.objects.for_organization(org).count() == 0
     assert queued_task_runs(broker) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runs_started_together_in_a_callers_transaction_are_left_to_the_scheduler(
+    org, make_workflow, broker, settings
+):
+    """A caller starting many runs in one transaction (a bulk start) would hold the claim
+    lock to its end, each start claiming in turn: without claim_roots=True the roots stay
+    ready and the scheduler is nudged once the transaction commits."""
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    with transaction.atomic():
+        started = [start_run(workflow=wf) for _ in range(3)]
+    assert [rows(r)["a"].state for r in started] == ["ready"] * 3
+    assert OutboxMessage.objects.for_organization(org).count() == 0
+    control = [dramatiq.Message.decode(d).actor_name
+               for d in broker.client.hgetall(f"{broker.namespace}:flowforge.control.msgs").values()]
+    assert control == ["schedule_tick"] * 3
 
 
 @pytest.mark.django_db(transaction=True)
