@@ -91,7 +91,7 @@ def _fire(trigger: ScheduledTrigger, instant: dt.datetime) -> str:
                 actor=Actor(organization=org, role="owner", channel="cron"),
                 trigger_source=TriggerSource.CRON, trigger=trigger,
                 audit_metadata={"trigger": trigger.name, "scheduled_for": instant.isoformat()},
-                priority=trigger.priority, claim_roots=True,
+                priority=trigger.priority,
             )
             TriggerFiring.objects.for_organization(org).filter(pk=firing.pk).update(workflow_run=run)
         return "started"

@@ -300,8 +300,9 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     it, are the scheduler's, nudged on commit. ``claim_roots`` None claims only when this
     is the outermost transaction: a caller that starts many runs in one transaction (the
     claim lock would be held until its end, each start claiming in turn) leaves them to
-    the scheduler's batches; True (a caller whose transaction is short: the idempotent
-    start, a retry, a cron firing, the web form) claims inside it anyway.
+    the scheduler's batches (a cron catch-up firing up to 100 instants in one transaction
+    is one); True (a caller whose transaction is short: the idempotent start, a retry,
+    the web form) claims inside it anyway.
 
     ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
     it plus its task's. Each task's concurrency key is rendered with ``run_input``
@@ -349,7 +350,14 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     org_id = workflow.organization_id
     if claim_roots is None:
         claim_roots = not connection.in_atomic_block
+    claim_roots = claim_roots and settings.FLOWFORGE_CLAIM_ON_START
     with transaction.atomic():
+        if claim_roots:
+            # The organization's claim lock first, before any other lock or row (the
+            # claimers' rule, engine/sql/task_runs.sql): no claim of the organization runs
+            # between this run's insert and its commit, so none can take lower-priority
+            # work it would not have taken had it seen this run's roots.
+            task_runs.lock_organization_claims([org_id])
         _check_start_quota(actor.organization)
         run_id = uuid.uuid4()
         queued_reason = cancel_reason = None
@@ -404,7 +412,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         if cancel_reason is not None:
             _cancel_run_within(run=WorkflowRun.objects.for_organization(org_id).get(pk=run_id), actor=actor,
                                reason=cancel_reason)
-        elif queued_reason is None and not made_room and claim_roots and settings.FLOWFORGE_CLAIM_ON_START:
+        elif queued_reason is None and not made_room and claim_roots:
             # Not after cancelling older runs: their rows are locked by this transaction
             # then, and a claimer must take its lock before any row lock.
             claimed, unclaimed = _claim_roots(run_id)

@@ -82,8 +82,8 @@ return 1
 def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker | None = None) -> list[Exception | None]:
     """Enqueue ``messages``; returns, in order, None for each message the broker accepted
     and the exception for each it did not. A message whose options hold HEAD_OPTION goes to
-    the head of its queue on Redis (fetched before every message already waiting there),
-    to the tail on other brokers.
+    the head of its queue on Redis (fetched before every message already waiting there;
+    several of one call in the order given), to the tail on other brokers.
 
     On Redis the whole batch is one pipelined round trip of the same ``enqueue`` script
     ``RedisBroker.enqueue`` runs per message (a result per message, so one refused
@@ -110,7 +110,12 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
     pipe = broker.client.pipeline(transaction=False)
     out: list[Exception | None] = [None] * len(messages)
     prepared: list[tuple[int, dramatiq.Message]] = []
-    for i, message in enumerate(messages):
+    # Head messages are pushed last one first, so that they are fetched in the order given
+    # (each LPUSH goes in front of the one before it).
+    order = [i for i, m in enumerate(messages) if not m.options.get(HEAD_OPTION)]
+    order += [i for i, m in reversed(list(enumerate(messages))) if m.options.get(HEAD_OPTION)]
+    for i in order:
+        message = messages[i]
         message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
         try:
             broker.emit_before("enqueue", message, None)

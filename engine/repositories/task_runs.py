@@ -84,11 +84,14 @@ def _json_text(value: Any) -> str:
 
 def _dispatches(rows: list[tuple]) -> list[Dispatch]:
     """The Dispatches of a claim's rows (a row per claimed generation with a NULL sixth
-    column, its wait in seconds seventh and its lane eighth, then a row per outbox row
-    written), in claim order."""
+    column, its wait in seconds seventh, its lane eighth and its place in the claim's
+    order ninth and tenth, then a row per outbox row written), in claim order: the order
+    they are published in, so a higher-priority generation is never sent behind a lower
+    one of the same claim."""
     outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
+    claimed = sorted((row for row in rows if row[5] is None), key=lambda r: (r[8], r[9], str(r[0])))
     return [Dispatch(*row[:5], outbox_ids.get(row[0]), float(row[6]) if row[6] is not None else None, row[7])
-            for row in rows if row[5] is None]
+            for row in claimed]
 
 
 # --- Claim (ready -> running) + outbox: the fair claim ------------------------------------------
@@ -176,6 +179,12 @@ def claim_ready_many(
     params.update(lock[1])
     return in_own_transaction(
         lambda: _dispatches(run_prepared([lock[0], queries["task_run_claim_fair"]], params)[1]), 0)
+
+
+def lock_organization_claims(organization_ids: Sequence[uuid.UUID]) -> None:
+    """Take the claim locks of ``organization_ids`` for the caller's transaction
+    (``task_run_lock_orgs``, ascending key): what a claimer takes first, before any row lock."""
+    fetch(queries["task_run_lock_orgs"], {"orgs": list(organization_ids)})
 
 
 def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:

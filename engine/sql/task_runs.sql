@@ -215,7 +215,9 @@ WITH now_ AS (
                    THEN %(first_queue)s ELSE %(queue)s END AS lane,
               -- Seconds it waited to be claimed, from when it became claimable.
               EXTRACT(EPOCH FROM clock_timestamp()
-                      - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited
+                      - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited,
+              -- Its place in picked's order (RETURNING keeps no order): the publish follows it.
+              picked.org_rn::float8 / picked.weight AS turn, picked.created_at AS made
 ), rate_count AS (
     -- One upsert per bucket (seed 001): the claims of this statement, counted in the
     -- bucket's open window, or in a new window opening now once the last one has closed.
@@ -267,13 +269,14 @@ WITH now_ AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
--- A row per claimed generation (with the seconds it waited and its lane), then a row per outbox row
+-- A row per claimed generation (with the seconds it waited, its lane and its place in the claim's order), then a row per outbox row
 -- written (joined in Python: as a join here, planned with nested loops only, it would
 -- compare every pair).
-SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited, c.lane
+SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited, c.lane,
+       c.turn, c.made
 FROM claimed c
 UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL FROM outbox o;
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL, NULL, NULL FROM outbox o;
 
 
 -- name: task_run_start_many

@@ -187,8 +187,10 @@ class Refiller:
     a claim; requests that arrive while one runs are merged into the next. A request
     lost with the process is claimed by the clock's next tick."""
 
-    #: Task run ids kept per pending refill (their organizations are what is claimed for).
-    MAX_IDS = 64
+    #: Task run ids kept per pending refill (their organizations are what is claimed for):
+    #: enough for every request of an interval (16 batches of 64), so no organization's
+    #: request is dropped behind another's; a refill looks each one up by primary key.
+    MAX_IDS = 1024
     #: Seconds without a request after which the thread closes its database connection
     #: (a new one prepares the claim statements again).
     IDLE_CLOSE_SECONDS = 300.0

@@ -687,6 +687,11 @@ def test_a_first_lane_message_is_fetched_before_the_backlog_already_queued(broke
     assert dispatch.enqueue_many([first]) == [None]
     fetched = [dramatiq.Message.decode(data) for data in broker.do_fetch(TASK_QUEUE, 4)]
     assert [m.args[0] for m in fetched] == ["first", "bulk-0", "bulk-1", "bulk-2"]
+    # Several first-lane messages of one publish keep their order (the claim's).
+    several = [dispatch.dispatch_message([(f"first-{i}", 1)], "flowforge.tasks.first") for i in range(3)]
+    assert dispatch.enqueue_many(several) == [None] * 3
+    again = [dramatiq.Message.decode(data).args[0] for data in broker.do_fetch(TASK_QUEUE, 3)]
+    assert again == ["first-0", "first-1", "first-2"]
     assert [m.actor_name for m in fetched] == ["execute_task_run_first"] + ["execute_task_run"] * 3
     from engine import actors
 
