@@ -97,23 +97,26 @@ class _RunView(OrganizationAPIView):
         return WorkflowRun.objects.for_organization(self.organization)
 
 
-class RunListView(OrganizationAPIView):
-    """GET /runs/ — the organization's runs, newest first; POST /runs/ — start one."""
-
-    required_action = {"GET": Action.READ, "POST": Action.RUN_OPERATE}
+class OwnTransactions:
+    """A view outside ATOMIC_REQUESTS whose service calls commit their own transactions:
+    ``cancel_run`` (durable, retried on a deadlock) and ``start_run`` (its on-commit
+    publish of the roots it claimed goes out before the response body is read and
+    rendered, not after it). An error's rollback (DRF's set_rollback) stays inside a
+    transaction of its own, as in a request transaction."""
 
     @classmethod
     def as_view(cls, **initkwargs):
-        # Outside ATOMIC_REQUESTS: a start commits in its own transaction (start_run's,
-        # or start_run_idempotent's), whose on-commit publish of the roots it claimed
-        # then goes out before the response body is read and rendered, not after it.
         return transaction.non_atomic_requests(super().as_view(**initkwargs))
 
     def handle_exception(self, exc):
-        # An error's rollback (DRF's set_rollback) stays inside a transaction of its own,
-        # as in a request transaction: it never reaches one the caller holds.
         with transaction.atomic():
             return super().handle_exception(exc)
+
+
+class RunListView(OwnTransactions, OrganizationAPIView):
+    """GET /runs/ — the organization's runs, newest first; POST /runs/ — start one."""
+
+    required_action = {"GET": Action.READ, "POST": Action.RUN_OPERATE}
 
     def get_scoped_queryset(self):
         return WorkflowRun.objects.for_organization(self.organization).select_related("workflow", "triggered_by")
@@ -247,21 +250,10 @@ class RunDetailView(_RunView):
         return Response(RunSerializer(_run_detail(self.actor, pk), context={"request": request}).data)
 
 
-class RunCancelView(_RunView):
+class RunCancelView(OwnTransactions, _RunView):
     """POST /runs/<id>/cancel/ — cancel a run; 409 when it had already finished."""
 
     required_action = {"POST": Action.RUN_OPERATE}
-
-    @classmethod
-    def as_view(cls, **initkwargs):
-        # Outside ATOMIC_REQUESTS: cancel_run owns its transaction (durable, retried on a deadlock).
-        return transaction.non_atomic_requests(super().as_view(**initkwargs))
-
-    def handle_exception(self, exc):
-        # An error's rollback (DRF's set_rollback) stays inside a transaction of its own,
-        # as in a request transaction: it never reaches one the caller holds.
-        with transaction.atomic():
-            return super().handle_exception(exc)
 
     @extend_schema(
         operation_id="runs_cancel",
