@@ -93,11 +93,6 @@ class Combiner[Req, Res]:
             if finished:
                 return slot.result()
 
-    def backlog(self) -> int:
-        """How many requests are queued for the next batch right now."""
-        with self._lock:
-            return len(self._queue)
-
     def _run(self, batch: list[_Slot]) -> None:
         try:
             results = self._run_batch([s.request for s in batch])
