@@ -68,7 +68,8 @@ def _no_failed_key_limit_across_tests(settings):
 
 @pytest.fixture(autouse=True)
 def _audit_log_flushable(request):
-    """Let pytest-django empty core_auditlog after a transactional test.
+    """Let pytest-django empty core_auditlog after a transactional test (and stop the
+    worker refill threads first).
 
     The audit log's append-only trigger refuses TRUNCATE, which is how the test
     database is flushed between transactional tests. Only around that flush, and
@@ -83,6 +84,11 @@ def _audit_log_flushable(request):
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE core_auditlog ENABLE TRIGGER ff_auditlog_no_truncate")
     yield
+    from engine.worker.batching import Refiller
+
+    # A refill thread started by this test's in-process batches may still be claiming:
+    # its row locks would deadlock the flush's TRUNCATE.
+    Refiller.stop_all()
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE core_auditlog DISABLE TRIGGER ff_auditlog_no_truncate")
 

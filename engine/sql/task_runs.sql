@@ -266,8 +266,10 @@ WITH now_ AS (
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
          attempt, fencing_token, detail, created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
-    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+           -- The claim's instant, the one its rate buckets counted it at: a timeline read
+           -- from these events sees the buckets' windows exactly.
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, n.at
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id, now_ n
 )
 -- A row per claimed generation (with the seconds it waited, its lane and its place in the claim's order), then a row per outbox row
 -- written (joined in Python: as a join here, planned with nested loops only, it would
