@@ -312,6 +312,9 @@ FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", True)
 # their own acks instead of polling with back-off (flowforge.redis_wakeup). Off: upstream
 # Dramatiq's polling consumer. Redis broker only.
 FLOWFORGE_BROKER_WAKEUP = env_bool("FLOWFORGE_BROKER_WAKEUP", True)
+# Each web process sends itself one request before it serves (flowforge/wsgi.py), so no
+# client's request pays for its lazy imports and URL maps.
+FLOWFORGE_WEB_WARM_UP = env_bool("FLOWFORGE_WEB_WARM_UP", True)
 # Task runs claimed per scheduler transaction, and outbox rows relayed per batch.
 FLOWFORGE_CLAIM_BATCH = int(os.environ.get("FLOWFORGE_CLAIM_BATCH", "200"))
 FLOWFORGE_RELAY_BATCH = int(os.environ.get("FLOWFORGE_RELAY_BATCH", "200"))

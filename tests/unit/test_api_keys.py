@@ -66,7 +66,8 @@ def forget_cache():
     """Delete the cache entries and tombstones of the prefixes a test registers."""
     prefixes: list[str] = []
     yield prefixes.append
-    cache.delete_many([k for p in prefixes for k in (apikeys._entry_key(p), apikeys._tombstone_key(p))])
+    cache.delete_many([k for p in prefixes
+                       for k in (apikeys._entry_key(p), apikeys._tombstone_key(p), apikeys._touched_key(p))])
 
 
 # --- creation and storage -----------------------------------------------------------------------
@@ -380,6 +381,43 @@ def test_last_used_at_is_written_on_first_use_and_not_again_within_the_minute(or
     assert apikeys.touch_last_used(api_key.pk) == 1
     api_key.refresh_from_db()
     assert api_key.last_used_at > first - dt.timedelta(seconds=1)
+
+
+def test_a_cache_hit_writes_last_used_at_once_a_minute_without_argon2(org, forget_cache, monkeypatch):
+    # The cached entry lives an hour, so last_used_at cannot wait for the Argon2 path.
+    api_key, full_key = new_key(org)
+    forget_cache(api_key.prefix)
+    authenticate(full_key)  # Argon2: caches the key, writes last_used_at, marks it touched
+    api_key.refresh_from_db()
+    first = api_key.last_used_at
+    verified = []
+    monkeypatch.setattr(apikeys, "_verify", lambda hashed, secret: verified.append(1) or True)
+
+    # A minute on (the marker gone, the row a minute old): the next hit writes it, once.
+    cache.delete(apikeys._touched_key(api_key.prefix))
+    ApiKey.objects.for_organization(org).filter(pk=api_key.pk).update(last_used_at=first - dt.timedelta(seconds=61))
+    with CaptureQueriesContext(connection) as queries:
+        assert authenticate(full_key) is not None
+        assert authenticate(full_key) is not None
+    assert len([q for q in queries.captured_queries if q["sql"].startswith("UPDATE core_apikey")]) == 1
+    assert verified == []
+    api_key.refresh_from_db()
+    assert api_key.last_used_at > first - dt.timedelta(seconds=1)
+    ttl = _ttl(apikeys._touched_key(api_key.prefix))
+    assert 0 < ttl <= apikeys.LAST_USED_RESOLUTION_SECONDS
+
+
+def test_a_verified_key_stays_cached_for_an_hour(org, forget_cache):
+    api_key, full_key = new_key(org)
+    forget_cache(api_key.prefix)
+    authenticate(full_key)
+    assert 3600 - 5 < _ttl(apikeys._entry_key(api_key.prefix)) <= 3600
+    assert 0 < _ttl(apikeys._touched_key(api_key.prefix)) <= 60
+
+
+def _ttl(key: str) -> int:
+    """Seconds the cache keeps ``key`` (Redis TTL)."""
+    return cache._cache.get_client().ttl(cache.make_key(key))
 
 
 # --- effective role -----------------------------------------------------------------------------
