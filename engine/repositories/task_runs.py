@@ -132,15 +132,14 @@ def claim_ready_many(
     owner: str,
     task_run_ids: Sequence[uuid.UUID] | None = None,
     organizations: Sequence[uuid.UUID] | None = None,
-    organizations_of: Sequence[uuid.UUID] | None = None,
     reserve_seconds: float = 0.0,
 ) -> list[Dispatch]:
     """Claim up to ``limit`` ready task runs fairly (the design brief's "Claim +
     dispatch", issue 16): ready -> running with a dispatch lease of ``lease_seconds`` and a
     bumped ``fencing_token``, one outbox row per new generation, a 'claimed' event each.
 
-    For the ``organizations`` given, or those of the task runs in ``organizations_of``
-    (a worker's refill), else the first CLAIM_ORGS_PER_PASS with ready task runs
+    For the ``organizations`` given (a worker's refill: ``organizations_with_ready_of``),
+    else the first CLAIM_ORGS_PER_PASS with ready task runs
     (``ready_organizations_after``); with ``task_run_ids``, only those rows (and their
     organizations). One transaction: first the organizations' claim locks
     (``task_run_lock_orgs`` / ``task_run_lock_orgs_of``), then ``task_run_claim_fair``:
@@ -161,12 +160,6 @@ def claim_ready_many(
         ids = list(task_run_ids)
         lock = (queries["task_run_lock_orgs_of"], {"lock_ids": ids})
         params.update(orgs=[], org_of=ids, only_ids=ids)
-    elif organizations_of is not None:
-        ids = list(organizations_of)
-        if not ids:
-            return []
-        lock = (queries["task_run_lock_orgs_of"], {"lock_ids": ids})
-        params.update(orgs=[], org_of=ids, only_ids=None)
     else:
         orgs = list(organizations) if organizations is not None else ready_organizations_after(None)
         if not orgs:
@@ -191,6 +184,14 @@ def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:
     """Ids of up to ``limit`` ready task runs of run ``run_id``, oldest first
     (``task_run_ready_of_run``; read only): a new run's roots."""
     return [row[0] for row in fetch(queries["task_run_ready_of_run"], {"run": run_id, "limit": limit})]
+
+
+def organizations_with_ready_of(task_run_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+    """Ids of the organizations of ``task_run_ids`` that have a ready task run, ascending
+    (``task_run_ready_orgs_of``; read only, takes no lock)."""
+    if not task_run_ids:
+        return []
+    return [row[0] for row in fetch(queries["task_run_ready_orgs_of"], {"ids": list(task_run_ids)})]
 
 
 def ready_organizations_after(after: uuid.UUID | None, *, limit: int = CLAIM_ORGS_PER_PASS) -> list[uuid.UUID]:

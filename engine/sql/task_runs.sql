@@ -41,6 +41,14 @@ ORDER BY created_at
 LIMIT %(limit)s;
 
 
+-- name: task_run_ready_orgs_of
+-- The organizations of the task runs in ids that have a ready task run, ascending (read only, no lock: a refill's check before it takes any claim lock); core_taskrun_pkey, then one probe of idx_taskrun_ready_claim each.
+SELECT o.organization_id
+FROM (SELECT DISTINCT organization_id FROM core_taskrun WHERE id = ANY(%(ids)s::uuid[])) o
+WHERE EXISTS (SELECT 1 FROM core_taskrun t WHERE t.organization_id = o.organization_id AND t.state = 'ready')
+ORDER BY 1;
+
+
 -- name: task_run_ready_orgs_after
 -- Up to max_orgs organizations with ready task runs whose id sorts after the cursor, ascending (a loose index scan: one probe of idx_taskrun_ready_claim each); idx_taskrun_ready_claim.
 WITH RECURSIVE o(id) AS (

@@ -279,16 +279,25 @@ def refill(task_run_ids: list[uuid.UUID]) -> int:
 
 
 def atomic_free_claim(task_run_ids: list[uuid.UUID]) -> list[types.Dispatch]:
-    """``task_runs.claim_ready_many`` for the organizations of ``task_run_ids``, retried on
-    a deadlock or a lost connection."""
-    return autocommit_retry(
-        lambda: task_runs.claim_ready_many(
+    """``task_runs.claim_ready_many`` for the organizations of ``task_run_ids`` that have
+    ready work, retried on a deadlock or a lost connection; none has: nothing is locked.
+
+    The check comes first, without a lock: a refill with nothing to claim would otherwise
+    hold the organization's claim lock just when a chain's next success wants it for its
+    dependent (make bench's hop p99). A task run that turns ready after the check is
+    claimed by whoever made it ready (a success claims its dependents, a start its roots)
+    or by the clock's next tick."""
+    def claim() -> list[types.Dispatch]:
+        organizations = task_runs.organizations_with_ready_of(task_run_ids)
+        if not organizations:
+            return []
+        return task_runs.claim_ready_many(
             limit=settings.FLOWFORGE_CLAIM_BATCH, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-            owner=process_owner("worker"), organizations_of=task_run_ids,
+            owner=process_owner("worker"), organizations=organizations,
             reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
-        ),
-        connection_attempts=8,
-    )
+        )
+
+    return autocommit_retry(claim, connection_attempts=8)
 
 
 def _publish_claimed(

@@ -204,3 +204,29 @@ def test_the_refiller_thread_claims_what_a_start_made_room_for_without_the_batch
         assert wait_until(running, timeout=10, what="the refiller's claim") == 6
     finally:
         refiller.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refill_with_nothing_ready_takes_no_claim_lock(org, make_workflow, settings):
+    """A refill for an organization with no ready task run sends one read and no claim:
+    it does not take the organization's claim lock (a chain's next success wants it)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from engine.models import TaskRun
+    from engine.worker.batching import refill
+
+    wf = make_workflow(org, [{"key": "only", "type": "noop"}], name="one")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 1
+    row = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    with CaptureQueriesContext(connection) as queries:
+        assert refill([row.pk]) == 0
+    sql = [q["sql"] for q in queries.captured_queries]
+    assert len(sql) == 1 and "EXISTS" in sql[0], sql
+    assert not any("pg_advisory_xact_lock" in s for s in sql)
+
+    # With ready work (a second run's root), the same refill claims it.
+    second = start_run(workflow=wf)
+    assert refill([row.pk]) == 1
+    assert TaskRun.objects.for_organization(org).get(workflow_run=second).state == "running"
