@@ -41,6 +41,8 @@ COUNTERS = {
     "flowforge_runs_finished_total": ("Runs finished, by final state.", ("state",)),
     "flowforge_task_attempts_total": ("Task attempts finished, by outcome.", ("outcome",)),
     "flowforge_lease_reaps_total": ("Expired leases taken back by the reaper, by result.", ("result",)),
+    "flowforge_broker_messages_reclaimed_total": ("Unacknowledged messages of dead worker processes given back to "
+                                                  "their queues (flowforge.broker_recovery), by reason.", ("reason",)),
 }
 HISTOGRAMS = {
     "flowforge_dispatch_latency_seconds": ("From claim to handler start.", DISPATCH_BUCKETS),

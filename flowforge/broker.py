@@ -57,7 +57,13 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
         # instead of waiting for their next poll (flowforge.redis_wakeup), unless
         # FLOWFORGE_BROKER_WAKEUP is off.
         cls = WakingRedisBroker if getattr(settings, "FLOWFORGE_BROKER_WAKEUP", True) else RedisBroker
-        return cls(url=url, namespace=namespace, middleware=middleware)
+        from flowforge.broker_recovery import ConsumerHeartbeat
+
+        # A worker process beats every FLOWFORGE_BROKER_HEARTBEAT_SECONDS and gives back
+        # the messages of processes silent for FLOWFORGE_BROKER_DEAD_AFTER_SECONDS
+        # (flowforge.broker_recovery; upstream waits 60 s, then for a random maintenance).
+        return cls(url=url, namespace=namespace, middleware=[*middleware, ConsumerHeartbeat()],
+                   heartbeat_timeout=int(settings.FLOWFORGE_BROKER_DEAD_AFTER_SECONDS * 1000))
     if url.startswith(("amqp://", "amqps://")):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 

@@ -312,6 +312,22 @@ FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", True)
 # their own acks instead of polling with back-off (flowforge.redis_wakeup). Off: upstream
 # Dramatiq's polling consumer. Redis broker only.
 FLOWFORGE_BROKER_WAKEUP = env_bool("FLOWFORGE_BROKER_WAKEUP", True)
+# Redis brokers (issue 22, flowforge/broker_recovery.py): every worker process beats every
+# HEARTBEAT seconds, and the messages a process fetched and never acknowledged go back to
+# their queues once it has been silent DEAD_AFTER seconds (a SIGKILLed pool's prefetched
+# messages: back within DEAD_AFTER + HEARTBEAT). Lower recovers sooner; too low takes a
+# process stalled that long (a task holding the GIL) for dead: its messages are delivered
+# again, and the fencing token refuses the second start, so the cost is a wasted delivery.
+FLOWFORGE_BROKER_HEARTBEAT_SECONDS = env_float("FLOWFORGE_BROKER_HEARTBEAT_SECONDS", 5.0)
+FLOWFORGE_BROKER_DEAD_AFTER_SECONDS = env_float("FLOWFORGE_BROKER_DEAD_AFTER_SECONDS", 20.0)
+if FLOWFORGE_BROKER_DEAD_AFTER_SECONDS < 3 * FLOWFORGE_BROKER_HEARTBEAT_SECONDS:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_BROKER_DEAD_AFTER_SECONDS ({FLOWFORGE_BROKER_DEAD_AFTER_SECONDS:g}) must be at least 3 x "
+        f"FLOWFORGE_BROKER_HEARTBEAT_SECONDS ({FLOWFORGE_BROKER_HEARTBEAT_SECONDS:g}): a live worker that misses "
+        "a beat or two would be taken for dead"
+    )
 # Each web process sends itself one request before it serves (flowforge/wsgi.py), so no
 # client's request pays for its lazy imports and URL maps.
 FLOWFORGE_WEB_WARM_UP = env_bool("FLOWFORGE_WEB_WARM_UP", True)
