@@ -230,3 +230,42 @@ def test_a_refill_with_nothing_ready_takes_no_claim_lock(org, make_workflow, set
     second = start_run(workflow=wf)
     assert refill([row.pk]) == 1
     assert TaskRun.objects.for_organization(org).get(workflow_run=second).state == "running"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_last_success_and_its_runs_end_commit_together_or_not_at_all(org, make_workflow):
+    """Issue 22: no process death can leave a run open with every task run finished. The
+    last success and the run's terminal state are one transaction, sent whole (BEGIN ...
+    COMMIT in one message): here the run's update fails, and the success is gone with it;
+    the retry of the same success (as after a lease expiry) records both."""
+    from engine.models import TaskRun, WorkflowRun
+    from engine.worker.batching import Start
+
+    wf = make_workflow(org, [{"key": "only", "type": "noop"}], name="last")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 1
+    row = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    started = record_batch([Start(types.StartRequest(row.pk, row.fencing_token, "w"))])[0]
+    assert started is not None
+    success = Success(types.SuccessRequest(row.pk, row.fencing_token, None, False), run.pk, False)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("""
+                CREATE FUNCTION ff_test_refuse_run_end() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN RAISE EXCEPTION 'the run''s end refused (test)'; END $$;
+                CREATE TRIGGER ff_test_refuse_run_end BEFORE UPDATE ON core_workflowrun FOR EACH ROW
+                WHEN (NEW.state IS DISTINCT FROM OLD.state AND NEW.state = 'succeeded')
+                EXECUTE FUNCTION ff_test_refuse_run_end();""")
+        with pytest.raises(Exception, match="the run's end refused"):
+            record_batch([success])
+        row.refresh_from_db()
+        run.refresh_from_db()
+        assert (row.state, row.finished_at, run.state) == ("running", None, "running")
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER IF EXISTS ff_test_refuse_run_end ON core_workflowrun; "
+                        "DROP FUNCTION IF EXISTS ff_test_refuse_run_end();")
+    record_batch([success])
+    row.refresh_from_db()
+    assert row.state == "succeeded"
+    assert WorkflowRun.objects.for_organization(org).get(pk=run.pk).state == "succeeded"
