@@ -14,8 +14,14 @@ injects its fault in the middle of the load, and then proves:
   gaps) and it has exactly one ``run.started`` audit record.
 
 Dead worker commands are restarted, as a process supervisor would. Scenarios:
-kill_worker, redis_outage, postgres_restart, duplicate_delivery, two_clocks,
+kill_worker, kill_pool, redis_outage, postgres_restart, duplicate_delivery, two_clocks,
 self_killing_task. Exit status 0 only if every scenario held every invariant.
+
+kill_pool (issue 22) SIGKILLs the whole pool (both worker commands, masters and worker
+processes) three times during the load, with the deployment's 300 s dispatch lease, and
+also proves that the slowest run took at most 2 x the worker lease plus the longest
+restart (kill to the restarted pool's first start) plus the longest run that finished
+before the first kill; it prints the distribution.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from audit.keys import generate_key_spec
 from flowforge.stack import BASE_DIR, Stack, worker_child_pids
 from tests.faults.servers import PrivatePostgres, PrivateRedis, free_port
 
-SCENARIOS = ("kill_worker", "redis_outage", "postgres_restart", "duplicate_delivery", "two_clocks",
+SCENARIOS = ("kill_worker", "kill_pool", "redis_outage", "postgres_restart", "duplicate_delivery", "two_clocks",
              "self_killing_task")
 
 LOAD_WORKFLOW = {
@@ -72,6 +78,7 @@ class Result:
     incomplete_event_logs: int = 0
     missing_audit_records: int = 0
     drain_seconds: float | None = None
+    recovery: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +98,7 @@ def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> 
         # tests/settings.py registers the self-killing task; DEBUG off needs a real key.
         DJANGO_SETTINGS_MODULE="tests.settings", SECRET_KEY=_SECRET_KEY,
         FLOWFORGE_LEASE_SECONDS="3", FLOWFORGE_HEARTBEAT_SECONDS="0.5", FLOWFORGE_DISPATCH_LEASE_SECONDS="5",
+        FLOWFORGE_BROKER_HEARTBEAT_SECONDS="0.5", FLOWFORGE_BROKER_DEAD_AFTER_SECONDS="3",
         FLOWFORGE_CLOCK_SCHEDULE_SECONDS="0.5", FLOWFORGE_CLOCK_REAP_SECONDS="0.5",
         FLOWFORGE_CLOCK_RELAY_SECONDS="1", FLOWFORGE_API_RATE_LIMIT_PER_MINUTE="100000",
         FLOWFORGE_REPORT_DIR=str(report_dir), PYTHONUNBUFFERED="1",
@@ -129,8 +137,9 @@ class Load:
     """Starts ``count`` runs through the API, each with its own Idempotency-Key, retrying
     every start until the server answers it (through outages)."""
 
-    def __init__(self, base_url: str, key: str, count: int, killer_every: int | None = None):
+    def __init__(self, base_url: str, key: str, count: int, killer_every: int | None = None, pace: float = 0.01):
         self.base_url, self.key, self.count, self.killer_every = base_url, key, count, killer_every
+        self.pace = pace  # seconds between two starts
         self.started: list[str] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.errors = 0
@@ -153,7 +162,7 @@ class Load:
                     except httpx.HTTPError:
                         self.errors += 1
                     time.sleep(0.2)
-                time.sleep(0.01)
+                time.sleep(self.pace)
 
 
 def _sql(dsn: str, query: str, params=None) -> list[tuple]:
@@ -191,6 +200,9 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
     env = _env(pg, rds.url, dbname, workdir / "reports")
     if name == "duplicate_delivery":
         env["FLOWFORGE_BROKER_MIDDLEWARE"] = "tests.faults.middleware.DuplicateDelivery"
+    if name == "kill_pool":  # the deployment's: nothing may be left to it
+        env["FLOWFORGE_DISPATCH_LEASE_SECONDS"] = "300"
+    kills: list[float] = []
     stack = Stack(env=env, log_dir=workdir / "logs")
     try:
         key = _prepare(env)
@@ -204,7 +216,9 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
             stack.start_clock("clock-2")
             supervised.add("clock-2")
         time.sleep(2.0)
-        load = Load(f"http://127.0.0.1:{port}", key, runs, killer_every=25 if name == "self_killing_task" else None)
+        # kill_pool's load lasts about runs / 5 s, so each of its three kills finds work in flight.
+        load = Load(f"http://127.0.0.1:{port}", key, runs, killer_every=25 if name == "self_killing_task" else None,
+                    pace=0.2 if name == "kill_pool" else 0.01)
         load.thread.start()
         # The fault, once a good part of the load is in flight.
         while len(load.started) < runs // 3 and load.thread.is_alive():
@@ -214,6 +228,19 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
             master = next(p for p in stack.procs if p.name == "worker-1")
             children = worker_child_pids(master.pid)
             os.kill(children[0] if children else master.pid, signal.SIGKILL)
+        elif name == "kill_pool":
+            for k in (1, 2, 3):
+                # A quarter more of the load, and 8 s since the last kill (its recovery,
+                # 2 leases and a restart, is over before the next one).
+                while ((len(load.started) < k * runs // 4 and load.thread.is_alive())
+                       or (kills and time.time() - kills[-1] < 8)):
+                    time.sleep(0.1)
+                    _supervise(stack, supervised)
+                for proc in [p for p in stack.procs if p.name.startswith("worker")]:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the master and its worker processes
+                    proc.popen.wait(10)
+                kills.append(time.time())
+                _supervise(stack, supervised)
         elif name == "redis_outage":
             rds.stop()
             time.sleep(10)
@@ -278,6 +305,8 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
             failed = result.states.get("failed", 0) + result.states.get("cancelled", 0)
             if failed:
                 result.problems.append(f"{failed} load run(s) did not succeed")
+        if name == "kill_pool":
+            _check_recovery(result, dsn, kills, lease=float(env["FLOWFORGE_LEASE_SECONDS"]))
         _manage(env, "audit_verify")
     except Exception as exc:  # a scenario that crashes is a failed scenario, with its reason
         result.problems.append(f"{type(exc).__name__}: {exc}")
@@ -291,6 +320,33 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
         rds.destroy()
         pg.destroy()
     return result
+
+
+def _check_recovery(result: Result, dsn: str, kills: list[float], *, lease: float) -> None:
+    """kill_pool's bound and figures (module docstring), into ``result.recovery``."""
+    restarts = []
+    for at in kills:
+        first = _sql(dsn, "SELECT min(EXTRACT(EPOCH FROM created_at))::float8 FROM core_taskrunevent "
+                          "WHERE kind = 'started' AND created_at > to_timestamp(%s)", [at])[0][0]
+        restarts.append(round(first - at, 2) if first is not None else None)
+    rows = _sql(dsn, "SELECT EXTRACT(EPOCH FROM created_at)::float8, EXTRACT(EPOCH FROM finished_at - created_at)::float8 "
+                     "FROM core_workflowrun WHERE finished_at IS NOT NULL ORDER BY 2")
+    took = [d for _c, d in rows]
+    before = [d for c, d in rows if kills and c + d < kills[0]]
+    if not took or None in restarts:
+        result.problems.append(f"no recovery figures: restarts {restarts}, {len(took)} finished runs")
+        return
+    q = lambda p: took[min(len(took) - 1, int(p * len(took)))]  # noqa: E731
+    bound = 2 * lease + max(restarts) + (max(before) if before else 0.0)
+    result.recovery = {"kills": len(kills), "restart_seconds": restarts,
+                       "run_seconds": {"p50": round(q(0.5), 2), "p90": round(q(0.9), 2), "p99": round(q(0.99), 2),
+                                       "max": round(took[-1], 2)},
+                       "slowest_before_first_kill": round(max(before), 2) if before else None,
+                       "bound_seconds": round(bound, 2)}
+    print(f"kill_pool recovery: {result.recovery}", flush=True)
+    if took[-1] > bound:
+        result.problems.append(f"the slowest run took {took[-1]:.1f} s, over the bound of {bound:.1f} s "
+                               f"(2 x {lease:g} s lease + restart {max(restarts):.1f} s + slowest unaffected run)")
 
 
 def main(argv: list[str] | None = None) -> int:
