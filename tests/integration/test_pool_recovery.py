@@ -90,3 +90,65 @@ def test_a_killed_and_restarted_pool_finishes_every_run_within_two_leases_of_its
     assert after_kill[-1] <= bound, (after_kill, restart)
     # Nothing was left to the 300 s dispatch lease.
     assert all(worker_child_pids(w.pid) for w in workers)
+
+
+def test_a_worker_killed_between_a_last_success_and_its_runs_end_leaves_no_open_run(stack, org, make_workflow):
+    """The last success and the run's end are one transaction (engine.repositories.driver
+    .run_prepared: BEGIN ... COMMIT in one message). Here the worker process is SIGKILLed
+    while its transaction sits between the two (a trigger holds the run's update), and the
+    transaction is ended with it (its backend terminated): neither is kept, the attempt's
+    lease expires, the retry records both. Nothing ever shows the task succeeded and the
+    run still running."""
+    wf = make_workflow(org, [{"key": "only", "type": "noop", "max_attempts": 3, "retry_backoff_seconds": 0.1}],
+                       name="last-success")
+    with connection.cursor() as cur:
+        # A sequence is not transactional: only the first run update ever sleeps.
+        cur.execute("""
+            CREATE SEQUENCE ff_test_hold_once;
+            CREATE FUNCTION ff_test_hold_run_end() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF nextval('ff_test_hold_once') = 1 THEN PERFORM pg_sleep(30); END IF; RETURN NEW; END $$;
+            CREATE TRIGGER ff_test_hold_run_end BEFORE UPDATE ON core_workflowrun FOR EACH ROW
+            WHEN (OLD.state = 'running' AND NEW.state = 'succeeded') EXECUTE FUNCTION ff_test_hold_run_end();""")
+    try:
+        worker = stack.start_worker("worker", processes=1, threads=1)
+        wait_worker_children([worker])
+        stack.start_clock()
+        run = start_run(workflow=wf)
+
+        def held_backend():
+            with connection.cursor() as cur:
+                cur.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND pid <> pg_backend_pid()")
+                row = cur.fetchone()
+            return row[0] if row else None
+
+        backend = wait_until(held_backend, timeout=30, interval=0.05, what="the run's update to be held")
+        with connection.cursor() as cur:  # inside the held transaction: both writes uncommitted
+            cur.execute("SELECT state FROM core_taskrun WHERE workflow_run_id = %s", [run.pk])
+            assert cur.fetchone()[0] == "running"
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.popen.wait(10)
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [backend])
+        stack.procs.remove(worker)
+        stack.start_worker("worker-b", processes=1, threads=1)
+
+        def observed():
+            with connection.cursor() as cur:
+                cur.execute("SELECT r.state, t.state FROM core_workflowrun r JOIN core_taskrun t "
+                            "ON t.workflow_run_id = r.id WHERE r.id = %s", [run.pk])
+                states = cur.fetchone()
+            assert states != ("running", "succeeded"), "the task succeeded while its run stayed open"
+            return states if states[0] != "running" else None
+
+        assert wait_until(observed, timeout=60, interval=0.02, what="the run to end") == ("succeeded", "succeeded")
+        with connection.cursor() as cur:
+            cur.execute("SELECT kind, attempt FROM core_taskrunevent WHERE workflow_run_id = %s "
+                        "AND kind IN ('started', 'succeeded', 'lease_expired', 'run_finished') ORDER BY seq",
+                        [run.pk])
+            kinds = cur.fetchall()
+        assert kinds == [("started", 1), ("lease_expired", 1), ("started", 2), ("succeeded", 2),
+                         ("run_finished", None)], kinds
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER IF EXISTS ff_test_hold_run_end ON core_workflowrun; "
+                        "DROP FUNCTION IF EXISTS ff_test_hold_run_end(); DROP SEQUENCE IF EXISTS ff_test_hold_once;")
