@@ -103,6 +103,10 @@ class EventKind(models.TextChoices):
     WAITING = "waiting"
     #: A queued run (pending: its workflow's max_running_runs was reached) was let in.
     RUN_ADMITTED = "run_admitted"
+    #: The claimed generation's message, fetched by a worker process that then died
+    #: before starting it, was given back to its queue (flowforge.broker_recovery; detail:
+    #: the dead process's broker id and the seconds since the claim).
+    REDELIVERED = "redelivered"
 
 
 #: Run states a run never leaves (``wfrun_finished_at_matches_state``: exactly these

@@ -39,6 +39,7 @@ import time
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.message import Message
 
 log = logging.getLogger(__name__)
 
@@ -55,21 +56,40 @@ def dead_consumers(broker: RedisBroker) -> list[str]:
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
-def reclaim_dead(broker: RedisBroker, queue_names: list[str]) -> int:
+def held_by(broker: RedisBroker, consumer_ids: list[str], queue_names: list[str]) -> dict[str, list[Message]]:
+    """The messages each of ``consumer_ids`` fetched from ``queue_names`` and did not
+    acknowledge (its ack sets; read only, two pipelined round trips), decoded; a message
+    whose body is gone (acked meanwhile) is left out."""
+    if not consumer_ids:
+        return {}
+    pairs = [(c, q) for c in consumer_ids for q in queue_names]
+    pipe = broker.client.pipeline(transaction=False)
+    for consumer_id, queue_name in pairs:
+        pipe.smembers(f"{broker.namespace}:__acks__.{consumer_id}.{queue_name}")
+    members = pipe.execute()
+    wanted = [(c, q, sorted(ids)) for (c, q), ids in zip(pairs, members, strict=True) if ids]
+    for _c, queue_name, ids in wanted:
+        pipe.hmget(f"{broker.namespace}:{queue_name}.msgs", ids)
+    out: dict[str, list[Message]] = {}
+    for (consumer_id, _q, _ids), bodies in zip(wanted, pipe.execute() if wanted else [], strict=True):
+        for body in bodies:
+            if body is None:
+                continue
+            try:
+                out.setdefault(consumer_id, []).append(Message.decode(body))
+            except Exception:  # noqa: BLE001 - a body this code cannot read is still given back
+                log.warning("an unreadable message of dead worker process %s", consumer_id)
+    return out
+
+
+def reclaim_dead(broker: RedisBroker, queue_names: list[str]) -> dict[str, list[Message]]:
     """For each queue of ``queue_names``: one command of upstream's dispatch script
     (``qsize``) with its maintenance on, which also refreshes this process's heartbeat.
     The maintenance moves the unacknowledged messages of every dead consumer (heartbeat
-    older than ``broker.heartbeat_timeout`` ms) of that queue back onto it. Returns how
-    many messages were given back (counted from the dead consumers' ack sets just before;
-    0 in the usual case, at the cost of one ZRANGEBYSCORE). Raises redis errors."""
-    dead = dead_consumers(broker)
-    held = 0
-    if dead:
-        pipe = broker.client.pipeline(transaction=False)
-        for consumer_id in dead:
-            for queue_name in queue_names:
-                pipe.scard(f"{broker.namespace}:__acks__.{consumer_id}.{queue_name}")
-        held = sum(int(n) for n in pipe.execute())
+    older than ``broker.heartbeat_timeout`` ms) of that queue back onto it. Returns what
+    was given back, per dead consumer's broker id (read from its ack sets just before; the
+    usual case, nobody dead, costs one ZRANGEBYSCORE more). Raises redis errors."""
+    held = held_by(broker, dead_consumers(broker), queue_names)
     dispatch = broker.scripts["dispatch"]
     for queue_name in queue_names:
         # dispatch.lua's arguments: command, timestamp, queue name, this process's broker
@@ -79,7 +99,8 @@ def reclaim_dead(broker: RedisBroker, queue_names: list[str]) -> int:
             broker.dead_message_ttl, 1, broker._max_unpack_size(),
         ])
     if held:
-        log.warning("gave %d message(s) of %d dead worker process(es) back to their queues", held, len(dead))
+        log.warning("gave %d message(s) of %d dead worker process(es) back to their queues",
+                    sum(len(m) for m in held.values()), len(held))
     return held
 
 
@@ -87,7 +108,8 @@ class ConsumerHeartbeat(dramatiq.Middleware):
     """In a worker process on a Redis broker: a thread that calls ``reclaim_dead`` for
     the process's queues (and their delay queues) every ``interval_seconds`` (module
     docstring). Counts the messages given back in
-    ``flowforge_broker_messages_reclaimed_total``. No-op on other brokers."""
+    ``flowforge_broker_messages_reclaimed_total`` and records the generations they carried
+    (``engine.worker.redelivery``: a ``redelivered`` event each). No-op on other brokers."""
 
     def __init__(self, interval_seconds: float | None = None):
         self._interval = interval_seconds
@@ -112,15 +134,25 @@ class ConsumerHeartbeat(dramatiq.Middleware):
 
         return settings.FLOWFORGE_BROKER_HEARTBEAT_SECONDS
 
+    @staticmethod
+    def _record(consumer_id: str, messages: list[Message]) -> None:
+        """Count what was given back, and record the generations it carried on their runs
+        (``engine.worker.redelivery``); a failure is logged: the messages are back anyway."""
+        from engine import metrics
+        from engine.worker.redelivery import record_redelivered
+
+        metrics.incr("flowforge_broker_messages_reclaimed_total", "dead_worker", amount=len(messages))
+        try:
+            record_redelivered(messages, consumer=consumer_id)
+        except Exception:  # noqa: BLE001 - the record is informational
+            log.warning("could not record the redelivered generations of %s", consumer_id, exc_info=True)
+
     def _beat(self, broker: RedisBroker) -> None:
         while True:
             try:
                 queues = sorted(broker.get_declared_queues() | broker.get_declared_delay_queues())
-                reclaimed = reclaim_dead(broker, queues)
-                if reclaimed:
-                    from engine import metrics
-
-                    metrics.incr("flowforge_broker_messages_reclaimed_total", "dead_worker", amount=reclaimed)
+                for consumer_id, messages in reclaim_dead(broker, queues).items():
+                    self._record(consumer_id, messages)
             except Exception:  # noqa: BLE001 - Redis away: the next beat tries again
                 log.warning("broker heartbeat failed", exc_info=True)
             if self._stop.wait(self._interval_seconds()):

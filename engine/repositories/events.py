@@ -46,6 +46,20 @@ def append(
     return rows[0][0] if rows else None
 
 
+def append_redelivered(generations: list[tuple[uuid.UUID, int]], *, consumer: str) -> list[tuple[uuid.UUID, float]]:
+    """A ``redelivered`` event for each (task run id, fencing token) generation of
+    ``generations`` that is still claimed and not started: its message was given back to
+    its queue after the worker process ``consumer`` (a broker id) died holding it
+    (``event_append_redelivered_many``; one statement, autocommit or the caller's
+    transaction). Returns (task run id, seconds since its claim or None) per event written;
+    generations that started, moved on or are gone are skipped."""
+    if not generations:
+        return []
+    rows = fetch(queries["event_append_redelivered_many"], {
+        "ids": [g[0] for g in generations], "tokens": [int(g[1]) for g in generations], "consumer": consumer})
+    return [(row[0], row[1]) for row in rows]
+
+
 def append_ignored_start(*, task_run_id: uuid.UUID, fencing_token: int) -> None:
     """Record why generation ``fencing_token`` of a task run was not started: a duplicate
     delivery of the generation that already started, or a stale message (the row moved to

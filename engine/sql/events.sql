@@ -15,3 +15,35 @@ SELECT gen_random_uuid(), s.organization_id, s.id, %(tr)s, s.last_event_seq, %(k
        %(attempt)s, %(token)s, %(detail)s, clock_timestamp()
 FROM s
 RETURNING seq;
+
+
+-- name: event_append_redelivered_many
+-- A 'redelivered' event for each generation (ids, tokens) still claimed and not started, whose message was given back to its queue after the worker process that fetched it (consumer) died; detail: consumer and the seconds since the claim ('claimed' event of that token); numbered by bumping each run's counter once; core_taskrun_pkey, idx_event_taskrun_created, core_workflowrun_pkey.
+WITH req AS (
+    SELECT DISTINCT r.id, r.token FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(id, token)
+), gen AS (
+    SELECT t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token,
+           (SELECT EXTRACT(EPOCH FROM clock_timestamp() - max(e.created_at))::float8
+            FROM core_taskrunevent e
+            WHERE e.task_run_id = t.id AND e.kind = 'claimed' AND e.fencing_token = t.fencing_token) AS waited
+    FROM req JOIN core_taskrun t ON t.id = req.id
+    WHERE t.state = 'running' AND t.fencing_token = req.token
+      AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+), ev_rows AS (
+    SELECT g.*, row_number() OVER (PARTITION BY g.workflow_run_id ORDER BY g.id) AS rn FROM gen g
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM gen GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+)
+INSERT INTO core_taskrunevent
+    (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+     attempt, fencing_token, detail, created_at)
+SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, 'redelivered', 'running',
+       'running', e.attempt, e.fencing_token,
+       jsonb_build_object('consumer', %(consumer)s::text, 'waited_seconds', round(e.waited::numeric, 3)),
+       clock_timestamp()
+FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+RETURNING task_run_id, (detail->>'waited_seconds')::float8;

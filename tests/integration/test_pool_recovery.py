@@ -78,12 +78,16 @@ def test_a_killed_and_restarted_pool_finishes_every_run_within_two_leases_of_its
                     "WHERE workflow_run_id = ANY(%s) AND kind = 'started' "
                     "GROUP BY 1, 2 HAVING count(*) > 1) d", [ids])
         started_twice = cur.fetchone()[0]
+        cur.execute("SELECT count(*), max((detail->>'waited_seconds')::float8) FROM core_taskrunevent "
+                    "WHERE workflow_run_id = ANY(%s) AND kind = 'redelivered'", [ids])
+        redelivered, longest_wait = cur.fetchone()
     states = set(WorkflowRun.objects.for_organization(org).filter(pk__in=ids).values_list("state", flat=True))
     restart = restarted_at - killed_at
     bound = 2 * lease + restart
     print(f"\npool recovery: {open_at_kill} of {len(ids)} runs open at the kill; restart {restart:.1f} s; "
           f"runs finished after the kill at +{after_kill[0]:.1f} .. +{after_kill[-1]:.1f} s "
-          f"(median +{after_kill[len(after_kill) // 2]:.1f}); bound {bound:.1f} s")
+          f"(median +{after_kill[len(after_kill) // 2]:.1f}); bound {bound:.1f} s; {redelivered} generation(s) "
+          f"redelivered from the dead processes' prefetch (longest wait since claim {longest_wait} s)")
     assert states == {"succeeded"}
     assert started_twice == 0
     assert open_at_kill > 0 and after_kill

@@ -46,14 +46,16 @@ def test_a_dead_processs_unacked_messages_go_back_and_a_live_ones_stay(namespace
     client.zadd(heartbeats, {dead.broker_id: int(time.time() * 1000) - dead.heartbeat_timeout - 1000})
     assert dead_consumers(rescuer) == [dead.broker_id]
 
-    assert reclaim_dead(rescuer, ["q"]) == 3
+    given_back = reclaim_dead(rescuer, ["q"])
+    assert list(given_back) == [dead.broker_id]
+    assert sorted(m.args[0] for m in given_back[dead.broker_id]) == [0, 1, 2]
     assert client.llen(f"{namespace}:q") == 1 + 3  # the one never fetched, and the dead one's three
     assert client.scard(f"{namespace}:__acks__.{dead.broker_id}.q") == 0
     assert client.scard(f"{namespace}:__acks__.{live.broker_id}.q") == 2
     assert client.zscore(heartbeats, dead.broker_id) is None  # nothing left of it
     assert client.zscore(heartbeats, rescuer.broker_id) is not None  # the call was the rescuer's beat
     # A second pass finds nothing more to give back.
-    assert reclaim_dead(rescuer, ["q"]) == 0
+    assert reclaim_dead(rescuer, ["q"]) == {}
 
 
 def test_the_worker_brokers_timeout_is_the_dead_after_setting():
@@ -95,3 +97,35 @@ def test_a_dead_after_shorter_than_three_beats_is_refused():
     assert out.returncode != 0
     assert "FLOWFORGE_BROKER_DEAD_AFTER_SECONDS (10) must be at least 3 x FLOWFORGE_BROKER_HEARTBEAT_SECONDS (5)" \
         in out.stderr
+
+
+@pytest.mark.django_db
+def test_redelivered_generations_still_waiting_get_an_event_with_their_wait(org, make_workflow):
+    from engine.models import TaskRun, TaskRunEvent
+    from engine.repositories import types
+    from engine.scheduler import schedule_once
+    from engine.services import start_run
+    from engine.worker.batching import Start, record_batch
+    from engine.worker.redelivery import record_redelivered
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop"}], name="two")
+    run = start_run(workflow=wf)
+    assert schedule_once() == 2
+    a, b = (TaskRun.objects.for_organization(org).get(workflow_run=run, task__key=k) for k in ("a", "b"))
+    assert record_batch([Start(types.StartRequest(b.pk, b.fencing_token, "w"))])[0] is not None  # b started
+    messages = [
+        Message(queue_name="flowforge.tasks", actor_name="execute_task_run", args=(str(a.pk), a.fencing_token),
+                kwargs={}, options={}),
+        Message(queue_name="flowforge.tasks", actor_name="execute_task_runs",
+                args=([[str(b.pk), b.fencing_token], [str(a.pk), a.fencing_token + 1]],), kwargs={}, options={}),
+        Message(queue_name="flowforge.control", actor_name="schedule_tick", args=(), kwargs={}, options={}),
+    ]
+    # a: still waiting for its start; b: started; a's next token: no such generation.
+    assert record_redelivered(messages, consumer="dead-broker-id") == 1
+    event = TaskRunEvent.objects.for_organization(org).get(workflow_run=run, kind="redelivered")
+    assert (event.task_run_id, event.fencing_token, event.detail["consumer"]) == (a.pk, a.fencing_token,
+                                                                                  "dead-broker-id")
+    assert 0 <= event.detail["waited_seconds"] < 60
+    seqs = list(TaskRunEvent.objects.for_organization(org).filter(workflow_run=run).order_by("seq")
+                .values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))  # numbered in the run's history, no gap
