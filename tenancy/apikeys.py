@@ -73,7 +73,9 @@ HASHER = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1, hash_
 # minute is as fast as any other (issue 17). What the entry lets through is bounded
 # otherwise: roles and memberships are read live on every request, never from this cache;
 # a revocation's tombstone hides the entry at once; the entry keeps the key's expiry; and
-# it holds a SHA-256 of a 256-bit secret, not the secret.
+# it holds a SHA-256 of a 256-bit secret, not the secret; and a hit still reads whether
+# the key is revoked (in the creator's membership query it makes anyway), so a revocation
+# whose tombstone did not reach the cache takes effect at once.
 CACHE_TTL_SECONDS = 3600
 # Seconds a revocation tombstone lives. Longer than CACHE_TTL_SECONDS plus
 # CACHE_WRITE_DEADLINE_SECONDS, so any entry written by a reader that raced the
@@ -286,10 +288,12 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
 
 
 def _authenticated(*, key_id, prefix, name, role, organization_id, creator_id,
-                   expires_at) -> AuthenticatedKey | None:
+                   expires_at, live_key: bool = False) -> AuthenticatedKey | None:
     # The same rule as an invitation's acceptance (tenancy.authority): at most the
     # creator's current role, nothing once the creator is no longer an active member.
-    grant = cap_to_grantor(role, organization_id=organization_id, grantor_id=creator_id)
+    # live_key: the key's row was not read (a cache hit): check it is unrevoked too.
+    grant = cap_to_grantor(role, organization_id=organization_id, grantor_id=creator_id,
+                           unrevoked_key_id=key_id if live_key else None)
     if grant is None:
         return None
     return AuthenticatedKey(
@@ -422,9 +426,12 @@ def authenticate(raw_key: str) -> AuthenticatedKey | None:
         expires_at = dt.datetime.fromtimestamp(entry["exp"], dt.UTC) if entry["exp"] is not None else None
         if expires_at is not None and expires_at <= timezone.now():
             return None
+        # The cache skips Argon2 only: whether the key is still unrevoked is read live, in
+        # the creator's membership query, so a revocation whose tombstone never reached
+        # the cache (Redis away at that moment) takes effect at once, not after the hour.
         result = _authenticated(
             key_id=uuid.UUID(entry["id"]), prefix=prefix, name=entry["name"], role=entry["role"],
-            organization_id=entry["org"], creator_id=entry["creator"], expires_at=expires_at,
+            organization_id=entry["org"], creator_id=entry["creator"], expires_at=expires_at, live_key=True,
         )
         if result is not None and not touched:
             _touch_from_cache_hit(prefix, result.id)

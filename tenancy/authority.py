@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from tenancy.models import Membership
+from django.db.models import Exists
+
+from tenancy.models import ApiKey, Membership
 from tenancy.permissions import min_role
 
 
@@ -27,20 +29,28 @@ class Grant:
     role: str
 
 
-def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False) -> Grant | None:
+def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False,
+                   unrevoked_key_id=None) -> Grant | None:
     """The role a grant of ``role`` made by user ``grantor_id`` in ``organization_id`` gives now.
 
     Returns None when the granter is unknown (``grantor_id`` None: the user was deleted),
     is not a member of that organization (removed, left; a membership elsewhere does not
     count) or is deactivated. ``lock=True`` takes a row lock on the granter's membership
     (inside a transaction), so a concurrent role change or removal waits for the caller.
+    With ``unrevoked_key_id``, also None when that API key is revoked or gone, read in the
+    same query (a cached key's request: tenancy.apikeys).
     """
     if grantor_id is None:
         return None
     memberships = Membership.objects.for_organization(organization_id).select_related("organization", "user")
+    if unrevoked_key_id is not None:
+        memberships = memberships.annotate(key_unrevoked=Exists(
+            ApiKey.objects.unscoped().filter(pk=unrevoked_key_id, revoked_at__isnull=True)))
     if lock:
         memberships = memberships.select_for_update(of=("self",))
     membership = memberships.filter(user_id=grantor_id).first()
     if membership is None or not membership.user.is_active:
+        return None
+    if unrevoked_key_id is not None and not membership.key_unrevoked:
         return None
     return Grant(membership=membership, role=min_role(role, membership.role))

@@ -273,8 +273,10 @@ def test_a_cached_key_costs_one_redis_round_trip_and_one_membership_query(client
     with CaptureQueriesContext(connection) as queries:
         assert client.get(url("workflows"), headers=bearer(key)).status_code == 200
     sqls = data_queries(queries)
-    assert not any("core_apikey" in s for s in sqls), sqls
     assert len(sqls) == 2, sqls  # the creator's membership (with org and user), the workflows
+    # The key's row is read only for whether it is unrevoked, inside the membership query.
+    assert "core_membership" in sqls[0] and "core_apikey" in sqls[0] and "revoked_at" in sqls[0], sqls
+    assert not any("hashed_key" in s for s in sqls), sqls
 
 
 def test_the_key_wins_over_a_session_cookie_and_needs_no_csrf_token(tenant):

@@ -264,7 +264,9 @@ def test_a_cache_hit_skips_argon2_and_holds_no_secret(org, forget_cache, countin
     with CaptureQueriesContext(connection) as queries:
         assert authenticate(full_key) is not None
     assert counting_hasher.verifications == 1
-    assert not any("core_apikey" in q["sql"] for q in queries.captured_queries)
+    # One probe of the key row: is it still unrevoked (never its hash).
+    key_reads = [q["sql"] for q in queries.captured_queries if "core_apikey" in q["sql"]]
+    assert len(key_reads) == 1 and "hashed_key" not in key_reads[0] and "revoked_at" in key_reads[0], key_reads
 
 
 def test_a_cache_hit_with_a_wrong_secret_still_pays_argon2(org, forget_cache, counting_hasher):
@@ -537,3 +539,18 @@ def test_createapikey_with_created_by_and_its_errors(org, forget_cache):
                      stdout=io.StringIO(), stderr=io.StringIO())
     with pytest.raises(CommandError, match="no organization"):
         call_command("createapikey", "no-such-org", "--name", "x", stdout=io.StringIO(), stderr=io.StringIO())
+
+
+def test_a_revocation_whose_tombstone_never_reached_the_cache_still_refuses_the_key_at_once(
+    org, forget_cache, monkeypatch, django_capture_on_commit_callbacks
+):
+    # The entry lives an hour: Redis away during the revocation must not leave it usable.
+    api_key, full_key = new_key(org)
+    forget_cache(api_key.prefix)
+    assert authenticate(full_key) is not None  # cached
+    monkeypatch.setattr(apikeys, "_write_tombstone", lambda prefix: None)
+    monkeypatch.setattr(apikeys, "_forget", lambda prefix: None)
+    with django_capture_on_commit_callbacks(execute=True):
+        revoke_api_key(actor=actor(owner_of(org)), api_key=api_key)
+    assert cache.get(apikeys._entry_key(api_key.prefix)) is not None  # still cached
+    assert authenticate(full_key) is None
