@@ -15,12 +15,11 @@ Here, with upstream's own script and layout:
 - a worker process's broker is built with ``heartbeat_timeout`` =
   ``FLOWFORGE_BROKER_DEAD_AFTER_SECONDS`` (``flowforge.broker.build_broker``);
 - ``ConsumerHeartbeat`` (a Dramatiq middleware) runs a thread in every worker process
-  that, every ``FLOWFORGE_BROKER_HEARTBEAT_SECONDS``, sends one command per queue the
-  process consumes with upstream's maintenance forced on (``reclaim_dead``). That
-  command is the process's heartbeat (a live process is never taken for dead, even
-  when its threads are all busy and its consumers send nothing), and the maintenance
-  puts every message of a process whose heartbeat is older than the timeout back on
-  its queue.
+  that, every ``FLOWFORGE_BROKER_HEARTBEAT_SECONDS``, runs one script
+  (``reclaim_dead``): it writes the process's heartbeat (a live process is never taken
+  for dead, even when its threads are all busy and its consumers send nothing) and
+  atomically puts every message of a process whose heartbeat is older than the timeout
+  back on its queue, as upstream's maintenance would.
 
 So a dead process's messages are back within DEAD_AFTER + HEARTBEAT seconds of its
 death, as soon as any worker process of the deployment is alive (a restarted pool
@@ -48,6 +47,42 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+# One atomic step (a Lua script: no other client runs in between), so that of several
+# live processes beating at once exactly one gives back, and reports, each dead
+# consumer's messages. It reads like upstream's maintenance (dispatch.lua: the same keys,
+# a message goes back with RPUSH only if its body is still stored) without its KEYS scan
+# of the whole keyspace: a dead process's heartbeat entry is removed once its ack sets of
+# the queues given are empty (processes that acknowledged everything, a web or clock
+# process's enqueue-only entries, are removed at the first beat after they went silent).
+#   KEYS[1] namespace; ARGV: now (ms), heartbeat timeout (ms), this process's broker id,
+#   then the queue names. Returns a flat list: dead broker id, message body, ...
+_RECLAIM_LUA = """
+local ns = KEYS[1]
+local now = tonumber(ARGV[1])
+local heartbeats = ns .. ":__heartbeats__"
+redis.call("zadd", heartbeats, now, ARGV[3])
+local dead = redis.call("zrangebyscore", heartbeats, 0, now - tonumber(ARGV[2]))
+local out = {}
+for _, worker in ipairs(dead) do
+    for i = 4, #ARGV do
+        local queue = ns .. ":" .. ARGV[i]
+        local acks = ns .. ":__acks__." .. worker .. "." .. ARGV[i]
+        for _, id in ipairs(redis.call("smembers", acks)) do
+            local body = redis.call("hget", queue .. ".msgs", id)
+            if body then
+                redis.call("rpush", queue, id)
+                out[#out + 1] = worker
+                out[#out + 1] = body
+            end
+        end
+        redis.call("del", acks)
+    end
+    redis.call("zrem", heartbeats, worker)
+end
+return out
+"""
+
+
 def dead_consumers(broker: RedisBroker) -> list[str]:
     """Broker ids whose last heartbeat is older than the broker's ``heartbeat_timeout``
     (read only; the same rule as upstream's maintenance)."""
@@ -56,52 +91,29 @@ def dead_consumers(broker: RedisBroker) -> list[str]:
     return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
-def held_by(broker: RedisBroker, consumer_ids: list[str], queue_names: list[str]) -> dict[str, list[Message]]:
-    """The messages each of ``consumer_ids`` fetched from ``queue_names`` and did not
-    acknowledge (its ack sets; read only, two pipelined round trips), decoded; a message
-    whose body is gone (acked meanwhile) is left out."""
-    if not consumer_ids:
-        return {}
-    pairs = [(c, q) for c in consumer_ids for q in queue_names]
-    pipe = broker.client.pipeline(transaction=False)
-    for consumer_id, queue_name in pairs:
-        pipe.smembers(f"{broker.namespace}:__acks__.{consumer_id}.{queue_name}")
-    members = pipe.execute()
-    wanted = [(c, q, sorted(ids)) for (c, q), ids in zip(pairs, members, strict=True) if ids]
-    for _c, queue_name, ids in wanted:
-        pipe.hmget(f"{broker.namespace}:{queue_name}.msgs", ids)
-    out: dict[str, list[Message]] = {}
-    for (consumer_id, _q, _ids), bodies in zip(wanted, pipe.execute() if wanted else [], strict=True):
-        for body in bodies:
-            if body is None:
-                continue
-            try:
-                out.setdefault(consumer_id, []).append(Message.decode(body))
-            except Exception:  # noqa: BLE001 - a body this code cannot read is still given back
-                log.warning("an unreadable message of dead worker process %s", consumer_id)
-    return out
-
-
 def reclaim_dead(broker: RedisBroker, queue_names: list[str]) -> dict[str, list[Message]]:
-    """For each queue of ``queue_names``: one command of upstream's dispatch script
-    (``qsize``) with its maintenance on, which also refreshes this process's heartbeat.
-    The maintenance moves the unacknowledged messages of every dead consumer (heartbeat
-    older than ``broker.heartbeat_timeout`` ms) of that queue back onto it. Returns what
-    was given back, per dead consumer's broker id (read from its ack sets just before; the
-    usual case, nobody dead, costs one ZRANGEBYSCORE more). Raises redis errors."""
-    held = held_by(broker, dead_consumers(broker), queue_names)
-    dispatch = broker.scripts["dispatch"]
-    for queue_name in queue_names:
-        # dispatch.lua's arguments: command, timestamp, queue name, this process's broker
-        # id, heartbeat timeout, dead message ttl, do_maintenance, max unpack size.
-        dispatch(keys=[broker.namespace], args=[
-            "qsize", _now_ms(), queue_name, broker.broker_id, broker.heartbeat_timeout,
-            broker.dead_message_ttl, 1, broker._max_unpack_size(),
-        ])
-    if held:
+    """Beat for this process and give back, in one atomic script (``_RECLAIM_LUA``), the
+    fetched and unacknowledged messages of ``queue_names`` of every consumer whose
+    heartbeat is older than ``broker.heartbeat_timeout`` ms, to the tail of their queues.
+    Returns them, decoded, per dead consumer's broker id (a body this code cannot decode
+    is given back all the same, and left out). One round trip; raises redis errors."""
+    script = getattr(broker, "_flowforge_reclaim", None)
+    if script is None:
+        script = broker._flowforge_reclaim = broker.client.register_script(_RECLAIM_LUA)
+    flat = script(keys=[broker.namespace],
+                  args=[_now_ms(), int(broker.heartbeat_timeout), broker.broker_id, *queue_names])
+    out: dict[str, list[Message]] = {}
+    for consumer, body in zip(flat[::2], flat[1::2], strict=True):
+        consumer_id = consumer.decode() if isinstance(consumer, bytes) else consumer
+        try:
+            out.setdefault(consumer_id, []).append(Message.decode(body))
+        except Exception:  # noqa: BLE001 - given back all the same; only not reported
+            out.setdefault(consumer_id, [])
+            log.warning("gave back an unreadable message of dead worker process %s", consumer_id)
+    if out:
         log.warning("gave %d message(s) of %d dead worker process(es) back to their queues",
-                    sum(len(m) for m in held.values()), len(held))
-    return held
+                    sum(len(m) for m in out.values()), len(out))
+    return out
 
 
 class ConsumerHeartbeat(dramatiq.Middleware):
@@ -124,7 +136,10 @@ class ConsumerHeartbeat(dramatiq.Middleware):
                                         daemon=True)
         self._thread.start()
 
-    def before_worker_shutdown(self, broker, worker):
+    def after_worker_shutdown(self, broker, worker):
+        # After the worker stopped (its running tasks finished, its prefetched messages
+        # requeued): a slow graceful shutdown keeps beating, so no peer takes it for dead
+        # and delivers its messages again while it still works on them.
         self._stop.set()
 
     def _interval_seconds(self) -> float:

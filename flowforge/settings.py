@@ -12,6 +12,7 @@ checkout runs against the PostgreSQL and Redis of a developer machine:
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -21,16 +22,37 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 def env_bool(name: str, default: bool) -> bool:
-    """Read a boolean environment variable ("1", "true", "yes", "on" are true)."""
+    """Read a boolean environment variable ("1", "true", "yes", "on" are true; "0",
+    "false", "no", "off" and "" false; any case). Raises ImproperlyConfigured naming the
+    variable for anything else: a typo must not silently turn a setting off."""
     raw = os.environ.get(name)
     if raw is None:
         return default
-    return raw.strip().lower() in {"1", "true", "yes", "on"}
+    word = raw.strip().lower()
+    if word in {"1", "true", "yes", "on"}:
+        return True
+    if word in {"0", "false", "no", "off", ""}:
+        return False
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected true or false (1/0, yes/no, on/off)")
 
 
 def env_float(name: str, default: float) -> float:
+    """Read a finite number from environment variable ``name`` (``default`` when unset or
+    empty). Raises ImproperlyConfigured naming the variable for anything else."""
     raw = os.environ.get(name)
-    return default if raw in (None, "") else float(raw)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{name}={raw!r}: expected a finite number (e.g. {default:g})")
+    return value
 
 
 # The development default; with DEBUG off it is refused (see "Production safety" below).
@@ -320,6 +342,12 @@ FLOWFORGE_BROKER_WAKEUP = env_bool("FLOWFORGE_BROKER_WAKEUP", True)
 # again, and the fencing token refuses the second start, so the cost is a wasted delivery.
 FLOWFORGE_BROKER_HEARTBEAT_SECONDS = env_float("FLOWFORGE_BROKER_HEARTBEAT_SECONDS", 5.0)
 FLOWFORGE_BROKER_DEAD_AFTER_SECONDS = env_float("FLOWFORGE_BROKER_DEAD_AFTER_SECONDS", 20.0)
+if FLOWFORGE_BROKER_HEARTBEAT_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_BROKER_HEARTBEAT_SECONDS ({FLOWFORGE_BROKER_HEARTBEAT_SECONDS:g}) must be above 0"
+    )
 if FLOWFORGE_BROKER_DEAD_AFTER_SECONDS < 3 * FLOWFORGE_BROKER_HEARTBEAT_SECONDS:
     from django.core.exceptions import ImproperlyConfigured
 

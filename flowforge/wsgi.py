@@ -22,10 +22,12 @@ log = logging.getLogger(__name__)
 
 def warm_up(app) -> int | None:
     """Send one unauthenticated ``GET /api/v1/runs/`` through ``app`` in this thread
-    (middleware, URL resolution, DRF's settings and authentication: a 401, no database
-    query, nothing recorded) and build the reverse map of the URLs a response links to.
-    Returns the status code, or None when the warm-up failed (logged; the process serves
-    anyway: a cold first request is slow, not wrong)."""
+    (middleware, URL resolution, DRF's settings and authentication: a 401, nothing
+    recorded, no query, though the view's transaction opens a database connection, closed
+    again here) and build the reverse map of the URLs a response links to. Returns the
+    status code (a 500, logged by Django, when the database is down at boot), or None when
+    the warm-up raised (logged). Either way the process serves: a cold first request is
+    slow, not wrong."""
     from django.conf import settings
     from django.db import connections
     from django.urls import reverse

@@ -248,8 +248,8 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
     the tombstone is written before the commit (so there is no window between the
     commit and the on-commit hook) and again on commit together with deleting the
     cached entry. A failed cache write is logged, not raised: revoking a leaked key
-    must work while Redis is down (an entry there could then survive at most
-    CACHE_TTL_SECONDS).
+    must work while Redis is down (an entry left there is refused anyway: a cache hit
+    reads whether its key is unrevoked, in the creator's membership query).
 
     ``revoked_by`` is the acting user, or for an API key its creator. The key's pending
     invitations are revoked with it (``invitation.revoked``, reason ``api_key_revoked``).

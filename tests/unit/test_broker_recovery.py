@@ -58,6 +58,46 @@ def test_a_dead_processs_unacked_messages_go_back_and_a_live_ones_stay(namespace
     assert reclaim_dead(rescuer, ["q"]) == {}
 
 
+def test_of_several_processes_beating_at_once_exactly_one_gives_back_and_reports(namespace):
+    import threading
+
+    dead = build_broker(namespace=namespace)
+    rescuers = [build_broker(namespace=namespace) for _ in range(4)]
+    dead.declare_queue("q")
+    for i in range(3):
+        dead.enqueue(_message(i))
+    assert len(dead.do_fetch("q", 3)) == 3
+    client = dead.client
+    client.zadd(f"{namespace}:__heartbeats__", {dead.broker_id: int(time.time() * 1000) - dead.heartbeat_timeout - 1000})
+    barrier = threading.Barrier(len(rescuers))
+    reports: list[dict] = []
+
+    def beat(broker):
+        barrier.wait()
+        reports.append(reclaim_dead(broker, ["q"]))
+
+    threads = [threading.Thread(target=beat, args=(b,)) for b in rescuers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    reported = [m.args[0] for r in reports for msgs in r.values() for m in msgs]
+    assert sorted(reported) == [0, 1, 2]  # once each, whoever won
+    assert client.llen(f"{namespace}:q") == 3
+
+
+def test_a_silent_process_that_held_nothing_leaves_the_heartbeats_at_the_next_beat(namespace):
+    web, worker_broker = build_broker(namespace=namespace), build_broker(namespace=namespace)
+    web.declare_queue("q")
+    web.enqueue(_message(1))  # an enqueue-only process (web, clock) beats too
+    heartbeats = f"{namespace}:__heartbeats__"
+    client = web.client
+    client.zadd(heartbeats, {web.broker_id: int(time.time() * 1000) - web.heartbeat_timeout - 1000})
+    assert reclaim_dead(worker_broker, ["q"]) == {}
+    assert client.zscore(heartbeats, web.broker_id) is None
+    assert client.llen(f"{namespace}:q") == 1  # its message stays where it was, once
+
+
 def test_the_worker_brokers_timeout_is_the_dead_after_setting():
     broker = build_broker()
     assert broker.heartbeat_timeout == int(settings.FLOWFORGE_BROKER_DEAD_AFTER_SECONDS * 1000)
@@ -76,6 +116,7 @@ def test_the_heartbeat_thread_beats_and_reclaims_until_shutdown(namespace):
 
     beat = ConsumerHeartbeat(interval_seconds=0.05)
     beat.after_worker_boot(worker_broker, None)
+    beat.before_worker_shutdown(worker_broker, None)  # still beating while the worker stops
     try:
         deadline = time.monotonic() + 5
         while client.llen(f"{namespace}:q") == 0 and time.monotonic() < deadline:
@@ -85,7 +126,7 @@ def test_the_heartbeat_thread_beats_and_reclaims_until_shutdown(namespace):
         time.sleep(0.2)
         assert client.zscore(heartbeats, worker_broker.broker_id) > first  # still beating
     finally:
-        beat.before_worker_shutdown(worker_broker, None)
+        beat.after_worker_shutdown(worker_broker, None)
     beat._thread.join(2)
     assert not beat._thread.is_alive()
 
