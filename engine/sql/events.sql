@@ -18,7 +18,7 @@ RETURNING seq;
 
 
 -- name: event_append_redelivered_many
--- A 'redelivered' event for each generation (ids, tokens) still claimed and not started, whose message was given back to its queue after the worker process that fetched it (consumer) died; detail: consumer and the seconds since the claim ('claimed' event of that token); numbered by bumping each run's counter once; core_taskrun_pkey, idx_event_taskrun_created, core_workflowrun_pkey.
+-- A 'redelivered' event for each generation (ids, tokens) still claimed and not started, whose message was given back to its queue after the worker process that fetched it (consumer) died; detail: consumer and the seconds since the claim ('claimed' event of that token); numbered by bumping each run's counter once; returns (task run id, seconds waited) per event; core_taskrun_pkey, idx_event_taskrun_created, core_workflowrun_pkey.
 WITH req AS (
     SELECT DISTINCT r.id, r.token FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS r(id, token)
 ), gen AS (
@@ -29,21 +29,27 @@ WITH req AS (
     FROM req JOIN core_taskrun t ON t.id = req.id
     WHERE t.state = 'running' AND t.fencing_token = req.token
       AND t.started_fencing_token IS DISTINCT FROM t.fencing_token
+), tr AS (
+    SELECT g.id, g.workflow_run_id, g.organization_id, g.attempt, g.fencing_token, g.waited,
+           'redelivered'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
+           jsonb_build_object('consumer', %(consumer)s::text, 'waited_seconds', round(g.waited::numeric, 3))
+               AS ev_detail
+    FROM gen g
 ), ev_rows AS (
-    SELECT g.*, row_number() OVER (PARTITION BY g.workflow_run_id ORDER BY g.id) AS rn FROM gen g
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
 ), ev_counts AS (
-    SELECT workflow_run_id, count(*) AS n FROM gen GROUP BY workflow_run_id
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
     RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
-INSERT INTO core_taskrunevent
-    (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-     attempt, fencing_token, detail, created_at)
-SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, 'redelivered', 'running',
-       'running', e.attempt, e.fencing_token,
-       jsonb_build_object('consumer', %(consumer)s::text, 'waited_seconds', round(e.waited::numeric, 3)),
-       clock_timestamp()
-FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
-RETURNING task_run_id, (detail->>'waited_seconds')::float8;
+SELECT e.id, e.waited FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id;
