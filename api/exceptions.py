@@ -92,6 +92,14 @@ class FieldConflict(exceptions.ValidationError):
     default_code = "conflict"
 
 
+class FieldTooLarge(exceptions.ValidationError):
+    """413 naming the field whose value is over its size limit (a worker's output, say):
+    a problem with ``errors`` and the code ``payload_too_large``."""
+
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+
+
 class PayloadTooLarge(exceptions.APIException):
     """413: the request body is larger than ``settings.FLOWFORGE_MAX_BODY_BYTES``."""
 
@@ -160,6 +168,8 @@ def _translate(exc: Exception) -> Exception:
 def _code(exc: Exception, data) -> str:
     if isinstance(exc, FieldConflict):
         return "conflict"
+    if isinstance(exc, FieldTooLarge):
+        return "payload_too_large"
     if isinstance(exc, exceptions.ValidationError):
         return "invalid"
     detail = data.get("detail") if isinstance(data, dict) else None
@@ -251,6 +261,7 @@ def problem_exception_handler(exc: Exception, context: dict):
     problem = problem_body(response.status_code, "", code=_code(exc, data))
     if isinstance(exc, exceptions.ValidationError):
         problem["detail"] = ("The request conflicts with existing data; see errors." if isinstance(exc, FieldConflict)
+                             else "A field is over its size limit; see errors." if isinstance(exc, FieldTooLarge)
                              else "The request is invalid; see errors.")
         problem["errors"] = data if isinstance(data, dict) else {"non_field_errors": data}
     elif isinstance(data, dict) and "detail" in data:

@@ -28,7 +28,7 @@ from engine.models import (
 from engine.outputs import output_or_summary
 from flowforge.instants import InstantError, storable_instant
 from tenancy.apikeys import NAME_MAX_LENGTH
-from tenancy.models import ApiKey, Role
+from tenancy.models import ApiKey, KeyRole, Role
 
 # Deepest nesting of a JSON value the API accepts (run input, a definition document).
 # Far beyond any real document, far below Python's recursion limit (the values are
@@ -494,5 +494,5 @@ class ApiKeyCreateSerializer(serializers.Serializer):
     """Input of POST /api-keys/."""
 
     name = serializers.CharField(max_length=NAME_MAX_LENGTH)
-    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+    role = serializers.ChoiceField(choices=KeyRole.choices, default=Role.MEMBER)
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)

@@ -31,7 +31,7 @@ from audit.models import AuditLog
 from engine import triggers
 from engine.models import CatchUpPolicy, ScheduledTrigger
 from tenancy.apikeys import NAME_MAX_LENGTH
-from tenancy.models import Invitation, Membership, Role
+from tenancy.models import Invitation, KeyRole, Membership, Role
 
 # NUL and unpaired surrogates: text PostgreSQL cannot store (and UTF-8 cannot encode).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -225,7 +225,7 @@ class ApiKeyCreateInputSerializer(ApiKeyCreateSerializer):
     """Input of POST /api-keys/ (api.serializers' fields, with strict strings)."""
 
     name = TextField(max_length=NAME_MAX_LENGTH)
-    role = StrictChoiceField(choices=Role.choices, default=Role.MEMBER)
+    role = StrictChoiceField(choices=KeyRole.choices, default=Role.MEMBER)
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

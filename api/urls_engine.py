@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from api import views_runs, views_workflows
+from api import views_runs, views_worker, views_workflows
 
 urlpatterns = [
     path("workflows/", views_workflows.WorkflowListView.as_view(), name="workflow-list"),
@@ -19,4 +19,10 @@ urlpatterns = [
          name="run-task-output"),
     path("runs/<uuid:pk>/events/", views_runs.RunEventListView.as_view(), name="run-events"),
     path("runs/<uuid:pk>/events/stream/", views_runs.RunEventStreamView.as_view(), name="run-event-stream"),
+    # The organizations' own workers (docs/workers.md): worker keys only.
+    path("worker/poll/", views_worker.WorkerPollView.as_view(), name="worker-poll"),
+    path("worker/tasks/<uuid:pk>/heartbeat/", views_worker.WorkerHeartbeatView.as_view(), name="worker-heartbeat"),
+    path("worker/tasks/<uuid:pk>/logs/", views_worker.WorkerLogsView.as_view(), name="worker-logs"),
+    path("worker/tasks/<uuid:pk>/complete/", views_worker.WorkerCompleteView.as_view(), name="worker-complete"),
+    path("worker/tasks/<uuid:pk>/fail/", views_worker.WorkerFailView.as_view(), name="worker-fail"),
 ]

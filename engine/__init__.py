@@ -16,9 +16,11 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.
-    services.py | signals.py
+    services.py | signals.py | worker_queues.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
+        worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
+        fail) for the organizations' own workers (docs/workers.md).
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -30,16 +32,17 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         message per transaction, retries), types (the requests and results they pass).
     live_stream.py
         the one live-event loop of the API's event stream and the web run page.
-    definitions.py | triggers.py | reporting.py | live_hub.py | outputs.py | live_limits.py | access.py
+    definitions.py | triggers.py | reporting.py | live_hub.py | outputs.py | live_limits.py | access.py | queue_hub.py
         workflow documents (validation); cron triggers (create, pause, next instant);
-        read-side summaries (and quota usage); the shared LISTEN connection of live streams; output size
+        read-side summaries (and quota usage); the shared LISTEN connection of live streams
+        (live_hub) and of the worker queues' long polls (queue_hub); output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
     limit_keys.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
     handlers/ : egress.py
-        task types (noop, sleep, fail, python, http) and the egress policy http obeys.
+        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys.
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).

@@ -22,17 +22,17 @@ SUBSCRIPTION_SECONDS = 60
 RENEW_SECONDS = 20
 
 
-def listen_connection(*, application_name: str) -> psycopg.Connection:
+def listen_connection(*, application_name: str, channel: str = CHANNEL) -> psycopg.Connection:
     """A new autocommit connection to the default database (Django's parameters), named
-    ``application_name`` in pg_stat_activity and already LISTENing on CHANNEL. The caller
-    closes it."""
+    ``application_name`` in pg_stat_activity and already LISTENing on ``channel`` (a
+    constant identifier; default CHANNEL, the run events'). The caller closes it."""
     params = connection.get_connection_params()
     for django_only in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(django_only, None)
     params["application_name"] = application_name
     conn = psycopg.connect(**params, autocommit=True)
     try:
-        conn.execute(f"LISTEN {CHANNEL}")  # a constant identifier, not user input
+        conn.execute(f"LISTEN {channel}")  # a constant identifier, not user input
     except Exception:
         conn.close()
         raise

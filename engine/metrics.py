@@ -49,6 +49,8 @@ HISTOGRAMS = {
     "flowforge_claim_wait_seconds": ("From ready (past any retry backoff) to claimed: the wait for a "
                                      "worker's share, a permit, a rate window or a quota.", CLAIM_WAIT_BUCKETS),
     "flowforge_task_duration_seconds": ("Handler run time of one attempt.", DURATION_BUCKETS),
+    "flowforge_worker_poll_wait_seconds": ("From a worker's poll to the tasks it was handed, when it had to wait "
+                                           "for one (engine.worker_queues).", CLAIM_WAIT_BUCKETS),
     "flowforge_redelivery_wait_seconds": ("From claim to the redelivery of a generation whose message a dead "
                                           "worker process held (flowforge.broker_recovery).", CLAIM_WAIT_BUCKETS),
 }

@@ -152,6 +152,9 @@ class Task(models.Model):
     rate_key = models.CharField(max_length=200, null=True, blank=True)
     rate_limit = models.IntegerField(null=True, blank=True)
     rate_window_seconds = models.IntegerField(null=True, blank=True)
+    # The queue of the organization's own workers a ``worker`` task waits on; '' for every
+    # other type (the shared workers' tasks). Copied onto each task run at start.
+    queue = models.CharField(max_length=64, blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())
 
     objects = OrganizationScopedManager()
@@ -320,6 +323,10 @@ class TaskRun(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     # Why it is not claimed yet, as the scheduler last saw it ('' when it was not held back).
     wait_reason = models.CharField(max_length=200, blank=True, db_default="")
+    # Its task's queue (denormalized, written once at insert, never updated, like seed 001's
+    # taskType on TaskQueues): '' for the shared workers, else the queue of the organization's
+    # own workers that claim it over the API. Leads idx_taskrun_ready_claim.
+    queue = models.CharField(max_length=64, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(db_default=Now())
@@ -359,10 +366,12 @@ class TaskRun(models.Model):
             models.Index(fields=["workflow_run", "state"], name="idx_taskrun_run_state"),
             # The lease reaper: WHERE state = 'running' AND lease_expires_at < now() (seed 000).
             models.Index(fields=["lease_expires_at"], name="idx_taskrun_lease_expiry", condition=Q(state="running")),
-            # The fair claim: per organization, highest priority then oldest ready first
-            # (seed 001's dequeue index: partial, so claimed rows leave it).
-            models.Index(F("organization"), F("priority").desc(), F("created_at"), name="idx_taskrun_ready_claim",
-                         condition=Q(state="ready")),
+            # The fair claim: per queue ('' for the shared workers) and organization, highest
+            # priority then oldest ready first (seed 001's dequeue index: partial, so claimed
+            # rows leave it). The queue leads, so the shared claim never scans past a worker
+            # queue's backlog, and an organization's worker poll reads its queue alone.
+            models.Index(F("queue"), F("organization"), F("priority").desc(), F("created_at"),
+                         name="idx_taskrun_ready_claim", condition=Q(state="ready")),
             # Permits and quotas: running (claimed or started) task runs per organization
             # and per concurrency key; the holders are the task runs themselves.
             models.Index(fields=["organization", "concurrency_key"], name="idx_taskrun_running_org",
@@ -659,3 +668,80 @@ class RunSubscription(models.Model):
 
     def __str__(self) -> str:
         return f"subscription to {self.workflow_run_id} until {self.expires_at}"
+
+
+class WorkerConnection(models.Model):
+    """A worker process of an organization, as last seen polling one of its queues
+    (issue 18: the workers page and the run page's "no live worker" warning).
+
+    One row per (organization, worker id, queue): the worker id is the process's own
+    (``worker.id`` of a poll, docs/workers.md). ``last_seen_at`` is stamped by its polls,
+    at most once per WORKER_SEEN_RESOLUTION_SECONDS (engine.repositories.worker_queues), so
+    an idle worker's long polls cost the database one claim per poll, not a write too.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    worker_id = models.CharField(max_length=64)
+    queue = models.CharField(max_length=64)
+    name = models.CharField(max_length=200, blank=True, default="")
+    host = models.CharField(max_length=200, blank=True, default="")
+    sdk = models.CharField(max_length=200, blank=True, default="")
+    concurrency = models.IntegerField(null=True, blank=True)
+    # The worker key it polled with (a revoked key's workers stop being seen).
+    api_key = models.ForeignKey("tenancy.ApiKey", null=True, on_delete=models.SET_NULL, related_name="+")
+    first_seen_at = models.DateTimeField(db_default=Now())
+    last_seen_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_workerconnection"
+        constraints = [
+            # The poll's upsert target; also the workers page's (organization, queue) listing.
+            models.UniqueConstraint(fields=["organization", "queue", "worker_id"], name="uniq_worker_org_queue_id"),
+            models.CheckConstraint(condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+                                   name="worker_concurrency_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"worker {self.worker_id} on {self.queue}"
+
+
+class TaskLog(models.Model):
+    """A log line a worker sent for one attempt of a task run (issue 18; seed 001's
+    TaskLogs). Written only while the sender holds the generation (``fencing_token``), with
+    secret values redacted. Read by task run, oldest first (idx_tasklog_taskrun)."""
+
+    class Level(models.TextChoices):
+        DEBUG = "debug"
+        INFO = "info"
+        WARNING = "warning"
+        ERROR = "error"
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+", db_index=False)
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="logs", db_index=False)
+    attempt = models.IntegerField()
+    fencing_token = models.BigIntegerField()
+    level = models.CharField(max_length=10, choices=Level.choices)
+    message = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_tasklog"
+        constraints = [
+            models.CheckConstraint(condition=_in("level", ["debug", "info", "warning", "error"]),
+                                   name="tasklog_level_valid"),
+        ]
+        indexes = [
+            # A task run's lines in order (the run page); the run's deletion cascades by it too.
+            models.Index(fields=["task_run", "id"], name="idx_tasklog_taskrun"),
+            models.Index(fields=["workflow_run"], name="idx_tasklog_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.level}: {self.message[:40]}"

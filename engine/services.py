@@ -220,6 +220,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
                     rate_key=(t.get("rate_limit") or {}).get("key"),
                     rate_limit=_rate(t)[0],
                     rate_window_seconds=_rate(t)[1],
+                    # A worker task waits on its queue of the organization's own workers.
+                    queue=t["config"]["queue"] if t["type"] == "worker" else "",
                 )
                 for t in normalized["tasks"]
             ]

@@ -314,6 +314,21 @@ FLOWFORGE_LEASE_SECONDS = env_float("FLOWFORGE_LEASE_SECONDS", 30.0)
 FLOWFORGE_DISPATCH_LEASE_SECONDS = env_float("FLOWFORGE_DISPATCH_LEASE_SECONDS", 300.0)
 # Seconds between heartbeats of a running task (defaults to a third of the lease).
 FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
+# --- the organizations' own workers (issue 18, docs/workers.md) ---
+# Seconds a task handed to an organization's worker holds its lease; the worker heartbeats
+# every third of it (the poll's heartbeat_interval_seconds). A worker that stops
+# heartbeating loses the task within this time, and it is handed out again.
+FLOWFORGE_WORKER_LEASE_SECONDS = env_float("FLOWFORGE_WORKER_LEASE_SECONDS", 60.0)
+if FLOWFORGE_WORKER_LEASE_SECONDS < 1:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_WORKER_LEASE_SECONDS ({FLOWFORGE_WORKER_LEASE_SECONDS:g}) must be at least 1 second"
+    )
+# Long polls (POST /api/v1/worker/poll waiting for work) one web process holds at once, at
+# most half of them one organization's; each holds a web server thread, so keep it below
+# the threads per process. A poll past it that finds nothing ready gets a 503 with Retry-After.
+FLOWFORGE_WORKER_POLLS_PER_PROCESS = int(os.environ.get("FLOWFORGE_WORKER_POLLS_PER_PROCESS", "6"))
 # How many dependents in a row a worker thread runs itself after a success, instead of
 # sending them through the broker (engine.worker.execute); 0 sends every one.
 FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATIONS", "100"))

@@ -19,17 +19,19 @@ from django.utils import timezone
 
 from engine.definitions import DefinitionError, parse_document
 from engine.models import CatchUpPolicy, WorkflowState
-from frontend.forms import RoleField
-from tenancy.models import ROLE_RANK, Role
+from tenancy.models import KEY_ROLE_RANK, ROLE_RANK, KeyRole, Role
 
 # Largest definition file accepted from the upload field, in bytes.
 MAX_DEFINITION_BYTES = 2 * 1024 * 1024
 
 
 def offered_key_roles(actor_role: str | None) -> list[tuple[str, str]]:
-    """The roles a key created by ``actor_role`` may have: that role and the ones below."""
+    """The roles a key created by ``actor_role`` may have: that role and the ones below,
+    and ``worker`` (a key of the organization's own worker processes)."""
     rank = ROLE_RANK.get(actor_role, -1)
-    return [(value, label) for value, label in Role.choices if ROLE_RANK[value] <= rank]
+    if rank < 0:
+        return []
+    return [(value, label) for value, label in KeyRole.choices if KEY_ROLE_RANK[value] <= rank]
 
 
 def parse_json_object(text: str, *, what: str = "Input") -> dict[str, Any]:
@@ -238,7 +240,10 @@ class TriggerForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100, help_text="Say where it is used, e.g. “CI deploys”.")
-    role = RoleField(initial=Role.MEMBER, help_text="The key never acts above its creator's current role.")
+    role = forms.ChoiceField(
+        choices=KeyRole.choices, initial=Role.MEMBER,
+        help_text="The key never acts above its creator's current role. A worker key can only serve "
+        "worker tasks to your own worker processes (docs/workers.md).")
     expires_on = forms.DateField(
         required=False,
         label="Expires on (UTC)",

@@ -46,7 +46,7 @@ from django.utils import timezone
 from audit import services as audit
 from tenancy.actors import Actor
 from tenancy.authority import cap_to_grantor
-from tenancy.models import ROLE_RANK, ApiKey, Invitation, Organization, Role, User
+from tenancy.models import KEY_ROLE_RANK, ApiKey, Invitation, KeyRole, Organization, User
 from tenancy.permissions import Action, Forbidden, require
 from tenancy.services import TenancyError
 
@@ -190,9 +190,9 @@ def create_api_key(*, actor: Actor, name: str, role: str,
     require(actor.role, Action.APIKEY_MANAGE)
     if actor.user is None:
         raise Forbidden("API keys are created by a signed-in user, not by another API key")
-    if role not in Role.values:
-        raise TenancyError(f"role {role!r}: expected one of {', '.join(Role.values)}")
-    if ROLE_RANK[role] > ROLE_RANK[actor.role]:
+    if role not in KeyRole.values:
+        raise TenancyError(f"role {role!r}: expected one of {', '.join(KeyRole.values)}")
+    if KEY_ROLE_RANK[role] > KEY_ROLE_RANK[actor.role]:
         raise Forbidden(f"a {actor.role} cannot create a key with the {role} role")
     name = (name or "").strip()
     if not name:

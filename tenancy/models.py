@@ -155,6 +155,24 @@ class Membership(models.Model):
 ROLE_RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2, Role.OWNER: 3}
 
 
+class KeyRole(models.TextChoices):
+    """The roles of an API key: a member's roles, and ``worker`` (issue 18): a key of the
+    organization's own worker processes, which may only poll, heartbeat, log and complete
+    its organization's worker tasks (docs/workers.md) and do nothing else, not even read.
+    No membership has the worker role."""
+
+    OWNER = "owner"
+    ADMIN = "admin"
+    MEMBER = "member"
+    VIEWER = "viewer"
+    WORKER = "worker"
+
+
+#: A key role's rank: ROLE_RANK's, and the worker role below every member role (a worker key
+#: acts with its own role whatever its creator's: ``min_role`` picks it).
+KEY_ROLE_RANK = {**ROLE_RANK, KeyRole.WORKER: -1}
+
+
 class Invitation(models.Model):
     """An emailed invitation to join an organization with a role.
 
@@ -217,7 +235,7 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16)
     hashed_key = models.CharField(max_length=200)
-    role = models.CharField(max_length=20, choices=Role.choices, default=Role.MEMBER)
+    role = models.CharField(max_length=20, choices=KeyRole.choices, default=KeyRole.MEMBER)
     created_by = models.ForeignKey(User, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -232,7 +250,8 @@ class ApiKey(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["prefix"], name="uniq_apikey_prefix"),
             models.CheckConstraint(
-                condition=models.Q(role__in=["owner", "admin", "member", "viewer"]), name="apikey_role_valid"
+                condition=models.Q(role__in=["owner", "admin", "member", "viewer", "worker"]),
+                name="apikey_role_valid",
             ),
         ]
 

@@ -10,13 +10,17 @@ the commands and the services all ask ``can`` / ``require``).
 | apikey.manage     |  yes  |  yes  |   -    |   -    |
 | audit.read        |  yes  |  yes  |   -    |   -    |
 | org.manage        |  yes  |   -   |   -    |   -    |  rename, settings
+
+The ``worker`` role is an API key's only (tenancy.models.KeyRole): it may do one thing,
+``worker.serve`` (poll, heartbeat, log and complete its organization's worker tasks,
+docs/workers.md), which no other role may: not even ``read``.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from tenancy.models import ROLE_RANK, Role
+from tenancy.models import KEY_ROLE_RANK, ROLE_RANK, KeyRole, Role
 
 
 class Action(StrEnum):
@@ -27,13 +31,15 @@ class Action(StrEnum):
     APIKEY_MANAGE = "apikey.manage"
     AUDIT_READ = "audit.read"
     ORG_MANAGE = "org.manage"
+    WORKER_SERVE = "worker.serve"
 
 
 MATRIX: dict[str, frozenset[Action]] = {
-    Role.OWNER: frozenset(Action),
-    Role.ADMIN: frozenset(Action) - {Action.ORG_MANAGE},
+    Role.OWNER: frozenset(Action) - {Action.WORKER_SERVE},
+    Role.ADMIN: frozenset(Action) - {Action.ORG_MANAGE, Action.WORKER_SERVE},
     Role.MEMBER: frozenset({Action.READ, Action.RUN_OPERATE, Action.WORKFLOW_EDIT}),
     Role.VIEWER: frozenset({Action.READ}),
+    KeyRole.WORKER: frozenset({Action.WORKER_SERVE}),
 }
 
 
@@ -53,8 +59,9 @@ def require(role: str | None, action: Action | str) -> None:
 
 
 def min_role(a: str, b: str) -> str:
-    """The lesser of two roles (a key acts with at most its creator's role)."""
-    return a if ROLE_RANK[a] <= ROLE_RANK[b] else b
+    """The lesser of two roles (a key acts with at most its creator's role; a worker key,
+    as a worker whatever its creator's role)."""
+    return a if KEY_ROLE_RANK[a] <= KEY_ROLE_RANK[b] else b
 
 
 def role_at_least(role: str | None, floor: str) -> bool:

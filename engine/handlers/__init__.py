@@ -5,9 +5,10 @@ from __future__ import annotations
 from engine.handlers.base import ConfigError, LeaseLost, PermanentTaskError, TaskContext, TaskHandler
 from engine.handlers.builtin import FailHandler, NoopHandler, PythonHandler, SleepHandler
 from engine.handlers.http import HttpHandler
+from engine.handlers.worker import WorkerHandler
 
 REGISTRY: dict[str, TaskHandler] = {
-    h.type_name: h for h in (NoopHandler(), SleepHandler(), FailHandler(), PythonHandler(), HttpHandler())
+    h.type_name: h for h in (NoopHandler(), SleepHandler(), FailHandler(), PythonHandler(), HttpHandler(), WorkerHandler())
 }
 
 

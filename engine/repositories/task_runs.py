@@ -121,6 +121,7 @@ def claim_params(*, limit: int, lease_seconds: float, owner: str, reserve_second
         "ahead": int(settings.FLOWFORGE_DISPATCH_AHEAD),
         "refill": 0,
         "lookahead": CLAIM_LOOKAHEAD,
+        "claim_queue": "",
         **plan_table(),
     }
 
@@ -483,3 +484,43 @@ def skip_descendants(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID, reason: 
     (``task_run_skip_descendants``): it can never run because something upstream failed.
     Returns how many were skipped."""
     return fetch(queries["task_run_skip_descendants"], {"run": workflow_run_id, "task": task_id, "reason": reason})[0][0]
+
+
+# --- The organizations' own workers (issue 18) --------------------------------------------------
+
+#: The dispatch-ahead a worker poll's claim is given: a generation it claims is started in the
+#: same transaction, so the organization's broker backlog is no bound on it.
+_WORKER_POLL_AHEAD = 1_000_000
+
+
+def claim_for_worker(
+    *, organization_id: uuid.UUID, queue: str, limit: int, owner: str, lease_seconds: float,
+) -> list[StartedAttempt]:
+    """Claim and start up to ``limit`` ready task runs of ``queue``, a queue of
+    organization ``organization_id``'s own workers, for the worker ``owner`` (a poll,
+    docs/workers.md), in one transaction.
+
+    The organization's claim lock, then ``task_run_claim_fair`` on that queue alone (highest
+    priority then oldest; within the organization's quota of running task runs, its
+    concurrency permits, workflow limits and rate buckets; no outbox row: the poll hands the
+    generations out itself), then ``task_run_start_many``: each claimed generation started by
+    ``owner`` with a lease of ``lease_seconds`` (bounded by the task's timeout). Events:
+    'claimed' and 'started' each. Returns the StartedAttempts, in claim order; [] when
+    nothing could be claimed. Raises what the database raises (a deadlock is retried by the
+    caller, ``engine.db.atomic_retry``). Must be called outside a transaction or inside
+    the caller's.
+    """
+    params = claim_params(limit=limit, lease_seconds=lease_seconds, owner=owner)
+    params.update(orgs=[organization_id], org_of=[], only_ids=None, claim_queue=queue, ahead=_WORKER_POLL_AHEAD,
+                  first=0)
+    with transaction.atomic():
+        claimed = _dispatches(run_prepared([queries["task_run_lock_orgs"], queries["task_run_claim_fair"]],
+                                           params)[1])
+        if not claimed:
+            return []
+        started, _results, _dispatched = start_and_complete_many(
+            starts=[StartRequest(d.task_run_id, d.fencing_token, owner) for d in claimed], successes=[],
+            worker_lease_seconds=lease_seconds, dispatch_lease_seconds=lease_seconds, owner=owner, claim=False,
+        )
+    # A generation this transaction claimed cannot have been started by anyone else.
+    return [s for s in started if s is not None]

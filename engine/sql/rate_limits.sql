@@ -16,12 +16,12 @@ DELETE FROM core_ratelimitbucket WHERE id IN (
 
 
 -- name: rate_limit_next_window_close
--- When (epoch seconds) and in how many seconds the first open window of a rate bucket that some ready task run waits on closes (NULLs when none), so the scheduler can claim as soon as it does; idx_ratelimit_window_start, idx_taskrun_ready_claim.
+-- When (epoch seconds) and in how many seconds the first open window of a rate bucket that some ready task run of the shared workers waits on closes (NULLs when none), so the scheduler can claim as soon as it does; idx_ratelimit_window_start, idx_taskrun_ready_claim.
 SELECT EXTRACT(EPOCH FROM c.closes)::float8, EXTRACT(EPOCH FROM c.closes - clock_timestamp())::float8
 FROM (SELECT min(b.window_start + make_interval(secs => b.window_seconds)) AS closes
 FROM core_ratelimitbucket b
 WHERE b.window_start > clock_timestamp() - interval '61 seconds'        -- idx_ratelimit_window_start
   AND b.window_start + make_interval(secs => b.window_seconds) > clock_timestamp()
   AND EXISTS (SELECT 1 FROM core_taskrun t JOIN core_task k ON k.id = t.task_id
-              WHERE t.organization_id = b.organization_id AND t.state = 'ready'   -- idx_taskrun_ready_claim
+              WHERE t.queue = '' AND t.organization_id = b.organization_id AND t.state = 'ready'  -- idx_taskrun_ready_claim
                 AND k.rate_key = b.key AND k.rate_window_seconds = b.window_seconds)) c;

@@ -17,13 +17,13 @@
 
 
 -- name: task_run_insert_for_run
--- A new run's task runs, one per task of its workflow: roots ready from now (ready_at), the rest pending, all pending when held (a run queued behind its workflow's run limit); priority = the run's (priority) + the task's; concurrency_key = keys->>task key (rendered from the run input by the caller; NULL without one); attempt 1, token 0; uniq_task_workflow_key (the workflow's tasks, by key).
+-- A new run's task runs, one per task of its workflow: roots ready from now (ready_at), the rest pending, all pending when held (a run queued behind its workflow's run limit); priority = the run's (priority) + the task's; concurrency_key = keys->>task key (rendered from the run input by the caller; NULL without one); the task's queue; attempt 1, token 0; uniq_task_workflow_key (the workflow's tasks, by key).
 INSERT INTO core_taskrun
     (id, organization_id, workflow_run_id, task_id, state, attempt, fencing_token, error, created_at,
-     priority, concurrency_key, ready_at)
+     priority, concurrency_key, ready_at, queue)
 SELECT gen_random_uuid(), t.organization_id, %(run)s, t.id, s.state, 1, 0, '', clock_timestamp(),
        %(priority)s + t.priority, %(keys)s::jsonb ->> t.key,
-       CASE WHEN s.state = 'ready' THEN clock_timestamp() END
+       CASE WHEN s.state = 'ready' THEN clock_timestamp() END, t.queue
 FROM core_task t
 CROSS JOIN LATERAL (
     SELECT CASE WHEN %(held)s OR EXISTS (SELECT 1 FROM core_taskdependency d WHERE d.task_id = t.id)
@@ -34,30 +34,31 @@ ORDER BY t.key;
 
 
 -- name: task_run_ready_of_run
--- The ids of run's ready task runs, oldest first (a new run's roots, claimed in its start's transaction); idx_taskrun_run_state.
+-- The ids of run's ready task runs of the shared workers (queue ''), oldest first (a new run's roots, claimed in its start's transaction); idx_taskrun_run_state.
 SELECT id FROM core_taskrun
-WHERE workflow_run_id = %(run)s AND state = 'ready'   -- idx_taskrun_run_state (workflow_run_id, state)
+WHERE workflow_run_id = %(run)s AND state = 'ready' AND queue = ''   -- idx_taskrun_run_state (workflow_run_id, state)
 ORDER BY created_at
 LIMIT %(limit)s;
 
 
 -- name: task_run_ready_orgs_of
--- The organizations of the task runs in ids that have a ready task run, ascending (read only, no lock: a refill's check before it takes any claim lock); core_taskrun_pkey, then one probe of idx_taskrun_ready_claim each.
+-- The organizations of the task runs in ids that have a ready task run of the shared workers (queue ''), ascending (read only, no lock: a refill's check before it takes any claim lock); core_taskrun_pkey, then one probe of idx_taskrun_ready_claim each.
 SELECT o.organization_id
 FROM (SELECT DISTINCT organization_id FROM core_taskrun WHERE id = ANY(%(ids)s::uuid[])) o
-WHERE EXISTS (SELECT 1 FROM core_taskrun t WHERE t.organization_id = o.organization_id AND t.state = 'ready')
+WHERE EXISTS (SELECT 1 FROM core_taskrun t
+              WHERE t.queue = '' AND t.organization_id = o.organization_id AND t.state = 'ready')
 ORDER BY 1;
 
 
 -- name: task_run_ready_orgs_after
--- Up to max_orgs organizations with ready task runs whose id sorts after the cursor, ascending (a loose index scan: one probe of idx_taskrun_ready_claim each); idx_taskrun_ready_claim.
+-- Up to max_orgs organizations with ready task runs of the shared workers (queue '') whose id sorts after the cursor, ascending (a loose index scan: one probe of idx_taskrun_ready_claim each); idx_taskrun_ready_claim.
 WITH RECURSIVE o(id) AS (
     (SELECT organization_id FROM core_taskrun
-     WHERE state = 'ready' AND organization_id > %(after)s::uuid
+     WHERE state = 'ready' AND queue = '' AND organization_id > %(after)s::uuid
      ORDER BY organization_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.organization_id FROM core_taskrun t
-            WHERE t.state = 'ready' AND t.organization_id > o.id
+            WHERE t.state = 'ready' AND t.queue = '' AND t.organization_id > o.id
             ORDER BY t.organization_id LIMIT 1)
     FROM o WHERE o.id IS NOT NULL
 )
@@ -84,7 +85,7 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 
 
 -- name: task_run_claim_fair
--- The fair claim: up to limit ready task runs of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row on its lane and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket, uniq_outbox_per_taskrun_generation.
+-- The fair claim: up to limit ready task runs of the queue claim_queue ('' for the shared workers, else an organization's own workers' queue) of the organizations in orgs and of the task runs in org_of (locked first: task_run_lock_*), weighted round robin between organizations, highest priority then oldest within one, gated by room, permits, workflow limits and rate buckets; ready -> running (token + 1, dispatch lease), one outbox row on its lane (the shared workers' only) and a 'claimed' event each; idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_ratelimit_bucket, uniq_outbox_per_taskrun_generation.
 -- Gates (issue 16; seed 001's semaphores and rate buckets):
 --   room     an organization's claimed-not-started generations stay under ahead x weight
 --            (the broker holds that much of its backlog at most, ahead of anyone else's),
@@ -165,7 +166,7 @@ WITH now_ AS (
         FROM core_taskrun t
         JOIN core_task k ON k.id = t.task_id
         JOIN core_workflow w ON w.id = k.workflow_id
-        WHERE t.organization_id = room.id AND t.state = 'ready'     -- idx_taskrun_ready_claim
+        WHERE t.queue = %(claim_queue)s AND t.organization_id = room.id AND t.state = 'ready'  -- idx_taskrun_ready_claim
           AND (t.not_before IS NULL OR t.not_before <= (SELECT at FROM now_))
           AND (%(only_ids)s::uuid[] IS NULL OR t.id = ANY(%(only_ids)s::uuid[]))
           AND NOT EXISTS (SELECT 1 FROM held h WHERE h.organization_id = t.organization_id
@@ -252,6 +253,8 @@ WITH now_ AS (
            CASE WHEN %(reserve)s::float8 > 0
                 THEN clock_timestamp() + make_interval(secs => %(reserve)s::float8) END
     FROM claimed c
+    -- A worker queue's generations are handed to the poll that claimed them, not published.
+    WHERE %(claim_queue)s::text = ''
     -- uniq_outbox_per_taskrun_generation picks the winner of a race; the loser writes nothing.
     ON CONFLICT ON CONSTRAINT uniq_outbox_per_taskrun_generation DO NOTHING
     RETURNING id, task_run_id

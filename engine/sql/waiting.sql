@@ -120,14 +120,14 @@ ORDER BY r.id;
 
 
 -- name: task_run_waiting_heads
--- The ids of at most limit ready task runs that the scheduler notes the wait reasons of: the head of each organization's queue in claim order, an equal share each (a loose index scan for the organizations, then idx_taskrun_ready_claim per organization).
+-- The ids of at most limit ready task runs of the shared workers (queue '') that the scheduler notes the wait reasons of: the head of each organization's queue in claim order, an equal share each (a loose index scan for the organizations, then idx_taskrun_ready_claim per organization).
 WITH RECURSIVE ready_orgs AS (
     -- The organizations with ready work, one index probe each (a loose index scan).
-    (SELECT t.organization_id AS org FROM core_taskrun t WHERE t.state = 'ready'
+    (SELECT t.organization_id AS org FROM core_taskrun t WHERE t.state = 'ready' AND t.queue = ''
      ORDER BY t.organization_id LIMIT 1)
     UNION ALL
     SELECT (SELECT t.organization_id FROM core_taskrun t
-            WHERE t.state = 'ready' AND t.organization_id > o.org
+            WHERE t.state = 'ready' AND t.queue = '' AND t.organization_id > o.org
             ORDER BY t.organization_id LIMIT 1)
     FROM ready_orgs o WHERE o.org IS NOT NULL
 ), share AS (
@@ -135,7 +135,7 @@ WITH RECURSIVE ready_orgs AS (
 )
 SELECT h.id FROM ready_orgs o CROSS JOIN share s CROSS JOIN LATERAL (
     SELECT t.id FROM core_taskrun t
-    WHERE t.organization_id = o.org AND t.state = 'ready'
+    WHERE t.queue = '' AND t.organization_id = o.org AND t.state = 'ready'
     ORDER BY t.priority DESC, t.created_at                               -- idx_taskrun_ready_claim
     LIMIT s.n
 ) h

@@ -11,7 +11,7 @@ from django.test import Client
 from engine.services import apply_definition, cancel_run, start_run
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key, revoke_api_key
-from tenancy.models import Membership, Role, User
+from tenancy.models import KeyRole, Membership, Role, User
 from tenancy.permissions import MATRIX, Action, Forbidden, can
 from tenancy.services import invite_member, rename_organization
 
@@ -24,6 +24,8 @@ EXPECTED = {
     Action.APIKEY_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.AUDIT_READ: {Role.OWNER, Role.ADMIN},
     Action.ORG_MANAGE: {Role.OWNER},
+    # An API key of the worker role only (tests/unit/test_worker_api.py): no member role.
+    Action.WORKER_SERVE: set(),
 }
 _n = itertools.count()
 
@@ -33,6 +35,7 @@ def test_the_matrix_is_the_documented_one():
     for role in ROLES:
         assert MATRIX[role] == {a for a, roles in EXPECTED.items() if role in roles}
     assert not can(None, Action.READ)
+    assert MATRIX[KeyRole.WORKER] == {Action.WORKER_SERVE}
 
 
 def actor_with(org, role) -> Actor:
@@ -81,6 +84,12 @@ def do_audit_read(org, actor):
     require(actor.role, Action.AUDIT_READ)
 
 
+def do_require(actor, action):
+    from tenancy.permissions import require
+
+    require(actor.role, action)
+
+
 def do_org_manage(org, actor):
     rename_organization(actor=actor, name=f"Renamed {next(_n)}")
 
@@ -93,6 +102,7 @@ PERFORM = {
     Action.APIKEY_MANAGE: do_apikey_manage,
     Action.AUDIT_READ: do_audit_read,
     Action.ORG_MANAGE: do_org_manage,
+    Action.WORKER_SERVE: lambda org, actor: do_require(actor, Action.WORKER_SERVE),
 }
 
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from tenancy.apikeys import create_api_key
 from tenancy.context import actor_for_membership
-from tenancy.models import Membership, Organization, Role
+from tenancy.models import KeyRole, Membership, Organization, Role
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
 
@@ -22,7 +22,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("org", help="the organization's slug")
         parser.add_argument("--name", required=True, help="what the key is for, e.g. 'ci'")
-        parser.add_argument("--role", default=Role.MEMBER, choices=Role.values, help="the key's role (default member)")
+        parser.add_argument("--role", default=Role.MEMBER, choices=KeyRole.values,
+                            help="the key's role (default member; worker: a key of your own worker processes)")
         parser.add_argument(
             "--created-by", dest="created_by",
             help="email of the member creating it (default: the organization's first owner); "

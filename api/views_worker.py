@@ -1,0 +1,254 @@
+"""The worker API (issue 18; the protocol is docs/workers.md): the calls of the
+organizations' own worker processes, made with a worker key (role ``worker``, which
+allows ``worker.serve`` and nothing else; no other role is allowed these calls).
+
+Every view is outside ATOMIC_REQUESTS (``OwnTransactions``): a long poll must not hold a
+transaction open while it waits, and each call's service commits its own. Bodies are
+validated whole before anything is written; an error answers with nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.response import Response
+
+from api.base import OrganizationAPIView
+from api.exceptions import FieldTooLarge
+from api.serializers import storable_json_problem
+from api.serializers_org import StrictBooleanField, TextField
+from api.views_runs import OwnTransactions
+from engine import worker_queues
+from engine.handlers.worker import QUEUE_NAME_FORM, valid_queue_name
+from engine.models import TaskLog
+from tenancy.permissions import Action
+
+#: Bytes of JSON text a completion's output may hold.
+MAX_OUTPUT_BYTES = 1024 * 1024
+#: Log lines per call, and characters per message.
+MAX_LOG_LINES = 100
+MAX_LOG_MESSAGE_CHARS = 4000
+#: Characters of a failure's error.
+MAX_ERROR_CHARS = 10_000
+
+
+class WorkerRefusal(exceptions.APIException):
+    """409: the worker does not hold the generation it names; ``code`` says why."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "stale_fencing_token"
+
+
+class PollCapacityProblem(exceptions.APIException):
+    """503 with Retry-After: the web process holds as many long polls as it may."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "poll_capacity"
+    default_detail = ("This server holds as many waiting polls as it may and nothing is ready on this queue; "
+                      "poll again after Retry-After seconds.")
+
+    def __init__(self, wait: int):
+        super().__init__()
+        self.wait = wait  # DRF sends it as Retry-After
+
+
+class FencingTokenField(serializers.IntegerField):
+    """A generation's fencing token: a JSON integer of at least 0 (not a string or a float)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(min_value=0, max_value=2**63 - 1, **kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError(f"must be the integer fencing_token the poll handed out, got {data!r}")
+        return super().to_internal_value(data)
+
+
+class QueueNameField(TextField):
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if not valid_queue_name(value):
+            raise serializers.ValidationError(f"not a queue name: use {QUEUE_NAME_FORM}")
+        return value
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError(f"must be a whole number, got {data!r}")
+        return super().to_internal_value(data)
+
+
+class StrictNumberField(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise serializers.ValidationError(f"must be a number, got {data!r}")
+        return super().to_internal_value(data)
+
+
+class WorkerInfoSerializer(serializers.Serializer):
+    id = TextField(min_length=1, max_length=64, help_text="The worker process's own id (a UUID), 1-64 characters.")
+    name = TextField(required=False, allow_blank=True, max_length=200, default="")
+    host = TextField(required=False, allow_blank=True, max_length=200, default="")
+    sdk = TextField(required=False, allow_blank=True, max_length=200, default="")
+    concurrency = StrictIntegerField(required=False, allow_null=True, min_value=1, max_value=10_000, default=None)
+
+
+class PollSerializer(serializers.Serializer):
+    queue = QueueNameField(max_length=64)
+    max_tasks = StrictIntegerField(required=False, default=1, min_value=1, max_value=worker_queues.MAX_TASKS_PER_POLL)
+    wait_seconds = StrictNumberField(required=False, default=20, min_value=0, max_value=worker_queues.MAX_WAIT_SECONDS)
+    worker = WorkerInfoSerializer()
+
+
+class TokenSerializer(serializers.Serializer):
+    fencing_token = FencingTokenField()
+
+
+class CompleteSerializer(TokenSerializer):
+    output = serializers.JSONField(required=False, allow_null=True, default=None,
+                                   help_text=f"Any JSON value, at most {MAX_OUTPUT_BYTES} bytes of JSON text.")
+
+    def validate_output(self, value: Any) -> Any:
+        problem = storable_json_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+def _check_output_size(value: Any) -> None:
+    """Raise FieldTooLarge (413 naming ``output``) for an output over MAX_OUTPUT_BYTES of JSON
+    text (checked after validation: a serializer turns any error it raises into a 400)."""
+    size = len(json.dumps(value, ensure_ascii=False).encode())
+    if size > MAX_OUTPUT_BYTES:
+        raise FieldTooLarge({"output": [f"is {size} bytes of JSON text; at most {MAX_OUTPUT_BYTES}"]})
+
+
+class FailSerializer(TokenSerializer):
+    error = TextField(max_length=MAX_ERROR_CHARS, allow_blank=False)
+    retryable = StrictBooleanField(required=False, default=True)
+
+
+class LogLineSerializer(serializers.Serializer):
+    level = serializers.ChoiceField(choices=TaskLog.Level.choices, default="info")
+    message = TextField(max_length=MAX_LOG_MESSAGE_CHARS, allow_blank=True)
+
+
+class LogsSerializer(TokenSerializer):
+    lines = LogLineSerializer(many=True, allow_empty=False, max_length=MAX_LOG_LINES)
+
+
+def _validated(serializer_class, request) -> dict:
+    s = serializer_class(data=request.data)
+    s.is_valid(raise_exception=True)
+    return s.validated_data
+
+
+class _WorkerView(OwnTransactions, OrganizationAPIView):
+    """A call of a worker key (``worker.serve``)."""
+
+    required_action = {"POST": Action.WORKER_SERVE}
+
+    def get_scoped_queryset(self):  # pragma: no cover - the worker views list nothing
+        return TaskLog.objects.none()
+
+    def _api_key_id(self) -> uuid.UUID | None:
+        key = getattr(self.actor, "api_key", None)
+        return getattr(key, "id", None)
+
+    def _call(self, fn, **kwargs):
+        """``fn(**kwargs)`` with the engine's refusals as API errors (404, 409)."""
+        try:
+            return fn(organization_id=self.organization.pk, **kwargs)
+        except worker_queues.NotAWorkerTask as exc:
+            raise exceptions.NotFound() from exc
+        except worker_queues.WorkerCallRefused as exc:
+            raise WorkerRefusal(str(exc), code=exc.code) from exc
+
+
+_TASK_SCHEMA = inline_serializer("WorkerTask", many=True, fields={
+    "task_run_id": serializers.UUIDField(), "fencing_token": serializers.IntegerField(),
+    "attempt": serializers.IntegerField(), "max_attempts": serializers.IntegerField(),
+    "workflow_run_id": serializers.UUIDField(), "task_key": serializers.CharField(), "name": serializers.CharField(),
+    "queue": serializers.CharField(), "input": serializers.JSONField(), "run_input": serializers.JSONField(),
+    "upstream": serializers.JSONField(), "timeout_seconds": serializers.FloatField(allow_null=True),
+    "lease_seconds": serializers.FloatField(), "heartbeat_interval_seconds": serializers.FloatField(),
+})
+
+
+class WorkerPollView(_WorkerView):
+    """POST /worker/poll: claim and start up to ``max_tasks`` tasks of ``queue``, waiting up
+    to ``wait_seconds`` for the first (docs/workers.md, 1)."""
+
+    @extend_schema(
+        operation_id="worker_poll", request=PollSerializer,
+        responses={200: inline_serializer("WorkerPollResult", {"tasks": _TASK_SCHEMA,
+                                                               "wait_seconds": serializers.FloatField()})},
+        description="Long poll of a worker key: the tasks handed out are started, leased to the worker.",
+    )
+    def post(self, request):
+        data = _validated(PollSerializer, request)
+        w = data["worker"]
+        try:
+            tasks = worker_queues.poll(
+                organization_id=self.organization.pk, api_key_id=self._api_key_id(), queue=data["queue"],
+                max_tasks=data["max_tasks"], wait_seconds=data["wait_seconds"],
+                worker=worker_queues.WorkerInfo(id=w["id"], name=w["name"], host=w["host"], sdk=w["sdk"],
+                                                concurrency=w["concurrency"]),
+            )
+        except worker_queues.PollCapacity as exc:
+            raise PollCapacityProblem(exc.retry_after) from exc
+        return Response({"tasks": tasks, "wait_seconds": data["wait_seconds"]})
+
+
+class WorkerHeartbeatView(_WorkerView):
+    """POST /worker/tasks/{id}/heartbeat: extend the lease of the generation the worker holds."""
+
+    @extend_schema(operation_id="worker_heartbeat", request=TokenSerializer,
+                   responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()})})
+    def post(self, request, pk):
+        data = _validated(TokenSerializer, request)
+        seconds = self._call(worker_queues.heartbeat, task_run_id=pk, fencing_token=data["fencing_token"])
+        return Response({"lease_seconds": seconds})
+
+
+class WorkerLogsView(_WorkerView):
+    """POST /worker/tasks/{id}/logs: keep log lines of the generation the worker holds."""
+
+    @extend_schema(operation_id="worker_logs", request=LogsSerializer,
+                   responses={200: inline_serializer("WorkerLogsResult", {"accepted": serializers.IntegerField()})})
+    def post(self, request, pk):
+        data = _validated(LogsSerializer, request)
+        kept = self._call(worker_queues.append_logs, task_run_id=pk, fencing_token=data["fencing_token"],
+                          lines=[(line["level"], line["message"]) for line in data["lines"]])
+        return Response({"accepted": kept})
+
+
+class WorkerCompleteView(_WorkerView):
+    """POST /worker/tasks/{id}/complete: the generation the worker holds succeeded."""
+
+    @extend_schema(operation_id="worker_complete", request=CompleteSerializer,
+                   responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()})})
+    def post(self, request, pk):
+        data = _validated(CompleteSerializer, request)
+        _check_output_size(data["output"])
+        state = self._call(worker_queues.complete, task_run_id=pk, fencing_token=data["fencing_token"],
+                           output=data["output"])
+        return Response({"state": state})
+
+
+class WorkerFailView(_WorkerView):
+    """POST /worker/tasks/{id}/fail: the generation the worker holds failed."""
+
+    @extend_schema(operation_id="worker_fail", request=FailSerializer,
+                   responses={200: inline_serializer("WorkerFailResult", {
+                       "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)})})
+    def post(self, request, pk):
+        data = _validated(FailSerializer, request)
+        state, retry_in = self._call(worker_queues.fail, task_run_id=pk, fencing_token=data["fencing_token"],
+                                     error=data["error"], retryable=data["retryable"])
+        return Response({"state": state, "retry_in_seconds": retry_in})

@@ -1,0 +1,115 @@
+"""Reads and writes of the organizations' own workers' queues that change no task run's
+state (issue 18, docs/workers.md): the workers seen polling (core_workerconnection), when
+a queue's next task is due, the scoping of a worker's call to its organization's worker
+task runs, and the log lines workers send (core_tasklog). Statements:
+``engine/sql/worker_queues.sql``. The claim and the transitions are ``task_runs``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from engine.repositories.driver import fetch
+from engine.sql import queries
+
+#: Seconds between two writes of a polling worker's last_seen_at (an idle worker's long
+#: polls would otherwise write a row each).
+WORKER_SEEN_RESOLUTION_SECONDS = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerGeneration:
+    """What a worker's call on one task run is judged by (``worker_task_run_generation``)."""
+
+    task_run_id: uuid.UUID
+    workflow_run_id: uuid.UUID
+    state: str
+    fencing_token: int
+    started_fencing_token: int | None
+    #: True while the lease has not expired (False once it has, or with no lease).
+    lease_current: bool
+    attempt: int
+    has_dependents: bool
+    config: dict[str, Any]
+    queue: str
+
+    def refusal(self, token: int) -> str | None:
+        """Why a call carrying generation ``token`` is refused (a 409's code:
+        ``cancelled``, ``lease_expired``, ``stale_fencing_token``), or None when the
+        caller holds the generation: running, started as ``token`` and within its lease."""
+        if self.state == "cancelled":
+            return "cancelled"
+        if self.state == "running" and self.fencing_token == token and self.started_fencing_token == token:
+            return None if self.lease_current else "lease_expired"
+        return "stale_fencing_token"
+
+
+def note_worker_seen(
+    *, organization_id: uuid.UUID, worker_id: str, queue: str, name: str, host: str, sdk: str,
+    concurrency: int | None, api_key_id: uuid.UUID | None,
+) -> None:
+    """Record that worker ``worker_id`` polls ``queue`` (``worker_seen``: an upsert written
+    at most every WORKER_SEEN_RESOLUTION_SECONDS unless what it says of itself changed).
+    Autocommit or the caller's transaction."""
+    fetch(queries["worker_seen"], {
+        "org": organization_id, "worker_id": worker_id, "queue": queue, "name": name, "host": host, "sdk": sdk,
+        "concurrency": concurrency, "api_key": api_key_id, "resolution": WORKER_SEEN_RESOLUTION_SECONDS,
+    })
+
+
+def seconds_until_due(*, organization_id: uuid.UUID, queue: str) -> float | None:
+    """Seconds until the first ready task run of the queue may be claimed (<= 0: now, but a
+    limit holds it back), or None when none is ready (``worker_queue_next_due``)."""
+    rows = fetch(queries["worker_queue_next_due"], {"org": organization_id, "queue": queue})
+    return rows[0][0] if rows and rows[0][0] is not None else None
+
+
+def generation(*, organization_id: uuid.UUID, task_run_id: uuid.UUID) -> WorkerGeneration | None:
+    """The WorkerGeneration of ``task_run_id`` when it is a worker task run of the
+    organization; None otherwise (another organization's, a shared workers' task, or no
+    such row: the caller answers 404 for all three alike)."""
+    rows = fetch(queries["worker_task_run_generation"], {"id": task_run_id, "org": organization_id})
+    if not rows:
+        return None
+    r = rows[0]
+    config = json.loads(r[7]) if isinstance(r[7], str) else (r[7] or {})
+    return WorkerGeneration(task_run_id, r[0], r[1], r[2], r[3], bool(r[4]), r[5], bool(r[6]), config, r[8])
+
+
+def append_logs(
+    *, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, lines: Sequence[tuple[str, str]],
+) -> int:
+    """Append ``lines`` ((level, message) pairs, already validated and redacted) to the
+    generation ``fencing_token`` of the task run, in order, only while that generation is
+    started and its lease unexpired (``task_log_append``). Returns how many were kept: 0
+    when the caller no longer holds the generation."""
+    if not lines:
+        return 0
+    rows = fetch(queries["task_log_append"], {
+        "id": task_run_id, "org": organization_id, "token": fencing_token,
+        "levels": [level for level, _ in lines], "messages": [message for _, message in lines],
+    })
+    return len(rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueSummary:
+    """One queue of an organization (``worker_queue_summary``)."""
+
+    queue: str
+    ready: int
+    oldest_ready_at: Any
+    running: int
+    live_workers: int
+
+
+def queue_summaries(*, organization_id: uuid.UUID, live_within_seconds: float) -> list[QueueSummary]:
+    """Each queue of the organization (named by a task or polled by a worker): its ready
+    and running task runs, the oldest ready one's ready_at, and its workers seen within
+    ``live_within_seconds``; by queue name."""
+    rows = fetch(queries["worker_queue_summary"], {"org": organization_id, "cutoff": live_within_seconds})
+    return [QueueSummary(*r) for r in rows]

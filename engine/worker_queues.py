@@ -1,0 +1,315 @@
+"""The organizations' own workers (issue 18; the protocol is docs/workers.md): what the
+worker API's calls do, above the repositories.
+
+- ``poll``: claim and start up to N ready task runs of one queue of the caller's
+  organization (``task_runs.claim_for_worker``: the fair claim's gates, no outbox), or wait
+  for one: a long poll woken by the commit notification of a task run turning ready on
+  that queue (``engine.queue_hub``), re-checking at the queue's next due time when a
+  backoff or a limit holds its ready rows. Each task handed out carries its input with its
+  secret references resolved.
+- ``heartbeat``, ``append_logs``, ``complete``, ``fail``: each matched on the generation
+  the worker holds (``WorkerGeneration.refusal``); a call of a worker that does not hold
+  it raises WorkerCallRefused (409: cancelled, lease_expired, stale_fencing_token) and
+  changes nothing, beyond the ``stale_completion_rejected`` event of a refused completion.
+  A completion's output and a failure's error are redacted of the secret values the
+  attempt's input resolved before they are stored.
+
+Every call is scoped to the caller's organization: a task run of another organization,
+or of the shared workers, is NotAWorkerTask (404), the same answer as no task run at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from engine import metrics, queue_hub
+from engine.db import atomic_retry
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
+from engine.relay import publish_dispatches
+from engine.repositories import events, task_runs, worker_queues
+from engine.repositories.types import StartedAttempt, SuccessRequest
+
+log = logging.getLogger(__name__)
+
+#: Longest long poll, in seconds (docs/workers.md: wait_seconds 0..30).
+MAX_WAIT_SECONDS = 30
+#: Most tasks one poll may ask for.
+MAX_TASKS_PER_POLL = 100
+#: Seconds between a waiting poll's re-checks of a queue whose ready rows a limit holds back
+#: (no notification announces a permit coming free).
+LIMITED_RECHECK_SECONDS = 1.0
+#: Seconds a poll refused for capacity is asked to wait (Retry-After).
+POLL_CAPACITY_RETRY_AFTER = 2
+
+
+class NotAWorkerTask(LookupError):
+    """No worker task run of the caller's organization has that id (a 404)."""
+
+
+class WorkerCallRefused(Exception):
+    """The caller does not hold the generation it names (a 409). ``code`` is one of
+    ``cancelled``, ``lease_expired``, ``stale_fencing_token``; the message says why."""
+
+    MESSAGES = {
+        "cancelled": "the task run was cancelled (its run was cancelled or timed out); stop working on it",
+        "lease_expired": "the lease of this generation expired before this call; it is no longer this worker's",
+        "stale_fencing_token": "fencing token {token} is not the task run's current started generation "
+                               "(it moved on to another generation, or has finished)",
+    }
+
+    def __init__(self, code: str, token: int):
+        super().__init__(self.MESSAGES[code].format(token=token))
+        self.code = code
+
+
+class PollCapacity(Exception):
+    """This web process holds as many long polls as it may (FLOWFORGE_WORKER_POLLS_PER_PROCESS,
+    at most half of them one organization's) and nothing was ready: a 503 with
+    ``retry_after`` seconds."""
+
+    retry_after = POLL_CAPACITY_RETRY_AFTER
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    """What a polling worker says of itself (docs/workers.md, ``worker``)."""
+
+    id: str
+    name: str = ""
+    host: str = ""
+    sdk: str = ""
+    concurrency: int | None = None
+
+
+def lease_seconds() -> float:
+    """FLOWFORGE_WORKER_LEASE_SECONDS: the lease of a task handed to a worker, renewed by
+    its heartbeats (sent every third of it)."""
+    return float(settings.FLOWFORGE_WORKER_LEASE_SECONDS)
+
+
+# --- Held long polls, per process -------------------------------------------------------------
+
+_held_lock = threading.Lock()
+_held: dict[uuid.UUID, int] = {}
+
+
+def _take_poll_slot(organization_id: uuid.UUID) -> bool:
+    """Count one more held long poll of the organization in this process; False (nothing
+    counted) when the process holds FLOWFORGE_WORKER_POLLS_PER_PROCESS, or the organization
+    half of them (so one organization cannot hold every slot)."""
+    total = int(settings.FLOWFORGE_WORKER_POLLS_PER_PROCESS)
+    with _held_lock:
+        if sum(_held.values()) >= total or _held.get(organization_id, 0) >= max(1, math.ceil(total / 2)):
+            return False
+        _held[organization_id] = _held.get(organization_id, 0) + 1
+        return True
+
+
+def _give_poll_slot(organization_id: uuid.UUID) -> None:
+    with _held_lock:
+        n = _held.get(organization_id, 0) - 1
+        if n > 0:
+            _held[organization_id] = n
+        else:
+            _held.pop(organization_id, None)
+
+
+# --- Poll ---------------------------------------------------------------------------------------
+
+
+def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[str]]:
+    """The task input with its secret references resolved, and the values used."""
+    return value, []
+
+
+def _payload(a: StartedAttempt) -> dict[str, Any]:
+    """A started attempt as the poll's answer shows it (docs/workers.md)."""
+    task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
+    lease = lease_seconds()
+    return {
+        "task_run_id": str(a.task_run_id),
+        "fencing_token": a.fencing_token,
+        "attempt": a.attempt,
+        "max_attempts": a.max_attempts,
+        "workflow_run_id": str(a.workflow_run_id),
+        "task_key": a.task_key,
+        "name": a.config.get("name") or a.task_key,
+        "queue": a.config.get("queue"),
+        "input": task_input,
+        "run_input": a.run_input,
+        "upstream": a.upstream,
+        "timeout_seconds": a.timeout_seconds,
+        "lease_seconds": min(lease, a.timeout_seconds) if a.timeout_seconds else lease,
+        "heartbeat_interval_seconds": round(lease / 3, 3),
+    }
+
+
+def _claim(organization_id: uuid.UUID, queue: str, limit: int, owner: str) -> list[StartedAttempt]:
+    return atomic_retry(lambda: task_runs.claim_for_worker(
+        organization_id=organization_id, queue=queue, limit=limit, owner=owner, lease_seconds=lease_seconds(),
+    ), connection_attempts=2)
+
+
+def poll(
+    *, organization_id: uuid.UUID, api_key_id: uuid.UUID | None, queue: str, max_tasks: int,
+    wait_seconds: float, worker: WorkerInfo,
+) -> list[dict[str, Any]]:
+    """Up to ``max_tasks`` task runs of ``queue`` claimed and started for ``worker``, each
+    as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
+    when none is ready; [] when the wait ran out. Raises PollCapacity when the process may
+    not hold another long poll and nothing was ready. Must not run in a transaction (each
+    claim commits at once; a waiting poll holds no database connection)."""
+    owner = f"worker:{worker.id}"
+    worker_queues.note_worker_seen(
+        organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
+        sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,
+    )
+    if wait_seconds <= 0:
+        return [_payload(a) for a in _claim(organization_id, queue, max_tasks, owner)]
+    if not _take_poll_slot(organization_id):
+        started = _claim(organization_id, queue, max_tasks, owner)
+        if not started:
+            raise PollCapacity()
+        return [_payload(a) for a in started]
+    began = time.monotonic()
+    try:
+        # Registered before the first claim: a task that turns ready after it is announced.
+        with queue_hub.hub().wait_for(organization_id, queue) as waiting:
+            deadline = began + wait_seconds
+            while True:
+                started = _claim(organization_id, queue, max_tasks, owner)
+                if started:
+                    metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)
+                    return [_payload(a) for a in started]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                due = worker_queues.seconds_until_due(organization_id=organization_id, queue=queue)
+                timeout = remaining
+                if due is not None:  # ready rows held back by a backoff or a limit
+                    timeout = min(timeout, max(due, LIMITED_RECHECK_SECONDS) if due > 0 else LIMITED_RECHECK_SECONDS)
+                if not waiting.live:
+                    timeout = min(timeout, queue_hub.NOT_LIVE_RECHECK_SECONDS)
+                # Hold no database connection while waiting (Django reopens one on next use);
+                # inside a caller's transaction (a test's) the connection is kept.
+                if not connection.in_atomic_block:
+                    connection.close()
+                waiting.wait(timeout)
+    finally:
+        _give_poll_slot(organization_id)
+        close_old_connections()
+
+
+# --- Calls on a held generation ------------------------------------------------------------------
+
+
+def _held(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int) -> worker_queues.WorkerGeneration:
+    """The generation the caller names, if it holds it; raises NotAWorkerTask or
+    WorkerCallRefused otherwise."""
+    gen = worker_queues.generation(organization_id=organization_id, task_run_id=task_run_id)
+    if gen is None:
+        raise NotAWorkerTask(f"no worker task run {task_run_id} in this organization")
+    code = gen.refusal(token)
+    if code is not None:
+        raise WorkerCallRefused(code, token)
+    return gen
+
+
+def heartbeat(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int) -> float:
+    """Extend the lease of the generation ``fencing_token`` the caller holds by
+    FLOWFORGE_WORKER_LEASE_SECONDS (never past the attempt's timeout). Returns the seconds
+    the lease now runs. Raises NotAWorkerTask or WorkerCallRefused."""
+    _held(organization_id, task_run_id, fencing_token)
+    extended = task_runs.heartbeat_many(leases=[(task_run_id, fencing_token)], lease_seconds=lease_seconds())
+    if task_run_id not in extended:  # lost between the read and the update
+        gen = _held(organization_id, task_run_id, fencing_token)
+        raise WorkerCallRefused(gen.refusal(fencing_token) or "lease_expired", fencing_token)
+    return lease_seconds()
+
+
+def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
+                lines: list[tuple[str, str]]) -> int:
+    """Keep ``lines`` ((level, message), validated by the caller) for the generation the
+    caller holds, each message redacted of the attempt's secret values. Returns how many
+    were kept. Raises NotAWorkerTask or WorkerCallRefused."""
+    gen = _held(organization_id, task_run_id, fencing_token)
+    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    kept = worker_queues.append_logs(
+        organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
+        lines=[(level, _redact(message, values)) for level, message in lines],
+    )
+    if kept == 0 and lines:
+        gen = _held(organization_id, task_run_id, fencing_token)  # raises: the lease ran out meanwhile
+    return kept
+
+
+def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int,
+                         *, succeeded: bool) -> worker_queues.WorkerGeneration:
+    """``_held``, and a refused completion recorded on the task run as a
+    ``stale_completion_rejected`` event (its own transaction) before the refusal is raised."""
+    try:
+        return _held(organization_id, task_run_id, token)
+    except WorkerCallRefused:
+        atomic_retry(lambda: events.append_stale_completion(
+            task_run_id=task_run_id, fencing_token=token, succeeded=succeeded), connection_attempts=2)
+        raise
+
+
+def _redact(value: Any, values: list[str]) -> Any:
+    """``value`` with every secret value in ``values`` redacted."""
+    return value
+
+
+def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, output: Any) -> str:
+    """Record that the generation the caller holds succeeded with ``output`` (JSON),
+    redacted of the attempt's secret values: its dependents are promoted (and claimed for
+    the shared workers, published after the commit), its run finishes when nothing is left.
+    Returns the task run's state ('succeeded'). Raises NotAWorkerTask or WorkerCallRefused
+    (the refusal of a completion also leaves a ``stale_completion_rejected`` event), and
+    ValueError for an output holding NaN or Infinity."""
+    gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=True)
+    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    _starts, results, dispatches = task_runs.start_and_complete_many(
+        starts=[], successes=[SuccessRequest(task_run_id, fencing_token, _redact(output, values), gen.has_dependents)],
+        worker_lease_seconds=lease_seconds(), dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+        owner=f"worker-api:{task_run_id}", connection_attempts=2, reserve_seconds=INLINE_PUBLISH_RESERVATION_SECONDS,
+    )
+    publish_dispatches(list(dispatches), reserved=True)
+    result = results[0]
+    if not result.accepted:  # lost the generation between the read and the update
+        gen = _held(organization_id, task_run_id, fencing_token)
+        raise WorkerCallRefused(gen.refusal(fencing_token) or "stale_fencing_token", fencing_token)
+    metrics.incr("flowforge_task_attempts_total", "succeeded")
+    if result.run_limited:
+        nudge_scheduler()
+    return result.state or "succeeded"
+
+
+def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, error: str,
+         retryable: bool) -> tuple[str, float | None]:
+    """Record that the generation the caller holds failed with ``error`` (redacted of the
+    attempt's secret values): back to its queue after its backoff while ``retryable`` and
+    attempts remain, else failed (its descendants skipped, its run advanced). Returns
+    (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
+    gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
+    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    result = atomic_retry(lambda: task_runs.fail_attempt(
+        task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
+    ), connection_attempts=2)
+    publish_dispatches(list(result.dispatches))
+    if not result.accepted:
+        gen = _held(organization_id, task_run_id, fencing_token)
+        raise WorkerCallRefused(gen.refusal(fencing_token) or "stale_fencing_token", fencing_token)
+    metrics.incr("flowforge_task_attempts_total", "retrying" if result.retry_in_seconds is not None else result.state)
+    # The failure freed a permit and room: task runs waiting for them are claimed now.
+    nudge_scheduler()
+    return result.state or "failed", result.retry_in_seconds

@@ -1,0 +1,296 @@
+"""The worker API (issue 18, docs/workers.md) through Django's test client on real
+PostgreSQL: a worker key polls, heartbeats, logs, completes and fails worker tasks of its
+organization's queues, matched on the fencing token; every other key is refused; another
+organization's worker never sees them; bad input is refused naming the field, with
+nothing changed."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from django.test import Client
+
+from api import views_worker
+from engine.models import TaskLog, TaskRun, TaskRunEvent, WorkerConnection
+from engine.reaper import reap_once
+from engine.services import apply_definition, cancel_run, start_run
+from tenancy.actors import Actor
+from tenancy.apikeys import create_api_key, revoke_api_key
+from tenancy.models import KeyRole, Membership, Role
+from tests.unit.test_api_auth import actor_of, assert_problem, bearer
+
+WORKER_DAG = [
+    {"key": "resize", "type": "worker", "config": {"queue": "images", "name": "resize_image",
+                                                   "input": {"width": 640}},
+     "max_attempts": 2, "retry_backoff_seconds": 0},
+    {"key": "after", "type": "noop", "depends_on": ["resize"]},
+]
+
+
+class Org:
+    def __init__(self, org):
+        self.org = org
+        self.owner = actor_of(Membership.objects.for_organization(org).get(role=Role.OWNER))
+        self.worker_row, self.worker_key = create_api_key(actor=self.owner, name="workers", role=KeyRole.WORKER)
+        _row, self.owner_key = create_api_key(actor=self.owner, name="owner", role=Role.OWNER)
+        self.client = Client()
+
+    def post(self, path, body, *, key=None):
+        return self.client.post(f"/api/v1/{path}", json.dumps(body), content_type="application/json",
+                                headers=bearer(key or self.worker_key))
+
+    def poll(self, queue="images", *, max_tasks=1, wait=0, worker_id="w-1", key=None, **extra):
+        return self.post("worker/poll/", {"queue": queue, "max_tasks": max_tasks, "wait_seconds": wait,
+                                          "worker": {"id": worker_id, **extra}}, key=key)
+
+    def start(self, tasks=WORKER_DAG, name="thumbs", run_input=None):
+        wf = apply_definition(organization=self.org, document={"name": name, "tasks": tasks})
+        return start_run(workflow=wf, run_input=run_input or {"url": "https://example.com/a.png"},
+                         actor=Actor.system(self.org))
+
+
+@pytest.fixture
+def a(make_org):
+    return Org(make_org())
+
+
+@pytest.fixture
+def b(make_org):
+    return Org(make_org())
+
+
+def task_run(run, key="resize") -> TaskRun:
+    return TaskRun.objects.for_organization(run.organization_id).get(workflow_run=run, task__key=key)
+
+
+def kinds(tr) -> list[str]:
+    return list(TaskRunEvent.objects.for_organization(tr.organization_id).filter(task_run=tr)
+                .order_by("seq").values_list("kind", flat=True))
+
+
+@pytest.mark.django_db
+def test_a_worker_task_waits_on_its_queue_and_a_poll_hands_it_out_started(a):
+    run = a.start()
+    tr = task_run(run)
+    assert (tr.state, tr.queue) == ("ready", "images")  # the shared claim at start left it alone
+
+    response = a.poll(name="resizer-1", host="box-7", sdk="flowforge-python/0.1.0", concurrency=4)
+    assert response.status_code == 200, response.content
+    (task,) = response.json()["tasks"]
+    assert task["task_run_id"] == str(tr.pk)
+    assert (task["fencing_token"], task["attempt"], task["max_attempts"]) == (1, 1, 2)
+    assert (task["name"], task["queue"], task["task_key"]) == ("resize_image", "images", "resize")
+    assert task["input"] == {"width": 640}
+    assert task["run_input"] == {"url": "https://example.com/a.png"}
+    assert task["upstream"] == {}
+    tr.refresh_from_db()
+    assert (tr.state, tr.fencing_token, tr.started_fencing_token, tr.lease_owner) == ("running", 1, 1, "worker:w-1")
+    assert kinds(tr)[-2:] == ["claimed", "started"]
+    seen = WorkerConnection.objects.for_organization(a.org).get(worker_id="w-1", queue="images")
+    assert (seen.name, seen.host, seen.sdk, seen.concurrency, seen.api_key_id) == (
+        "resizer-1", "box-7", "flowforge-python/0.1.0", 4, a.worker_row.pk)
+    # Handed out once: the next poll finds nothing.
+    assert a.poll(worker_id="w-2").json()["tasks"] == []
+
+
+@pytest.mark.django_db
+def test_completion_with_the_held_token_succeeds_and_promotes_the_dependents(a):
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    response = a.post(f"worker/tasks/{task['task_run_id']}/complete/",
+                      {"fencing_token": task["fencing_token"], "output": {"thumbnail": "s3://x"}})
+    assert response.status_code == 200, response.content
+    assert response.json() == {"state": "succeeded"}
+    tr = task_run(run)
+    assert (tr.state, tr.output) == ("succeeded", {"thumbnail": "s3://x"})
+    assert task_run(run, "after").state in {"ready", "running"}  # promoted (and claimed for the shared workers)
+
+
+@pytest.mark.django_db
+def test_a_stale_or_replayed_completion_gets_409_and_an_event_and_changes_nothing(a):
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    url = f"worker/tasks/{task['task_run_id']}/complete/"
+    wrong = a.post(url, {"fencing_token": 7, "output": 1})
+    body = assert_problem(wrong, 409)
+    assert body["code"] == "stale_fencing_token"
+    assert "fencing token 7" in body["detail"]
+    tr = task_run(run)
+    assert (tr.state, tr.output) == ("running", None)
+    assert kinds(tr)[-1] == "stale_completion_rejected"
+
+    assert a.post(url, {"fencing_token": 1, "output": 1}).status_code == 200
+    replay = a.post(url, {"fencing_token": 1, "output": 2})
+    assert assert_problem(replay, 409)["code"] == "stale_fencing_token"
+    tr.refresh_from_db()
+    assert (tr.state, tr.output) == ("succeeded", 1)
+
+
+@pytest.mark.django_db
+def test_an_expired_lease_refuses_the_heartbeat_and_the_late_completion_of_the_old_generation(a, settings):
+    settings.FLOWFORGE_WORKER_LEASE_SECONDS = 1.0
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    tid = task["task_run_id"]
+    assert a.post(f"worker/tasks/{tid}/heartbeat/", {"fencing_token": 1}).json() == {"lease_seconds": 1.0}
+    time.sleep(1.2)
+    assert assert_problem(a.post(f"worker/tasks/{tid}/heartbeat/", {"fencing_token": 1}), 409)["code"] == \
+        "lease_expired"
+    reap_once()
+    tr = task_run(run)
+    assert (tr.state, tr.attempt, tr.fencing_token) == ("ready", 2, 2)  # a new generation, back on its queue
+    again = a.poll(worker_id="w-2").json()["tasks"][0]
+    assert (again["task_run_id"], again["fencing_token"], again["attempt"]) == (tid, 3, 2)
+    late = a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": "late"})
+    assert assert_problem(late, 409)["code"] == "stale_fencing_token"
+    assert a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 3, "output": "ok"}).status_code == 200
+    tr.refresh_from_db()
+    assert (tr.state, tr.output) == ("succeeded", "ok")
+
+
+@pytest.mark.django_db
+def test_a_cancelled_run_answers_the_next_heartbeat_with_409_cancelled(a):
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    assert cancel_run(run=run, actor=Actor.system(a.org)) is True
+    body = assert_problem(a.post(f"worker/tasks/{task['task_run_id']}/heartbeat/", {"fencing_token": 1}), 409)
+    assert body["code"] == "cancelled"
+
+
+@pytest.mark.django_db
+def test_fail_retryable_goes_back_to_the_queue_and_not_retryable_fails_the_run(a):
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    url = f"worker/tasks/{task['task_run_id']}/fail/"
+    response = a.post(url, {"fencing_token": 1, "error": "ValueError: too large"})
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == "ready"
+    second = a.poll().json()["tasks"][0]
+    assert (second["attempt"], second["fencing_token"]) == (2, 2)
+    final = a.post(url, {"fencing_token": 2, "error": "no", "retryable": False})
+    assert final.json() == {"state": "failed", "retry_in_seconds": None}
+    run.refresh_from_db()
+    assert run.state == "failed"
+    assert task_run(run, "after").state == "skipped"
+
+
+@pytest.mark.django_db
+def test_log_lines_are_kept_with_the_generation_and_refused_after_it(a):
+    run = a.start()
+    task = a.poll().json()["tasks"][0]
+    url = f"worker/tasks/{task['task_run_id']}/logs/"
+    response = a.post(url, {"fencing_token": 1, "lines": [{"level": "info", "message": "one"},
+                                                          {"level": "error", "message": "two"}]})
+    assert response.json() == {"accepted": 2}
+    rows = TaskLog.objects.for_organization(a.org).filter(task_run=task_run(run)).order_by("id")
+    assert [(r.level, r.message, r.attempt, r.fencing_token) for r in rows] == [
+        ("info", "one", 1, 1), ("error", "two", 1, 1)]
+    assert assert_problem(a.post(url, {"fencing_token": 2, "lines": [{"message": "x"}]}), 409)["code"] == \
+        "stale_fencing_token"
+    assert rows.count() == 2
+
+
+@pytest.mark.django_db
+def test_only_worker_keys_may_call_and_worker_keys_may_call_nothing_else(a):
+    a.start()
+    assert assert_problem(a.poll(key=a.owner_key), 403)["code"] == "permission_denied"
+    assert task_run(TaskRun.objects.for_organization(a.org).get(task__key="resize").workflow_run).state == "ready"
+    for path in ("workflows/", "runs/", "api-keys/"):
+        response = a.client.get(f"/api/v1/{path}", headers=bearer(a.worker_key))
+        assert response.status_code == 403, (path, response.content)
+    revoke_api_key(actor=a.owner, api_key=a.worker_row)
+    assert a.poll().status_code == 401
+
+
+@pytest.mark.django_db
+def test_another_organizations_worker_never_sees_or_touches_the_tasks(a, b):
+    run = a.start()
+    assert b.poll("images").json()["tasks"] == []  # B's "images" is B's own queue
+    task = a.poll().json()["tasks"][0]
+    tid = task["task_run_id"]
+    for verb, body in (("heartbeat", {"fencing_token": 1}), ("complete", {"fencing_token": 1, "output": 1}),
+                       ("fail", {"fencing_token": 1, "error": "x"}),
+                       ("logs", {"fencing_token": 1, "lines": [{"message": "x"}]})):
+        response = b.post(f"worker/tasks/{tid}/{verb}/", body)
+        assert assert_problem(response, 404)["code"] == "not_found", verb
+    assert task_run(run).state == "running"
+    assert not TaskLog.objects.unscoped().filter(task_run_id=tid).exists()
+
+
+@pytest.mark.django_db
+def test_a_shared_workers_task_run_is_not_a_worker_task(a):
+    run = a.start([{"key": "n", "type": "noop"}], name="plain")
+    tr = task_run(run, "n")
+    assert assert_problem(a.post(f"worker/tasks/{tr.pk}/complete/", {"fencing_token": tr.fencing_token}), 404)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body, field", [
+    ({"queue": "bad queue", "worker": {"id": "w"}}, "queue"),
+    ({"queue": "", "worker": {"id": "w"}}, "queue"),
+    ({"queue": "images", "worker": {"id": "w"}, "max_tasks": 0}, "max_tasks"),
+    ({"queue": "images", "worker": {"id": "w"}, "max_tasks": "3"}, "max_tasks"),
+    ({"queue": "images", "worker": {"id": "w"}, "wait_seconds": 31}, "wait_seconds"),
+    ({"queue": "images", "worker": {"id": ""}}, "worker"),
+    ({"queue": "images"}, "worker"),
+])
+def test_a_malformed_poll_is_refused_naming_the_field_and_claims_nothing(a, body, field):
+    run = a.start()
+    body_ = assert_problem(a.post("worker/poll/", body), 400)
+    assert field in body_["errors"], body_
+    assert task_run(run).state == "ready"
+
+
+@pytest.mark.django_db
+def test_malformed_calls_on_a_task_are_refused_naming_the_field(a):
+    run = a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]
+    assert "fencing_token" in assert_problem(
+        a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": "1", "output": 1}), 400)["errors"]
+    assert "fencing_token" in assert_problem(a.post(f"worker/tasks/{tid}/heartbeat/", {}), 400)["errors"]
+    lines = assert_problem(a.post(f"worker/tasks/{tid}/logs/", {"fencing_token": 1,
+                                                                 "lines": [{"level": "loud", "message": "x"}]}), 400)
+    assert "lines" in lines["errors"]
+    assert "error" in assert_problem(a.post(f"worker/tasks/{tid}/fail/", {"fencing_token": 1, "error": ""}),
+                                     400)["errors"]
+    unknown = a.post(f"worker/tasks/{uuid.uuid4()}/heartbeat/", {"fencing_token": 1})
+    assert_problem(unknown, 404)
+    assert task_run(run).state == "running"
+
+
+@pytest.mark.django_db
+def test_an_oversized_output_is_413_naming_it_and_the_task_keeps_running(a, monkeypatch):
+    # The output's own limit, below the body's (FLOWFORGE_MAX_BODY_BYTES, 1 MiB by default,
+    # which answers first for a body over it).
+    monkeypatch.setattr(views_worker, "MAX_OUTPUT_BYTES", 1000)
+    run = a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]
+    body = assert_problem(a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": "x" * 1000}), 413)
+    assert body["code"] == "payload_too_large"
+    assert body["errors"] == {"output": ["is 1002 bytes of JSON text; at most 1000"]}
+    assert task_run(run).state == "running"
+    too_big_body = a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": "x" * (1024 * 1024)})
+    assert assert_problem(too_big_body, 413)["code"] == "payload_too_large"
+    assert task_run(run).state == "running"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("config, message", [
+    ({}, "'queue' is required"),
+    ({"queue": "has space"}, "not a queue name"),
+    ({"queue": "q", "name": "a/b"}, "not a handler name"),
+    ({"queue": "q", "input": [1]}, "'input' must be an object"),
+    ({"queue": "q", "extra": 1}, "unknown field"),
+])
+def test_a_worker_task_definition_is_checked_at_apply_time(a, config, message):
+    from engine.definitions import DefinitionError
+
+    with pytest.raises(DefinitionError) as info:
+        apply_definition(organization=a.org, document={"name": "bad", "tasks": [
+            {"key": "w", "type": "worker", "config": config}]})
+    (error,) = info.value.errors
+    assert error["path"] == "tasks[w].config"
+    assert message in error["message"]
