@@ -17,8 +17,8 @@ every worker task run that becomes ready. A poll that found nothing to claim wai
   (notifications sent meanwhile are lost). With no wait registered for
   IDLE_CLOSE_SECONDS, it closes the connection and ends; the next wait starts it again.
 
-A waiting poll holds no connection of its own (the caller closes Django's before it
-waits), so an idle worker costs the database its claim once per poll, nothing between.
+A waiting poll holds no transaction open (its web thread's connection idles), so an idle
+worker costs the database its claim once per poll, nothing between.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections
 
 from engine import metrics, queue_hub
 from engine.db import atomic_retry
@@ -99,7 +99,7 @@ def lease_seconds() -> float:
 # --- Held long polls, per process -------------------------------------------------------------
 
 _held_lock = threading.Lock()
-_held: dict[uuid.UUID, int] = {}
+_polls_held: dict[uuid.UUID, int] = {}
 
 
 def _take_poll_slot(organization_id: uuid.UUID) -> bool:
@@ -108,19 +108,19 @@ def _take_poll_slot(organization_id: uuid.UUID) -> bool:
     half of them (so one organization cannot hold every slot)."""
     total = int(settings.FLOWFORGE_WORKER_POLLS_PER_PROCESS)
     with _held_lock:
-        if sum(_held.values()) >= total or _held.get(organization_id, 0) >= max(1, math.ceil(total / 2)):
+        if sum(_polls_held.values()) >= total or _polls_held.get(organization_id, 0) >= max(1, math.ceil(total / 2)):
             return False
-        _held[organization_id] = _held.get(organization_id, 0) + 1
+        _polls_held[organization_id] = _polls_held.get(organization_id, 0) + 1
         return True
 
 
 def _give_poll_slot(organization_id: uuid.UUID) -> None:
     with _held_lock:
-        n = _held.get(organization_id, 0) - 1
+        n = _polls_held.get(organization_id, 0) - 1
         if n > 0:
-            _held[organization_id] = n
+            _polls_held[organization_id] = n
         else:
-            _held.pop(organization_id, None)
+            _polls_held.pop(organization_id, None)
 
 
 # --- Poll ---------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def poll(
     as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
     when none is ready; [] when the wait ran out. Raises PollCapacity when the process may
     not hold another long poll and nothing was ready. Must not run in a transaction (each
-    claim commits at once; a waiting poll holds no database connection)."""
+    claim commits at once, and a waiting poll holds no transaction open)."""
     owner = f"worker:{worker.id}"
     worker_queues.note_worker_seen(
         organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
@@ -199,10 +199,8 @@ def poll(
                     timeout = min(timeout, max(due, LIMITED_RECHECK_SECONDS) if due > 0 else LIMITED_RECHECK_SECONDS)
                 if not waiting.live:
                     timeout = min(timeout, queue_hub.NOT_LIVE_RECHECK_SECONDS)
-                # Hold no database connection while waiting (Django reopens one on next use);
-                # inside a caller's transaction (a test's) the connection is kept.
-                if not connection.in_atomic_block:
-                    connection.close()
+                # No transaction is open while it waits (each claim committed): the thread's
+                # persistent connection idles, kept for the claim the wake-up makes.
                 waiting.wait(timeout)
     finally:
         _give_poll_slot(organization_id)

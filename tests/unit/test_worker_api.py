@@ -294,3 +294,15 @@ def test_a_worker_task_definition_is_checked_at_apply_time(a, config, message):
     (error,) = info.value.errors
     assert error["path"] == "tasks[w].config"
     assert message in error["message"]
+
+
+@pytest.mark.django_db
+def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready_task(a, settings):
+    settings.FLOWFORGE_WORKER_POLLS_PER_PROCESS = 0
+    response = a.poll(wait=10)
+    body = assert_problem(response, 503)
+    assert body["code"] == "poll_capacity"
+    assert response["Retry-After"] == "2"
+    run = a.start()
+    (task,) = a.poll(wait=10).json()["tasks"]  # something ready: handed out without waiting
+    assert task["task_run_id"] == str(task_run(run).pk)

@@ -1,0 +1,124 @@
+"""The organizations' own workers against the real web server (gunicorn) and the
+database's commit notifications (issue 18, docs/workers.md): a waiting long poll is woken
+by the commit of the task it receives; two workers polling for one task start it once;
+another organization's worker never receives it, even polling the same queue name; a
+revoked worker key gets 401 on its next call."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from engine.models import TaskRun, TaskRunEvent
+from engine.services import apply_definition, start_run
+from flowforge.stack import wait_until
+from tenancy.actors import Actor
+from tenancy.apikeys import create_api_key, revoke_api_key
+from tenancy.models import KeyRole, Membership, Role
+from tests.faults.servers import free_port
+from tests.unit.test_api_auth import actor_of
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+ONE = [{"key": "job", "type": "worker", "config": {"queue": "jobs"}}]
+
+
+@pytest.fixture
+def web(stack):
+    port = free_port()
+    stack.start_web(bind=f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30, what="gunicorn")
+    return base
+
+
+def worker_key(org):
+    owner = actor_of(Membership.objects.for_organization(org).get(role=Role.OWNER))
+    return create_api_key(actor=owner, name="workers", role=KeyRole.WORKER), owner
+
+
+def poll(base, key, *, queue="jobs", wait=0.0, worker_id="w"):
+    return httpx.post(f"{base}/api/v1/worker/poll/", json={"queue": queue, "wait_seconds": wait,
+                                                           "worker": {"id": worker_id}},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=wait + 30)
+
+
+def start(org, tasks=ONE, name="w1"):
+    wf = apply_definition(organization=org, document={"name": name, "tasks": tasks})
+    return start_run(workflow=wf, actor=Actor.system(org))
+
+
+def test_a_waiting_poll_is_woken_by_the_commit_of_its_task(web, org):
+    (_row, key), _owner = worker_key(org)
+    assert poll(web, key).json()["tasks"] == []  # warm: the process's hub and connections
+    got: dict = {}
+
+    def waiting_poll():
+        began = time.monotonic()
+        response = poll(web, key, wait=20)
+        got.update(response=response, returned=time.monotonic(), began=began)
+
+    t = threading.Thread(target=waiting_poll)
+    t.start()
+    time.sleep(1.0)  # the poll is waiting by now
+    run = start(org)
+    committed = time.monotonic()
+    t.join(30)
+    tasks = got["response"].json()["tasks"]
+    assert [task["task_run_id"] for task in tasks] == [
+        str(TaskRun.objects.for_organization(org).get(workflow_run=run).pk)]
+    # Woken by the notification, not by the end of its 20 s wait (figures are printed, not asserted).
+    print(f"long poll answered {1000 * (got['returned'] - committed):.1f} ms after the run's commit")
+    assert got["returned"] - got["began"] < 15
+
+
+def test_one_task_polled_by_two_workers_at_once_starts_once(web, org):
+    (_row, key), _owner = worker_key(org)
+    run = start(org)
+    answers: list = []
+    barrier = threading.Barrier(2)
+
+    def racer(i):
+        barrier.wait()
+        answers.append(poll(web, key, worker_id=f"racer-{i}").json()["tasks"])
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(len(a) for a in answers) == [0, 1]
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    started = TaskRunEvent.objects.for_organization(org).filter(task_run=tr, kind="started")
+    assert started.count() == 1
+
+
+def test_another_organizations_worker_polling_the_same_queue_name_gets_nothing(web, make_org):
+    a, b = make_org(), make_org()
+    (_ra, key_a), _ = worker_key(a)
+    (_rb, key_b), _ = worker_key(b)
+    run = start(a)
+    assert poll(web, key_b, wait=1.0).json()["tasks"] == []
+    tr = TaskRun.objects.for_organization(a).get(workflow_run=run)
+    assert tr.state == "ready"
+    (task,) = poll(web, key_a).json()["tasks"]
+    assert task["task_run_id"] == str(tr.pk)
+
+
+def test_a_revoked_worker_key_gets_401_on_its_next_call(web, org):
+    (row, key), owner = worker_key(org)
+    assert poll(web, key).status_code == 200
+    revoke_api_key(actor=owner, api_key=row)
+    response = poll(web, key)
+    assert response.status_code == 401
+    assert response.json()["code"] in {"authentication_failed", "not_authenticated"}
