@@ -58,7 +58,7 @@ RUN_EXAMPLE = {
         {"id": "aa2f0c55-1d1e-4c4e-8f7a-2b3c4d5e6f70", "key": "extract", "task_id": WORKFLOW_EXAMPLE["tasks"][0]["id"],
          "state": "succeeded", "attempt": 1, "priority": 2, "concurrency_key": "source-eu", "output": {"status": 200, "body": {"rows": 42}, "truncated": False},
          "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.5Z",
-         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None},
+         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None, "queue": "", "queue_live_workers": None},
     ],
 }
 EVENT_EXAMPLE = {

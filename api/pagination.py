@@ -49,6 +49,14 @@ def decode_name_cursor(cursor: str) -> str:
         raise _invalid(exc) from exc
 
 
+def decode_pair_cursor(cursor: str) -> tuple[str, str]:
+    """Decode a two-text cursor (workers by queue and id); ValidationError({"cursor": ...}) when it is not one of ours."""
+    try:
+        return cursors.decode_pair_cursor(cursor)
+    except BadCursor as exc:
+        raise _invalid(exc) from exc
+
+
 def page_size(request: Request) -> int:
     """``?page_size=`` (1 to MAX_PAGE_SIZE, default DEFAULT_PAGE_SIZE); 400 naming ``page_size`` otherwise."""
     raw = request.query_params.get("page_size")
@@ -133,6 +141,7 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
     "decode_cursor",
+    "decode_pair_cursor",
     "encode_cursor",
     "non_negative_int",
     "page",

@@ -347,12 +347,23 @@ class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
         "running); null when its task has none.")
     output = serializers.SerializerMethodField(
         help_text="The output; or, over FLOWFORGE_INLINE_OUTPUT_BYTES, a summary with the URL of the whole output.")
+    queue = serializers.CharField(
+        read_only=True, help_text="The queue of the organization's own workers it waits on (a `worker` task, "
+        "docs/workers.md); '' for a task of the shared workers.")
+    queue_live_workers = serializers.SerializerMethodField(
+        help_text="For a ready task run of a worker queue: the live workers of its queue (polled within "
+        "FLOWFORGE_WORKER_LIVE_SECONDS, or holding a task of it); 0 means none will take it until a worker "
+        "with a worker key polls the queue. Null otherwise.")
 
     class Meta:
         model = TaskRun
         fields = ["id", "key", "task_id", "state", "attempt", "priority", "concurrency_key", "output", "error",
-                  "created_at", "started_at", "finished_at", "waiting_reason"]
+                  "created_at", "started_at", "finished_at", "waiting_reason", "queue", "queue_live_workers"]
         read_only_fields = fields
+
+    def get_queue_live_workers(self, task_run) -> int | None:
+        # Set by the view (engine.worker_queues.attach_live_workers); absent: not computed.
+        return getattr(task_run, "queue_live_workers", None)
 
     @extend_schema_field(OpenApiTypes.ANY)
     def get_output(self, task_run) -> Any:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from api import views_runs, views_worker, views_workflows
+from api import views_runs, views_worker, views_workers, views_workflows
 
 urlpatterns = [
     path("workflows/", views_workflows.WorkflowListView.as_view(), name="workflow-list"),
@@ -17,6 +17,8 @@ urlpatterns = [
     path("runs/<uuid:pk>/retry/", views_runs.RunRetryView.as_view(), name="run-retry"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/output/", views_runs.RunTaskOutputView.as_view(),
          name="run-task-output"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/logs/", views_workers.TaskRunLogsView.as_view(),
+         name="run-task-logs"),
     path("runs/<uuid:pk>/events/", views_runs.RunEventListView.as_view(), name="run-events"),
     path("runs/<uuid:pk>/events/stream/", views_runs.RunEventStreamView.as_view(), name="run-event-stream"),
     # The organizations' own workers (docs/workers.md): worker keys only.
@@ -25,4 +27,7 @@ urlpatterns = [
     path("worker/tasks/<uuid:pk>/logs/", views_worker.WorkerLogsView.as_view(), name="worker-logs"),
     path("worker/tasks/<uuid:pk>/complete/", views_worker.WorkerCompleteView.as_view(), name="worker-complete"),
     path("worker/tasks/<uuid:pk>/fail/", views_worker.WorkerFailView.as_view(), name="worker-fail"),
+    # The organization's workers and queues as its members see them (read).
+    path("workers/", views_workers.WorkerListView.as_view(), name="worker-list"),
+    path("queues/", views_workers.QueueListView.as_view(), name="queue-list"),
 ]

@@ -38,7 +38,7 @@ from api.serializers import (
     RunSerializer,
     RunStartInputSerializer,
 )
-from engine import live_stream
+from engine import live_stream, worker_queues
 from engine.access import access_run, access_task_run
 from engine.models import TaskRun, TaskRunEvent, Workflow, WorkflowRun
 from engine.outputs import with_output_sizes
@@ -84,6 +84,8 @@ def _run_detail(organization, pk) -> WorkflowRun:
     ))
     # waiting_reason of ready task runs and a queued run: one more query only when any waits.
     waiting.attach(run)
+    # queue_live_workers of ready worker task runs: one more query only when any waits on a queue.
+    worker_queues.attach_live_workers(run.task_runs.all(), organization_id=organization)
     return run
 
 

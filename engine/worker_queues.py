@@ -26,6 +26,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -94,6 +95,26 @@ def lease_seconds() -> float:
     """FLOWFORGE_WORKER_LEASE_SECONDS: the lease of a task handed to a worker, renewed by
     its heartbeats (sent every third of it)."""
     return float(settings.FLOWFORGE_WORKER_LEASE_SECONDS)
+
+
+def live_seconds() -> float:
+    """FLOWFORGE_WORKER_LIVE_SECONDS: a worker seen polling within this many seconds (or
+    holding a task whose lease is current) is live on the workers page, in the API and in
+    the run page's warning."""
+    return float(settings.FLOWFORGE_WORKER_LIVE_SECONDS)
+
+
+def attach_live_workers(task_runs: Iterable[Any], *, organization_id: uuid.UUID) -> None:
+    """Set ``queue_live_workers`` on each of ``task_runs`` (TaskRuns, or anything with
+    ``state`` and ``queue``): for a ready task run of a worker queue, the live workers of
+    its queue (``worker_queues.live_workers``; 0: no worker will take it until one polls);
+    None for every other. One statement, none when no such task run is ready."""
+    rows = list(task_runs)
+    waiting = {tr.queue for tr in rows if tr.state == "ready" and tr.queue}
+    live = worker_queues.live_workers(organization_id=organization_id, queues=sorted(waiting),
+                                      live_within_seconds=live_seconds())
+    for tr in rows:
+        tr.queue_live_workers = live.get(tr.queue, 0) if tr.state == "ready" and tr.queue else None
 
 
 # --- Held long polls, per process -------------------------------------------------------------

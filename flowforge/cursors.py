@@ -14,7 +14,7 @@ Cursor shapes (each opaque: base64url of a small JSON object):
   conjunct an index condition on ``(…, created_at DESC, id DESC)``; the second only
   discards the few rows sharing ``t``. Parameters are typed (``timestamptz`` and
   ``uuid``), never compared as text, which would order UUIDs lexically;
-- a name (alphabetical lists): the last name;
+- a name (alphabetical lists): the last name; two texts (workers by queue and id): the last pair;
 - whole numbers (``version``, ``seq``) are not encoded: ``whole_number`` parses them.
 
 Malformed cursors raise BadCursor; the API turns it into a 400 naming the parameter
@@ -96,6 +96,20 @@ def decode_name_cursor(cursor: str) -> str:
     if not isinstance(name, str) or "\x00" in name:
         raise BadCursor(cursor)
     return name
+
+
+def encode_pair_cursor(first: str, second: str) -> str:
+    """The cursor of a list ordered by two texts (a worker's queue and id) after (first, second)."""
+    return _b64({"a": first, "b": second})
+
+
+def decode_pair_cursor(cursor: str) -> tuple[str, str]:
+    """Decode a two-text cursor; BadCursor when it is not one of ours."""
+    data = _unb64(cursor)
+    first, second = data.get("a"), data.get("b")
+    if not isinstance(first, str) or not isinstance(second, str) or "\x00" in first + second:
+        raise BadCursor(cursor)
+    return first, second
 
 
 def whole_number(raw: str | None) -> int | None:

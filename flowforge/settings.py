@@ -329,6 +329,19 @@ if FLOWFORGE_WORKER_LEASE_SECONDS < 1:
 # most half of them one organization's; each holds a web server thread, so keep it below
 # the threads per process. A poll past it that finds nothing ready gets a 503 with Retry-After.
 FLOWFORGE_WORKER_POLLS_PER_PROCESS = int(os.environ.get("FLOWFORGE_WORKER_POLLS_PER_PROCESS", "6"))
+# Seconds since a worker's last poll within which the workers page, GET /api/v1/workers/ and
+# the run page count it live. An idle worker polls at least every 30 s (the longest
+# wait_seconds; the SDK's default is 20 s) and its last_seen_at is written at most every
+# 10 s (engine.repositories.worker_queues.WORKER_SEEN_RESOLUTION_SECONDS), so 90 s is three
+# missed polls. A worker whose slots are all busy does not poll: it counts live while it
+# holds a task whose lease its heartbeats keep current.
+FLOWFORGE_WORKER_LIVE_SECONDS = env_float("FLOWFORGE_WORKER_LIVE_SECONDS", 90.0)
+if FLOWFORGE_WORKER_LIVE_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_WORKER_LIVE_SECONDS ({FLOWFORGE_WORKER_LIVE_SECONDS:g}) must be above 0 seconds"
+    )
 # How many dependents in a row a worker thread runs itself after a success, instead of
 # sending them through the broker (engine.worker.execute); 0 sends every one.
 FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATIONS", "100"))

@@ -1,8 +1,8 @@
-"""Routes of runs and the audit log."""
+"""Routes of runs, the organization's own workers and the audit log."""
 
 from django.urls import path
 
-from frontend.views import audit, runs
+from frontend.views import audit, runs, workers
 
 urlpatterns: list = [
     path("runs/", runs.run_list, name="run_list"),
@@ -11,7 +11,9 @@ urlpatterns: list = [
     path("runs/<uuid:run_id>/stream/", runs.run_stream, name="run_stream"),
     path("runs/<uuid:run_id>/events/", runs.run_events, name="run_events"),
     path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/output/", runs.run_task_output, name="run_task_output"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/logs/", runs.run_task_logs, name="run_task_logs"),
     path("runs/<uuid:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<uuid:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("workers/", workers.worker_list, name="workers"),
     path("audit/", audit.audit_list, name="audit"),
 ]

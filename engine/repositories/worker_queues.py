@@ -8,6 +8,7 @@ task runs, and the log lines workers send (core_tasklog). Statements:
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import uuid
 from collections.abc import Sequence
@@ -98,18 +99,99 @@ def append_logs(
 
 @dataclasses.dataclass(frozen=True)
 class QueueSummary:
-    """One queue of an organization (``worker_queue_summary``)."""
+    """One queue of an organization (``worker_queue_summary``): its ready task runs, the
+    oldest one's ready_at (None when none is ready) and its age in seconds, its running
+    task runs, and its live workers."""
 
     queue: str
     ready: int
-    oldest_ready_at: Any
+    oldest_ready_at: dt.datetime | None
+    oldest_ready_age_seconds: float | None
     running: int
     live_workers: int
 
 
-def queue_summaries(*, organization_id: uuid.UUID, live_within_seconds: float) -> list[QueueSummary]:
-    """Each queue of the organization (named by a task or polled by a worker): its ready
-    and running task runs, the oldest ready one's ready_at, and its workers seen within
-    ``live_within_seconds``; by queue name."""
-    rows = fetch(queries["worker_queue_summary"], {"org": organization_id, "cutoff": live_within_seconds})
+def queue_summaries(
+    *, organization_id: uuid.UUID, live_within_seconds: float, after: str = "", limit: int = 1000,
+) -> list[QueueSummary]:
+    """The organization's queues (named by a task of any workflow version, or polled by a
+    worker) whose names sort after ``after`` ('' for the first), by name, at most
+    ``limit``: each one's ready and running task runs, its oldest ready one, and its live
+    workers (seen polling within ``live_within_seconds``, or holding a task run of the queue
+    whose lease is current). One statement."""
+    rows = fetch(queries["worker_queue_summary"], {
+        "org": organization_id, "cutoff": live_within_seconds, "after": after, "limit": limit})
     return [QueueSummary(*r) for r in rows]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRow:
+    """A worker process as seen on one queue (``worker_list``): what it said of itself in
+    its last poll, when it first and last polled, how many running task runs of the queue
+    it holds (``lease_owner`` ``worker:<worker_id>``), and whether it is live."""
+
+    queue: str
+    worker_id: str
+    name: str
+    host: str
+    sdk: str
+    concurrency: int | None
+    first_seen_at: dt.datetime
+    last_seen_at: dt.datetime
+    tasks_held: int
+    live: bool
+
+
+def workers(
+    *, organization_id: uuid.UUID, live_within_seconds: float, limit: int, queue: str | None = None,
+    after: tuple[str, str] | None = None, live: bool | None = None, seen_within_seconds: float | None = None,
+) -> list[WorkerRow]:
+    """At most ``limit`` workers of the organization by (queue, worker_id), after
+    ``after`` (a (queue, worker_id) pair; None for the first), of ``queue`` only unless
+    None. ``live`` True keeps the live ones (seen polling within ``live_within_seconds``,
+    or holding a task run of the queue whose lease is current), False the others, None
+    both; ``seen_within_seconds`` drops the workers that are not live and were last seen
+    longer ago. One statement."""
+    rows = fetch(queries["worker_list"], {
+        "org": organization_id, "cutoff": live_within_seconds, "limit": limit, "queue": queue,
+        "after_queue": after[0] if after else None, "after_id": after[1] if after else None,
+        "live": live, "seen_within": seen_within_seconds,
+    })
+    return [WorkerRow(*r) for r in rows]
+
+
+def live_workers(*, organization_id: uuid.UUID, queues: Sequence[str], live_within_seconds: float) -> dict[str, int]:
+    """``{queue: live workers}`` for each of ``queues`` (the organization's; live as
+    ``workers`` says); {} without a statement when ``queues`` is empty."""
+    if not queues:
+        return {}
+    rows = fetch(queries["worker_queue_live"], {
+        "org": organization_id, "queues": sorted(set(queues)), "cutoff": live_within_seconds})
+    return {queue: int(n) for queue, n in rows}
+
+
+@dataclasses.dataclass(frozen=True)
+class LogLine:
+    """One log line a worker sent (core_tasklog)."""
+
+    id: int
+    attempt: int
+    fencing_token: int
+    level: str
+    message: str
+    created_at: dt.datetime
+
+
+def run_log_tails(
+    *, organization_id: uuid.UUID, run_id: uuid.UUID, tasks: int, lines: int,
+) -> list[tuple[uuid.UUID, list[LogLine]]]:
+    """The log lines the run page shows (``task_log_run_tail``): for at most ``tasks``
+    worker task runs of the run that have lines (those with the newest lines first), the
+    last ``lines`` lines of the generation that wrote the task run's newest line, oldest
+    first. Returns [(task_run_id, lines)], in that order. One statement."""
+    rows = fetch(queries["task_log_run_tail"], {"org": organization_id, "run": run_id, "tasks": tasks,
+                                                "limit": lines})
+    out: dict[uuid.UUID, list[LogLine]] = {}
+    for task_run_id, *line in rows:
+        out.setdefault(task_run_id, []).append(LogLine(*line))
+    return list(out.items())

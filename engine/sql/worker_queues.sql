@@ -52,21 +52,113 @@ RETURNING 1;
 
 
 -- name: worker_queue_summary
--- Per queue of the organization: ready task runs, the oldest one's ready_at, running ones, and the workers seen polling it since the cutoff (seconds ago); idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_worker_org_queue_id.
-WITH q AS (
+-- A page of the organization's queues (named by a task or polled by a worker) after the name after ('' for the first), by name, at most limit: ready task runs, the oldest one's ready_at and its age in seconds, running ones, and the live workers (seen polling since cutoff seconds ago, or holding a running task run of the queue whose lease is current: the held part, as in worker_list and worker_queue_live); idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_worker_org_queue_id.
+WITH held AS (
+    -- Per queue and worker (lease_owner 'worker:<worker id>'): its running task runs, and
+    -- those whose lease is current. A worker whose slots are all busy does not poll: it is
+    -- live while its heartbeats keep a lease current.
+    SELECT t.queue, t.lease_owner, count(*) AS tasks,
+           count(*) FILTER (WHERE t.lease_expires_at > clock_timestamp()) AS leased
+    FROM core_taskrun t
+    WHERE t.organization_id = %(org)s AND t.state = 'running' AND t.queue <> ''    -- idx_taskrun_running_org
+    GROUP BY t.queue, t.lease_owner
+), q AS (
     SELECT DISTINCT k.queue FROM core_task k
-    WHERE k.organization_id = %(org)s AND k.queue <> ''
+    WHERE k.organization_id = %(org)s AND k.queue <> '' AND k.queue > %(after)s
     UNION
-    SELECT w.queue FROM core_workerconnection w WHERE w.organization_id = %(org)s
+    SELECT w.queue FROM core_workerconnection w WHERE w.organization_id = %(org)s AND w.queue > %(after)s
+), page AS (
+    SELECT q.queue FROM q ORDER BY q.queue LIMIT %(limit)s
+), ready AS (
+    SELECT p.queue,
+           (SELECT count(*) FROM core_taskrun t
+            WHERE t.queue = p.queue AND t.organization_id = %(org)s AND t.state = 'ready') AS ready,
+           (SELECT min(COALESCE(t.ready_at, t.created_at)) FROM core_taskrun t
+            WHERE t.queue = p.queue AND t.organization_id = %(org)s AND t.state = 'ready') AS oldest
+    FROM page p
+)
+SELECT r.queue, r.ready, r.oldest,
+       CASE WHEN r.oldest IS NOT NULL THEN greatest(0, EXTRACT(EPOCH FROM clock_timestamp() - r.oldest))::float8 END,
+       (SELECT count(*) FROM core_taskrun t
+        WHERE t.organization_id = %(org)s AND t.state = 'running' AND t.queue = r.queue),
+       (SELECT count(*) FROM core_workerconnection w
+        LEFT JOIN held h ON h.queue = w.queue AND h.lease_owner = 'worker:' || w.worker_id
+        WHERE w.organization_id = %(org)s AND w.queue = r.queue
+          AND (w.last_seen_at > clock_timestamp() - make_interval(secs => %(cutoff)s) OR COALESCE(h.leased, 0) > 0))
+FROM ready r ORDER BY r.queue;
+
+
+-- name: worker_list
+-- The organization's workers (of queue only, unless NULL) by (queue, worker_id) after (after_queue, after_id) (NULL for the first), at most limit, only live ones (live true), only the others (false) or all (NULL), and among those not live only the ones seen since seen_within seconds ago (NULL: all): what each says of itself, when first and last seen, the running task runs it holds, whether it is live (the held part, as in worker_queue_summary); uniq_worker_org_queue_id, idx_taskrun_running_org.
+WITH held AS (
+    -- Per queue and worker (lease_owner 'worker:<worker id>'): its running task runs, and
+    -- those whose lease is current. A worker whose slots are all busy does not poll: it is
+    -- live while its heartbeats keep a lease current.
+    SELECT t.queue, t.lease_owner, count(*) AS tasks,
+           count(*) FILTER (WHERE t.lease_expires_at > clock_timestamp()) AS leased
+    FROM core_taskrun t
+    WHERE t.organization_id = %(org)s AND t.state = 'running' AND t.queue <> ''    -- idx_taskrun_running_org
+    GROUP BY t.queue, t.lease_owner
+), w AS (
+    SELECT w.queue, w.worker_id, w.name, w.host, w.sdk, w.concurrency, w.first_seen_at, w.last_seen_at,
+           COALESCE(h.tasks, 0) AS tasks_held,
+           (w.last_seen_at > clock_timestamp() - make_interval(secs => %(cutoff)s) OR COALESCE(h.leased, 0) > 0)
+               AS live
+    FROM core_workerconnection w
+    LEFT JOIN held h ON h.queue = w.queue AND h.lease_owner = 'worker:' || w.worker_id
+    WHERE w.organization_id = %(org)s                                               -- uniq_worker_org_queue_id
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s::text)
+      AND (%(after_queue)s::text IS NULL OR (w.queue, w.worker_id) > (%(after_queue)s::text, %(after_id)s::text))
+)
+SELECT w.queue, w.worker_id, w.name, w.host, w.sdk, w.concurrency, w.first_seen_at, w.last_seen_at,
+       w.tasks_held, w.live
+FROM w
+WHERE (%(live)s::boolean IS NULL OR w.live = %(live)s::boolean)
+  AND (%(seen_within)s::float8 IS NULL OR w.live
+       OR w.last_seen_at > clock_timestamp() - make_interval(secs => %(seen_within)s::float8))
+ORDER BY w.queue, w.worker_id
+LIMIT %(limit)s;
+
+
+-- name: worker_queue_live
+-- For each queue named in queues: the organization's live workers on it (seen polling since cutoff seconds ago, or holding a running task run of the queue whose lease is current: the held part, as in worker_queue_summary); uniq_worker_org_queue_id, idx_taskrun_running_org.
+WITH held AS (
+    -- Per queue and worker (lease_owner 'worker:<worker id>'): its running task runs, and
+    -- those whose lease is current. A worker whose slots are all busy does not poll: it is
+    -- live while its heartbeats keep a lease current.
+    SELECT t.queue, t.lease_owner, count(*) AS tasks,
+           count(*) FILTER (WHERE t.lease_expires_at > clock_timestamp()) AS leased
+    FROM core_taskrun t
+    WHERE t.organization_id = %(org)s AND t.state = 'running' AND t.queue <> ''    -- idx_taskrun_running_org
+    GROUP BY t.queue, t.lease_owner
 )
 SELECT q.queue,
-       (SELECT count(*) FROM core_taskrun t
-        WHERE t.queue = q.queue AND t.organization_id = %(org)s AND t.state = 'ready'),
-       (SELECT min(COALESCE(t.ready_at, t.created_at)) FROM core_taskrun t
-        WHERE t.queue = q.queue AND t.organization_id = %(org)s AND t.state = 'ready'),
-       (SELECT count(*) FROM core_taskrun t
-        WHERE t.organization_id = %(org)s AND t.state = 'running' AND t.queue = q.queue),
        (SELECT count(*) FROM core_workerconnection w
+        LEFT JOIN held h ON h.queue = w.queue AND h.lease_owner = 'worker:' || w.worker_id
         WHERE w.organization_id = %(org)s AND w.queue = q.queue
-          AND w.last_seen_at > clock_timestamp() - make_interval(secs => %(cutoff)s))
-FROM q ORDER BY q.queue;
+          AND (w.last_seen_at > clock_timestamp() - make_interval(secs => %(cutoff)s) OR COALESCE(h.leased, 0) > 0))
+FROM unnest(%(queues)s::text[]) AS q(queue);
+
+
+-- name: task_log_run_tail
+-- The log lines the run page shows: for at most tasks worker task runs of the organization's run (those with the newest lines), the last lines (at most limit) of the generation that wrote its newest line: (task_run_id, id, attempt, fencing_token, level, message, created_at), task runs by newest line first, then lines oldest first; idx_taskrun_run_state, idx_tasklog_taskrun (read backwards).
+SELECT t.id, l.id, l.attempt, l.fencing_token, l.level, l.message, l.created_at
+FROM (
+    SELECT t.id, last.id AS last_id, last.fencing_token
+    FROM core_taskrun t
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.fencing_token FROM core_tasklog x
+        WHERE x.task_run_id = t.id ORDER BY x.id DESC LIMIT 1                      -- idx_tasklog_taskrun
+    ) last
+    WHERE t.workflow_run_id = %(run)s AND t.organization_id = %(org)s AND t.queue <> ''   -- idx_taskrun_run_state
+    ORDER BY last.id DESC
+    LIMIT %(tasks)s
+) t
+CROSS JOIN LATERAL (
+    -- Only the generation holding the lease may append (task_log_append), so its lines are
+    -- the task run's last ones: the backward scan reads them first.
+    SELECT y.id, y.attempt, y.fencing_token, y.level, y.message, y.created_at FROM core_tasklog y
+    WHERE y.task_run_id = t.id AND y.fencing_token = t.fencing_token
+    ORDER BY y.id DESC LIMIT %(limit)s                                             -- idx_tasklog_taskrun
+) l
+ORDER BY t.last_id DESC, l.id;

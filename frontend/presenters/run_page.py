@@ -2,7 +2,8 @@
 
 ``build_run_view`` reads the run's retries, its task runs with their tasks (as tuples,
 not models), the workflow's edges, the attempt events for the timeline and the latest
-events for the log; the DAG drawing is cached by workflow version and task states
+events for the log (and, for a run with worker tasks, whether their queues have a live
+worker and their log lines); the DAG drawing is cached by workflow version and task states
 (``dag_svg``) and the rows that grow with the run are built without template loops
 (frontend.presenters.run_rows), so a 200-task run's page costs about twice a 5-task
 one's (bench/bench_pages.py). ``started_by`` reads the run's ``run.started`` audit row.
@@ -26,11 +27,19 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from audit.models import AuditLog
+from engine import worker_queues
 from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
+from engine.repositories import worker_queues as worker_rows
 from frontend.dag import longest_path_layers, render_dag_svg
-from frontend.presenters.run_rows import EventRow, render_event_rows, render_task_rows, render_timeline_rows
+from frontend.presenters.run_rows import (
+    EventRow,
+    render_event_rows,
+    render_log_blocks,
+    render_task_rows,
+    render_timeline_rows,
+)
 from frontend.presenters.text import cut, event_detail_text, run_duration, without_countdown
 from frontend.presenters.timeline import (
     TIMELINE_KINDS,
@@ -48,6 +57,11 @@ OUTPUT_PREVIEW_CHARS = 120
 ERROR_PREVIEW_CHARS = 300
 # Retries of a run linked from its header.
 RETRY_LINKS_LIMIT = 20
+# Worker log lines shown per task run (its newest generation's last ones; the whole log is
+# the task's log page and GET /api/v1/runs/{run}/task-runs/{id}/logs/), and task runs whose
+# logs are shown (those with the newest lines).
+LOG_LINES_PER_TASK = 200
+LOG_TASKS_LIMIT = 20
 
 
 def depth_of(task_ids: Iterable[uuid.UUID], edges: Iterable[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, int]:
@@ -55,6 +69,20 @@ def depth_of(task_ids: Iterable[uuid.UUID], edges: Iterable[tuple[uuid.UUID, uui
     DAG drawing's layering: frontend.dag.longest_path_layers)."""
     layers, _ = longest_path_layers(list(task_ids), [(dep, task) for task, dep in edges])
     return layers
+
+
+@dataclasses.dataclass
+class LogBlock:
+    """The log lines of one worker task run the run page shows: the last LOG_LINES_PER_TASK
+    lines of the generation (attempt ``attempt``, ``fencing_token``) that wrote its newest."""
+
+    task_run_id: uuid.UUID
+    key: str
+    attempt: int
+    fencing_token: int
+    lines: list[worker_rows.LogLine]
+    truncated: bool  # older lines of that generation are not shown
+    url: str  # the task run's whole log, every attempt's (text)
 
 
 @dataclasses.dataclass
@@ -75,6 +103,9 @@ class RunView:
     can_operate: bool
     dag_svg: str
     waiting_reason: str = ""  # a run queued by its workflow's run limit: "waiting: workflow run limit 2/2"
+    logs: list[LogBlock] = dataclasses.field(default_factory=list)  # worker task runs' log lines
+    logs_more_tasks: bool = False  # more task runs have lines than LOG_TASKS_LIMIT
+    has_worker_tasks: bool = False  # a task of the run waits on a queue of the organization's own workers
 
     @property
     def is_terminal(self) -> bool:
@@ -91,6 +122,20 @@ class RunView:
     @property
     def event_rows_html(self) -> SafeString:
         return render_event_rows(self.events)
+
+    @property
+    def logs_html(self) -> SafeString:
+        return render_log_blocks(self.logs)
+
+    @property
+    def idle_queues(self) -> list[tuple[str, int]]:
+        """(queue, ready task runs of this run waiting on it) for each queue with no live
+        worker, by name: the warning above the task table."""
+        counts: dict[str, int] = defaultdict(int)
+        for r in self.rows:
+            if r.queue_live_workers == 0:
+                counts[r.queue] += 1
+        return sorted(counts.items())
 
 
 # The columns of an event-log row, in EventRow's order after ``seq``/``created_at``.
@@ -156,7 +201,9 @@ def build_run_view(
     """Load and shape what the run page (``events_after`` None) or its fragment shows.
 
     Queries (constant): retries, task runs with tasks, edges, timeline events, log events,
-    and the wait reasons of the ready task runs (when any) and of a pending run.
+    the wait reasons of the ready task runs (when any) and of a pending run, the live
+    workers of the queues ready worker tasks wait on (when any), and the worker log lines
+    (for a run with worker tasks).
     With ``events_after`` the log holds the events after that seq (at most
     EVENT_LOG_LIMIT; when more are new, the latest EVENT_LOG_LIMIT and
     ``events_replace``), else the latest EVENT_LOG_LIMIT events.
@@ -181,6 +228,7 @@ def build_run_view(
             Left(Cast("output", TextField()), OUTPUT_PREVIEW_CHARS + 1),
             Left(F("error"), ERROR_PREVIEW_CHARS + 1),
             output_bytes_expression(),
+            "queue",
         )
     )
     edges = list(
@@ -207,10 +255,10 @@ def build_run_view(
             # A preview that was cut links to the whole output.
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
-            concurrency_key=concurrency_key or "",
+            concurrency_key=concurrency_key or "", queue=queue,
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
-             output, error, output_bytes) in task_runs
+             output, error, output_bytes, queue) in task_runs
     ]
     rows.sort(key=lambda r: (r.depth, r.key))
     # Why ready tasks (and a queued run) wait: one statement each, only when any does.
@@ -222,6 +270,11 @@ def build_run_view(
             # second, so a countdown would stand still (the API's reason has them).
             r.waiting_reason = without_countdown(reasons.get(r.id, ""))
     run_waiting = waiting.run_reasons([run.pk]).get(run.pk, "") if run.state == "pending" else ""
+    # Ready worker tasks: whether any worker is live on their queues (one statement, only when any
+    # is ready). Their log lines: one statement, only for a run with worker tasks.
+    worker_queues.attach_live_workers(rows, organization_id=org.pk)
+    has_worker_tasks = any(r.queue for r in rows)
+    logs, more_logs = (log_blocks(org.pk, run, rows, run_path) if has_worker_tasks else ([], False))
     keys = {r.id: r.key for r in rows}
     # Events up to the run's seq as read with the run (frontend.views.runs), before the task runs:
     # the states shown are then at least as new as the last event shown, and the client's
@@ -256,7 +309,26 @@ def build_run_view(
         can_operate=can(request.membership.role, Action.RUN_OPERATE),
         dag_svg=dag_svg(rows, edges, run=run),
         waiting_reason=run_waiting,
+        logs=logs,
+        logs_more_tasks=more_logs,
+        has_worker_tasks=has_worker_tasks,
     )
+
+
+def log_blocks(org_id: uuid.UUID, run: WorkflowRun, rows: Sequence[TaskRow],
+               run_path: str) -> tuple[list[LogBlock], bool]:
+    """The LogBlocks of the run's worker task runs with log lines (at most LOG_TASKS_LIMIT,
+    those with the newest lines first) and whether more task runs have lines. One statement."""
+    tails = worker_rows.run_log_tails(organization_id=org_id, run_id=run.pk, tasks=LOG_TASKS_LIMIT + 1,
+                                        lines=LOG_LINES_PER_TASK + 1)
+    keys = {r.id: r.key for r in rows}
+    blocks = [
+        LogBlock(task_run_id=tr_id, key=keys.get(tr_id, ""), attempt=lines[-1].attempt,
+                 fencing_token=lines[-1].fencing_token, lines=lines[-LOG_LINES_PER_TASK:],
+                 truncated=len(lines) > LOG_LINES_PER_TASK, url=f"{run_path}tasks/{tr_id}/logs/")
+        for tr_id, lines in tails[:LOG_TASKS_LIMIT]
+    ]
+    return blocks, len(tails) > LOG_TASKS_LIMIT
 
 
 def started_by(org, run: WorkflowRun) -> str:

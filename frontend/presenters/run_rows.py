@@ -13,11 +13,15 @@ import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from html import escape as html_escape
+from typing import TYPE_CHECKING
 
 from django.utils.safestring import SafeString, mark_safe
 
 from frontend.presenters.text import human_bytes
 from frontend.presenters.timeline import TL_BAR, TL_ROW, TaskRow, Timeline
+
+if TYPE_CHECKING:  # run_page imports this module
+    from frontend.presenters.run_page import LogBlock
 
 
 @dataclasses.dataclass
@@ -36,9 +40,22 @@ def _esc(value: object) -> str:
     return html_escape(str(value), quote=True)
 
 
+#: Where the no-live-worker warning sends the reader (the workers page, the API keys page).
+WORKERS_PATH = "/workers/"
+API_KEYS_PATH = "/api-keys/"
+
+
+def no_worker_warning(queue: str) -> str:
+    """The warning of a task waiting on a queue no live worker polls (HTML, escaped)."""
+    return (f'<span class="no-worker" role="alert">No worker is polling queue <code>{_esc(queue)}</code>: '
+            f'start one with a worker key (<a href="{API_KEYS_PATH}">API keys</a>, '
+            f'<a href="{WORKERS_PATH}">Workers</a>)</span>')
+
+
 def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
-    """The task table's ``<tr>``s: key (with its rendered concurrency key), type, state
-    (with a ready task's wait reason), attempts, duration, error, output."""
+    """The task table's ``<tr>``s: key (with its rendered concurrency key and its worker
+    queue), type, state (with a ready task's wait reason, and the warning when its queue
+    has no live worker), attempts, duration, error, output."""
     out = []
     for r in rows:
         key, state = _esc(r.key), _esc(r.state)
@@ -49,6 +66,11 @@ def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
         # Rendered from the run's input: any characters at all.
         permit = (f'<div class="concurrency-key"><span class="muted">concurrency</span> '
                   f'<code>{_esc(r.concurrency_key)}</code></div>' if r.concurrency_key else "")
+        if r.queue:
+            permit += (f'<div class="worker-queue"><span class="muted">queue</span> '
+                       f'<a href="{WORKERS_PATH}#queue-{_esc(r.queue)}"><code>{_esc(r.queue)}</code></a></div>')
+        if r.queue_live_workers == 0:
+            waiting += " " + no_worker_warning(r.queue)
         if r.output_url:
             output += (f' <a class="output-link" href="{_esc(r.output_url)}">whole output'
                        f' ({_esc(human_bytes(r.output_bytes or 0))})</a>')
@@ -103,6 +125,34 @@ def render_event_rows(events: Sequence[EventRow]) -> SafeString:
             f'<td class="transition">{transition}</td><td class="detail">{attempt}{_esc(e.detail)}</td></tr>\n'
         )
     return mark_safe("".join(out))  # noqa: S308 — every text above is escaped
+
+
+def render_log_blocks(blocks: Sequence[LogBlock]) -> SafeString:
+    """The worker log lines of the run page: per task run, a heading (key, attempt,
+    generation, a link to the whole log) and its lines (time, level, message)."""
+    out = []
+    for b in blocks:
+        key = _esc(b.key)
+        note = (f' <span class="muted small">the last {len(b.lines)} lines of this attempt</span>'
+                if b.truncated else "")
+        lines = "".join(
+            f'<span class="log-line level-{_esc(line.level)}"><span class="log-time">'
+            f'{_clock(line.created_at)}</span> <span class="log-level">{_esc(line.level.upper())}</span> '
+            f'{_esc(line.message)}</span>\n'
+            for line in b.lines
+        )
+        out.append(
+            f'<div class="task-log" id="log-{key}" data-task-key="{key}"><div class="task-log-head">'
+            f'<a class="mono" href="#task-{key}">{key}</a> <span class="muted">attempt {b.attempt} · generation '
+            f'{b.fencing_token}</span>{note} <a class="small" href="{_esc(b.url)}">whole log</a></div>'
+            f'<pre class="log-lines">{lines}</pre></div>'
+        )
+    return mark_safe("".join(out))  # noqa: S308 — every text above is escaped
+
+
+def _clock(at: dt.datetime) -> str:
+    stamp = at.astimezone(dt.UTC)
+    return f"{stamp:%H:%M:%S}.{stamp.microsecond // 1000:03d}"
 
 
 def _num(value: float) -> str:

@@ -204,6 +204,9 @@ class TaskRow:
     output_url: str = ""  # the whole output, when the preview is cut
     waiting_reason: str = ""  # a ready task's "waiting: ..." (engine.repositories.waiting)
     concurrency_key: str = ""  # its task's concurrency key rendered with the run's input; "" when none
+    queue: str = ""  # the queue of the organization's own workers it waits on; "" for the shared workers
+    # Ready on a worker queue: the queue's live workers (0: nothing will take it); None otherwise.
+    queue_live_workers: int | None = None
 
     @property
     def duration(self) -> str:

@@ -1,5 +1,5 @@
 """Runs: the list, the run page, its live fragment and event stream, the full event log,
-a task's whole output, and the Cancel / Retry actions.
+a task's whole output and its worker log lines, and the Cancel / Retry actions.
 
 Views parse, authorize and render; what a page shows is loaded and shaped by the
 presenters (frontend.presenters.run_list, run_page, timeline, run_rows), and the engine's
@@ -16,6 +16,7 @@ tasks, runs or events (tests/unit/test_web_runs.py counts them): the run list th
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 
 from django.contrib import messages
@@ -31,7 +32,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from engine import live_stream
 from engine.access import access_run, access_task_run
-from engine.models import RunState, TaskRunEvent, Workflow, WorkflowRun
+from engine.models import RunState, TaskLog, TaskRunEvent, Workflow, WorkflowRun
 from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, retry_run
 from flowforge.cursors import whole_number
 from frontend import live
@@ -39,7 +40,13 @@ from frontend.dag import render_state_legend
 from frontend.organization import organization_required
 from frontend.paging import BadCursor, newest_first_page, page_links
 from frontend.presenters.run_list import RunFilterForm, RunRow, progress_by_run, run_list_queryset
-from frontend.presenters.run_page import EVENT_COLUMNS, build_run_view, event_rows, started_by
+from frontend.presenters.run_page import (
+    EVENT_COLUMNS,
+    LOG_LINES_PER_TASK,
+    build_run_view,
+    event_rows,
+    started_by,
+)
 from frontend.presenters.run_rows import render_event_rows
 from frontend.presenters.text import run_duration
 from tenancy.limits import QuotaExceeded
@@ -49,6 +56,8 @@ from tenancy.permissions import Action, Forbidden, require
 RUN_PAGE_SIZE = 50
 # Events per page of the event-log page.
 EVENT_PAGE_SIZE = 500
+# Lines of a task run's log page (the API pages through the rest).
+TASK_LOG_PAGE_LINES = 10_000
 
 
 def _seq(raw: str | None) -> int:
@@ -149,6 +158,7 @@ def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
         "started_by": started_by(request.membership.organization, run),
         "live": _live_urls(run),
         "state_legend": render_state_legend(),
+        "log_lines_per_task": LOG_LINES_PER_TASK,
     }
     return render(request, "frontend/runs/detail.html", context)
 
@@ -239,6 +249,33 @@ def run_task_output(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.U
     found = [task_run.output_text]
     response = HttpResponse(found[0] if found[0] is not None else "null", content_type="application/json")
     response["Content-Disposition"] = f'inline; filename="{task_run_id}-output.json"'
+    return response
+
+
+@require_GET
+@organization_required
+def run_task_logs(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.UUID) -> HttpResponse:
+    """``/runs/<id>/tasks/<task run id>/logs/``: the log lines workers sent for one task
+    run, every attempt's, oldest first, as plain text (the run page shows the newest
+    attempt's last lines); at most TASK_LOG_PAGE_LINES, then a line saying where the rest
+    is. 404 for a task run not of this run, or another organization's."""
+    org = request.membership.organization
+    task_run = access_task_run(org, run_id, task_run_id, shape=lambda qs: qs.only("id", "organization_id"))
+    lines = list(
+        TaskLog.objects.for_organization(org).filter(task_run=task_run).order_by("id")  # idx_tasklog_taskrun
+        .values_list("id", "attempt", "fencing_token", "level", "message", "created_at")[: TASK_LOG_PAGE_LINES + 1]
+    )
+    text = "".join(
+        f"{created_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S.%f} attempt {attempt} gen {token} {level.upper():7} "
+        f"{message}\n"
+        for _id, attempt, token, level, message, created_at in lines[:TASK_LOG_PAGE_LINES]
+    )
+    if len(lines) > TASK_LOG_PAGE_LINES:
+        text += (f"... more lines: GET /api/v1/runs/{run_id}/task-runs/{task_run_id}/logs/"
+                 f"?after={lines[TASK_LOG_PAGE_LINES - 1][0]}\n")
+    # Plain text (never rendered as HTML: nosniff is set site-wide), shown in the browser.
+    response = HttpResponse(text or "(no log lines)\n", content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'inline; filename="{task_run_id}-logs.txt"'
     return response
 
 
