@@ -266,6 +266,9 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "engine.models.RunState",
         "TaskRunStateEnum": "engine.models.TaskRunState",
         "RunLimitPolicyEnum": "engine.models.RunLimitPolicy",
+        # A member's roles and an API key's (which add "worker", issue 18): two enums.
+        "RoleEnum": "tenancy.models.Role",
+        "KeyRoleEnum": "tenancy.models.KeyRole",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).

@@ -14,6 +14,7 @@ until OBJECT_KINDS below says which kind of object its id names.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import uuid
 from typing import Any
@@ -23,12 +24,13 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from audit.models import AuditLog
-from engine.models import ScheduledTrigger, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.models import ScheduledTrigger, TaskLog, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.repositories.worker_queues import note_worker_seen
 from engine.services import apply_definition, start_run
 from engine.triggers import create_trigger
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key
-from tenancy.models import ApiKey, Invitation, Membership, Role, User
+from tenancy.models import ApiKey, Invitation, KeyRole, Membership, Role, User
 from tenancy.services import create_organization, invite_member
 
 # Namespaces whose patterns are tenant surfaces.
@@ -46,6 +48,11 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:run-events": {"pk": "run"},
     "api:run-event-stream": {"pk": "run"},
     "api:run-task-output": {"run_id": "run", "pk": "task_run"},
+    "api:run-task-logs": {"run_id": "run", "pk": "worker_task_run"},
+    "api:worker-heartbeat": {"pk": "worker_task_run"},
+    "api:worker-logs": {"pk": "worker_task_run"},
+    "api:worker-complete": {"pk": "worker_task_run"},
+    "api:worker-fail": {"pk": "worker_task_run"},
     "api:apikey-revoke": {"pk": "api_key"},
     "api:trigger-detail": {"pk": "trigger"},
     "api:trigger-pause": {"pk": "trigger"},
@@ -60,6 +67,7 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:run_stream": {"run_id": "run"},
     "frontend:run_events": {"run_id": "run"},
     "frontend:run_task_output": {"run_id": "run", "task_run_id": "task_run"},
+    "frontend:run_task_logs": {"run_id": "run", "task_run_id": "worker_task_run"},
     "frontend:run_cancel": {"run_id": "run"},
     "frontend:run_retry": {"run_id": "run"},
     "frontend:workflow_detail": {"workflow_id": "workflow"},
@@ -80,6 +88,16 @@ EXEMPT: dict[str, str] = {
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
+# The worker API (docs/workers.md): only a worker key may call it (anyone else gets 403 for
+# any id), so A's worker key asks for B's worker task run, with a well-formed body (a
+# malformed one is a 400 before any lookup).
+WORKER_BODIES: dict[str, dict] = {
+    "api:worker-heartbeat": {"fencing_token": 1},
+    "api:worker-logs": {"fencing_token": 1, "lines": [{"level": "info", "message": "x"}]},
+    "api:worker-complete": {"fencing_token": 1, "output": {"ok": True}},
+    "api:worker-fail": {"fencing_token": 1, "error": "x"},
+}
+
 
 @dataclasses.dataclass
 class TenantData:
@@ -91,6 +109,7 @@ class TenantData:
     membership: Membership
     invitation: Invitation
     api_key: ApiKey
+    worker_key: str
 
     def ids(self) -> dict[str, str]:
         return {
@@ -100,6 +119,8 @@ class TenantData:
             "invitation": str(self.invitation.pk),
             "api_key": str(self.api_key.pk),
             "task_run": str(TaskRun.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
+            "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.run,
+                                                                                 task__key="w").pk),
             "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
             "trigger": str(trigger_of(self).pk),
@@ -127,11 +148,18 @@ def build_tenant(slug: str) -> TenantData:
     workflow = apply_definition(
         actor=actor,
         document={"name": f"{slug}-flow", "tasks": [{"key": "a", "type": "noop"},
-                                                    {"key": "b", "type": "noop", "depends_on": ["a"]}]},
+                                                    {"key": "b", "type": "noop", "depends_on": ["a"]},
+                                                    {"key": "w", "type": "worker",
+                                                     "config": {"queue": f"{slug}-queue"}}]},
     )
     run = start_run(workflow=workflow, actor=actor)
+    worker_row, worker_key = create_api_key(actor=actor, name=f"{slug} workers", role=KeyRole.WORKER)
+    # A worker of the tenant seen polling its queue (the workers lists and pages show it).
+    note_worker_seen(organization_id=org.pk, worker_id=f"{slug}-worker-id", queue=f"{slug}-queue",
+                     name=f"{slug}-worker-name", host=f"{slug}-host", sdk="", concurrency=None,
+                     api_key_id=worker_row.pk)
     assert owner_m.role == Role.OWNER
-    return TenantData(org, owner, full_key, workflow, run, membership, invitation, api_key)
+    return TenantData(org, owner, full_key, workflow, run, membership, invitation, api_key, worker_key)
 
 
 @pytest.fixture
@@ -178,11 +206,14 @@ def test_every_id_taking_url_pattern_is_covered():
     assert not stale, f"OBJECT_KINDS names patterns that no longer exist: {stale}"
 
 
-def clients(a: TenantData) -> list[tuple[str, Client, str]]:
+def clients(a: TenantData, *, worker: bool = True) -> list[tuple[str, Client, str]]:
     session = Client()
     session.force_login(a.owner)
     key = Client(headers={"Authorization": f"Bearer {a.key}"})
-    return [("session", session, "any"), ("api key", key, "api")]
+    found = [("session", session, "any"), ("api key", key, "api")]
+    if worker:
+        found.append(("worker key", Client(headers={"Authorization": f"Bearer {a.worker_key}"}), "worker"))
+    return found
 
 
 @pytest.mark.django_db
@@ -196,15 +227,23 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
             continue
         foreign = build_path(regex, {param: b_ids[kind] for param, kind in kinds.items()})
         missing = build_path(regex, {param: str(uuid.uuid4()) for param in kinds})
+        worker_route = name in WORKER_BODIES
         for label, client, scope in clients(a):
             if scope == "api" and not name.startswith("api:"):
                 continue
+            if scope == "worker" and not worker_route:
+                continue  # a worker key may call nothing else: 403 for every id (test_worker_api.py)
             headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
             for method in METHODS:
-                got = getattr(client, method)(foreign, headers=headers)
-                ref = getattr(client, method)(missing, headers=headers)
+                kwargs = {"headers": headers}
+                if worker_route and method == "post":
+                    kwargs.update(data=json.dumps(WORKER_BODIES[name]), content_type="application/json")
+                got = getattr(client, method)(foreign, **kwargs)
+                ref = getattr(client, method)(missing, **kwargs)
                 assert got.status_code == ref.status_code, (name, label, method, got.status_code, ref.status_code)
-                assert got.status_code in (404, 405), (name, label, method, got.status_code)
+                # Anyone but a worker key is refused the worker API before any lookup.
+                allowed = (403, 405) if worker_route and scope != "worker" else (404, 405)
+                assert got.status_code in allowed, (name, label, method, got.status_code)
                 checked += 1
     assert checked >= len(OBJECT_KINDS) * len(METHODS)
     # Nothing of B changed through any of those requests.
@@ -213,19 +252,23 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
     assert Membership.objects.for_organization(b.org).filter(pk=b.membership.pk, role=Role.MEMBER).exists()
     assert Invitation.objects.for_organization(b.org).get(pk=b.invitation.pk).revoked_at is None
     assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
+    b_worker_task = TaskRun.objects.for_organization(b.org).get(pk=b.ids()["worker_task_run"])
+    assert (b_worker_task.state, b_worker_task.fencing_token) == ("ready", 0)
+    assert not TaskLog.objects.for_organization(b.org).exists()
 
 
 @pytest.mark.django_db
 def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
     a, b = tenants
-    b_values = set(b.ids().values()) | {b.org.slug, b.workflow.name, b.api_key.prefix, str(b.org.pk)}
+    b_values = set(b.ids().values()) | {b.org.slug, b.workflow.name, b.api_key.prefix, str(b.org.pk),
+                                        "iso-b-worker-id", "iso-b-worker-name", "iso-b-host", "iso-b-queue"}
     a_values = set(a.ids().values())
     fetched = 0
     for name, regex, _ in tenant_patterns():
         if params_of(regex):
             continue
         path = build_path(regex, {})
-        for label, client, scope in clients(a):
+        for label, client, scope in clients(a, worker=False):
             if scope == "api" and not name.startswith("api:"):
                 continue
             headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
@@ -238,7 +281,12 @@ def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
             fetched += 1
     assert fetched >= 5
     # The pages really show A's data, so an empty or error page is not what passed.
-    for label, client, _ in clients(a):
+    for label, client, _ in clients(a, worker=False):
         body = client.get("/api/v1/workflows/", headers={"X-Organization": a.org.slug}).content.decode()
         assert a.workflow.name in body and str(a.workflow.pk) in body, label
+        for path in ("/api/v1/workers/", "/api/v1/queues/"):
+            body = client.get(path, headers={"X-Organization": a.org.slug}).content.decode()
+            assert "iso-a-queue" in body, (label, path)
+    session = clients(a, worker=False)[0][1]
+    assert "iso-a-worker-name" in session.get("/workers/").content.decode()
     assert a_values

@@ -107,6 +107,25 @@ def test_the_wait_reasons_are_computed_in_one_statement():
     assert worded == ["task_run_wait_reasons"]
 
 
+def test_a_live_worker_is_counted_the_same_in_every_statement_that_counts_one():
+    """engine/sql/worker_queues.sql: the workers list, the queues' summary and the run page's
+    check of a queue share one ``held`` part (running task runs per queue and lease owner)
+    and one test of a live worker (a poll since the cutoff, or a held current lease)."""
+    live = ("w.last_seen_at > clock_timestamp() - make_interval(secs => %(cutoff)s) "
+            "OR COALESCE(h.leased, 0) > 0")
+    join = "LEFT JOIN held h ON h.queue = w.queue AND h.lease_owner = 'worker:' || w.worker_id"
+    counting = ("worker_list", "worker_queue_summary", "worker_queue_live")
+    assert sorted(n for n in queries if "core_workerconnection" in queries[n] and "held AS (" in queries[n]) == \
+        sorted(counting)
+    held = {part(n, "WITH held AS (", "GROUP BY t.queue, t.lease_owner )") for n in counting}
+    assert len(held) == 1 and "t.organization_id = %(org)s AND t.state = 'running' AND t.queue <> ''" in held.pop()
+    for name in counting:
+        text = driver.compact(queries[name])
+        assert live in text and join in text, name
+        # The lease owner is the poll's: "worker:" and the worker's own id (engine.worker_queues.poll).
+        assert "GROUP BY t.queue, t.lease_owner" in text, name
+
+
 def test_the_retry_backoff_cap_in_the_fail_statements_is_the_definitions_one():
     for name in ("task_run_fail_attempt", "task_run_fail_undelivered", "task_run_fail_expired_lease"):
         assert f"power(2, t.attempt - 1), {MAX_RETRY_BACKOFF_SECONDS}))" in driver.compact(queries[name]), name
