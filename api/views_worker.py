@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 
@@ -180,6 +180,20 @@ _TASK_SCHEMA = inline_serializer("WorkerTask", many=True, fields={
 })
 
 
+TASK_EXAMPLE = {
+    "task_run_id": "9b2e0c4e-3f41-4b8e-9a55-0c1d2e3f4a5b", "fencing_token": 1, "attempt": 1, "max_attempts": 3,
+    "workflow_run_id": "41c0d2aa-5e6f-4a1b-8c9d-0e1f2a3b4c5d", "task_key": "resize", "name": "resize",
+    "queue": "images", "input": {"width": 640}, "run_input": {"url": "https://example.com/a.png"},
+    "upstream": {"fetch": {"bytes": 1024}}, "timeout_seconds": 300.0, "lease_seconds": 60.0,
+    "heartbeat_interval_seconds": 20.0,
+}
+
+
+def _examples(request: dict, response: dict) -> list[OpenApiExample]:
+    return [OpenApiExample("request", request_only=True, value=request),
+            OpenApiExample("answer", response_only=True, value=response)]
+
+
 class WorkerPollView(_WorkerView):
     """POST /worker/poll: claim and start up to ``max_tasks`` tasks of ``queue``, waiting up
     to ``wait_seconds`` for the first (docs/workers.md, 1)."""
@@ -189,6 +203,10 @@ class WorkerPollView(_WorkerView):
         responses={200: inline_serializer("WorkerPollResult", {"tasks": _TASK_SCHEMA,
                                                                "wait_seconds": serializers.FloatField()})},
         description="Long poll of a worker key: the tasks handed out are started, leased to the worker.",
+        examples=_examples({"queue": "images", "max_tasks": 4, "wait_seconds": 20,
+                            "worker": {"id": "3f0c9b1e-7d1a-4c55-9a53-2c7a3f8e9d10", "name": "resizer-1",
+                                       "host": "box-7", "sdk": "flowforge-python/0.1.0", "concurrency": 4}},
+                           {"tasks": [TASK_EXAMPLE], "wait_seconds": 20}),
     )
     def post(self, request):
         data = _validated(PollSerializer, request)
@@ -209,7 +227,8 @@ class WorkerHeartbeatView(_WorkerView):
     """POST /worker/tasks/{id}/heartbeat: extend the lease of the generation the worker holds."""
 
     @extend_schema(operation_id="worker_heartbeat", request=TokenSerializer,
-                   responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()})})
+                   responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()})},
+                   examples=_examples({"fencing_token": 1}, {"lease_seconds": 60.0}))
     def post(self, request, pk):
         data = _validated(TokenSerializer, request)
         seconds = self._call(worker_queues.heartbeat, task_run_id=pk, fencing_token=data["fencing_token"])
@@ -220,7 +239,9 @@ class WorkerLogsView(_WorkerView):
     """POST /worker/tasks/{id}/logs: keep log lines of the generation the worker holds."""
 
     @extend_schema(operation_id="worker_logs", request=LogsSerializer,
-                   responses={200: inline_serializer("WorkerLogsResult", {"accepted": serializers.IntegerField()})})
+                   responses={200: inline_serializer("WorkerLogsResult", {"accepted": serializers.IntegerField()})},
+                   examples=_examples({"fencing_token": 1, "lines": [{"level": "info", "message": "resized 1 of 3"}]},
+                                      {"accepted": 1}))
     def post(self, request, pk):
         data = _validated(LogsSerializer, request)
         kept = self._call(worker_queues.append_logs, task_run_id=pk, fencing_token=data["fencing_token"],
@@ -232,7 +253,9 @@ class WorkerCompleteView(_WorkerView):
     """POST /worker/tasks/{id}/complete: the generation the worker holds succeeded."""
 
     @extend_schema(operation_id="worker_complete", request=CompleteSerializer,
-                   responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()})})
+                   responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()})},
+                   examples=_examples({"fencing_token": 1, "output": {"thumbnail": "s3://bucket/a.png"}},
+                                      {"state": "succeeded"}))
     def post(self, request, pk):
         data = _validated(CompleteSerializer, request)
         _check_output_size(data["output"])
@@ -246,7 +269,9 @@ class WorkerFailView(_WorkerView):
 
     @extend_schema(operation_id="worker_fail", request=FailSerializer,
                    responses={200: inline_serializer("WorkerFailResult", {
-                       "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)})})
+                       "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)})},
+                   examples=_examples({"fencing_token": 1, "error": "ValueError: image too large", "retryable": True},
+                                      {"state": "ready", "retry_in_seconds": 2.0}))
     def post(self, request, pk):
         data = _validated(FailSerializer, request)
         state, retry_in = self._call(worker_queues.fail, task_run_id=pk, fencing_token=data["fencing_token"],

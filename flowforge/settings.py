@@ -266,6 +266,9 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "engine.models.RunState",
         "TaskRunStateEnum": "engine.models.TaskRunState",
         "RunLimitPolicyEnum": "engine.models.RunLimitPolicy",
+        # A member's role and an API key's (which adds "worker"): two fields named role.
+        "RoleEnum": "tenancy.models.Role",
+        "KeyRoleEnum": "tenancy.models.KeyRole",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).

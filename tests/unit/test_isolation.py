@@ -28,7 +28,7 @@ from engine.services import apply_definition, start_run
 from engine.triggers import create_trigger
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key
-from tenancy.models import ApiKey, Invitation, Membership, Role, User
+from tenancy.models import ApiKey, Invitation, KeyRole, Membership, Role, User
 from tenancy.services import create_organization, invite_member
 
 # Namespaces whose patterns are tenant surfaces.
@@ -71,6 +71,11 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:trigger_resume": {"trigger_id": "trigger"},
     "frontend:trigger_delete": {"trigger_id": "trigger"},
     "frontend:apikey_revoke": {"key_id": "api_key"},
+    # The worker API (worker keys only: asked by A's worker key, see clients()).
+    "api:worker-heartbeat": {"pk": "worker_task_run"},
+    "api:worker-logs": {"pk": "worker_task_run"},
+    "api:worker-complete": {"pk": "worker_task_run"},
+    "api:worker-fail": {"pk": "worker_task_run"},
 }
 
 # Patterns whose parameter is not an object id, with the reason they are exempt.
@@ -79,6 +84,8 @@ EXEMPT: dict[str, str] = {
 }
 
 METHODS = ("get", "post", "put", "patch", "delete")
+# A body every call of the worker API accepts (each reads the fields it takes).
+WORKER_CALL_BODY = {"fencing_token": 1, "output": None, "error": "x", "lines": [{"message": "x"}]}
 
 
 @dataclasses.dataclass
@@ -91,6 +98,8 @@ class TenantData:
     membership: Membership
     invitation: Invitation
     api_key: ApiKey
+    worker_key: str
+    worker_run: WorkflowRun
 
     def ids(self) -> dict[str, str]:
         return {
@@ -103,6 +112,7 @@ class TenantData:
             "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
             "trigger": str(trigger_of(self).pk),
+            "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.worker_run).pk),
         }
 
 
@@ -130,8 +140,12 @@ def build_tenant(slug: str) -> TenantData:
                                                     {"key": "b", "type": "noop", "depends_on": ["a"]}]},
     )
     run = start_run(workflow=workflow, actor=actor)
+    _worker_row, worker_key = create_api_key(actor=actor, name=f"{slug} workers", role=KeyRole.WORKER)
+    worker_wf = apply_definition(actor=actor, document={"name": f"{slug}-own", "tasks": [
+        {"key": "w", "type": "worker", "config": {"queue": "jobs"}}]})
+    worker_run = start_run(workflow=worker_wf, actor=actor)
     assert owner_m.role == Role.OWNER
-    return TenantData(org, owner, full_key, workflow, run, membership, invitation, api_key)
+    return TenantData(org, owner, full_key, workflow, run, membership, invitation, api_key, worker_key, worker_run)
 
 
 @pytest.fixture
@@ -182,7 +196,17 @@ def clients(a: TenantData) -> list[tuple[str, Client, str]]:
     session = Client()
     session.force_login(a.owner)
     key = Client(headers={"Authorization": f"Bearer {a.key}"})
-    return [("session", session, "any"), ("api key", key, "api")]
+    worker = Client(headers={"Authorization": f"Bearer {a.worker_key}"})
+    # The worker API answers every other key and session with 403 before looking at an id
+    # (tests/unit/test_worker_api.py): its patterns are asked by A's worker key alone.
+    return [("session", session, "any"), ("api key", key, "api"), ("worker key", worker, "worker")]
+
+
+def _asks(name: str, scope: str) -> bool:
+    """Whether a client of ``scope`` asks for the pattern ``name``."""
+    if name.startswith("api:worker-"):
+        return scope == "worker"
+    return scope == "any" or (scope == "api" and name.startswith("api:"))
 
 
 @pytest.mark.django_db
@@ -197,16 +221,20 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
         foreign = build_path(regex, {param: b_ids[kind] for param, kind in kinds.items()})
         missing = build_path(regex, {param: str(uuid.uuid4()) for param in kinds})
         for label, client, scope in clients(a):
-            if scope == "api" and not name.startswith("api:"):
+            if not _asks(name, scope):
                 continue
             headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
             for method in METHODS:
-                got = getattr(client, method)(foreign, headers=headers)
-                ref = getattr(client, method)(missing, headers=headers)
+                # A worker call's body is valid for each of them, so the id is what is judged.
+                kw = ({"data": WORKER_CALL_BODY, "content_type": "application/json"} if scope == "worker"
+                      and method == "post" else {})
+                got = getattr(client, method)(foreign, headers=headers, **kw)
+                ref = getattr(client, method)(missing, headers=headers, **kw)
                 assert got.status_code == ref.status_code, (name, label, method, got.status_code, ref.status_code)
                 assert got.status_code in (404, 405), (name, label, method, got.status_code)
                 checked += 1
     assert checked >= len(OBJECT_KINDS) * len(METHODS)
+    assert TaskRun.objects.for_organization(b.org).get(workflow_run=b.worker_run).state == "ready"
     # Nothing of B changed through any of those requests.
     b.run.refresh_from_db()
     assert b.run.state == "running"
@@ -226,7 +254,7 @@ def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
             continue
         path = build_path(regex, {})
         for label, client, scope in clients(a):
-            if scope == "api" and not name.startswith("api:"):
+            if not _asks(name, scope) or scope == "worker":
                 continue
             headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
             resp = client.get(path, headers=headers)
@@ -238,7 +266,9 @@ def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
             fetched += 1
     assert fetched >= 5
     # The pages really show A's data, so an empty or error page is not what passed.
-    for label, client, _ in clients(a):
+    for label, client, scope in clients(a):
+        if scope == "worker":  # a worker key reads nothing (403): tests/unit/test_worker_api.py
+            continue
         body = client.get("/api/v1/workflows/", headers={"X-Organization": a.org.slug}).content.decode()
         assert a.workflow.name in body and str(a.workflow.pk) in body, label
     assert a_values
