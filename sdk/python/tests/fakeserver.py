@@ -82,6 +82,7 @@ class FakeTaskRun:
     upstream: dict[str, Any]
     max_attempts: int
     workflow_run_id: str
+    run_task_key: str | None = None  # the run's task this worker task belongs to (engine mode)
     state: str = "ready"
     attempt: int = 0
     token: int = 0
@@ -114,6 +115,9 @@ class FakeFlowForge:
         self.run_gets: dict[str, int] = {}
         self.idempotency: dict[str, tuple[str, str]] = {}
         self.secrets: dict[str, dict[str, Any]] = {}
+        #: Run the DAG of started runs: noop and sleep tasks succeed at once, worker tasks
+        #: become task runs of their queue once their dependencies succeeded (``_advance``).
+        self.engine = False
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -404,6 +408,7 @@ class FakeFlowForge:
         task.output = body["output"]
         task.events.append(f"succeeded:{task.token}")
         self._release(task)
+        self._task_settled(task)
         return Reply(200, {"state": "succeeded"})
 
     def _fail(self, id: str, body: Any, **_: Any) -> Reply:
@@ -425,6 +430,7 @@ class FakeFlowForge:
             task.state = "ready"
             return Reply(200, {"state": "ready", "retry_in_seconds": 0.0})
         task.state = "failed"
+        self._task_settled(task)
         return Reply(200, {"state": "failed"})
 
     # --- workflows ---------------------------------------------------------------------------------
@@ -542,7 +548,54 @@ class FakeFlowForge:
         if key is not None:
             self.idempotency[key] = (fingerprint, run_id)
         self._event(run_id, "run_started", to_state="running")
+        if self.engine:
+            self._advance(run, workflow)
         return Reply(201, run, {"Location": f"/api/v1/runs/{run_id}/"})
+
+    # --- a small engine (engine mode) -------------------------------------------------------------
+
+    def _advance(self, run: dict[str, Any], workflow: dict[str, Any]) -> None:
+        """Start every task of ``run`` whose dependencies all succeeded; finish the run at the end."""
+        by_key = {t["key"]: t for t in run["task_runs"]}
+        progressed = True
+        while progressed:
+            progressed = False
+            for task in workflow["tasks"]:
+                task_run = by_key[task["key"]]
+                if task_run["state"] != "ready" or task_run.get("queued"):
+                    continue
+                if not all(by_key[d]["state"] == "succeeded" for d in task.get("depends_on", [])):
+                    continue
+                config = task.get("config", {})
+                if task["type"] == "worker":
+                    task_run["queued"] = True
+                    task_run["state"] = "running"
+                    worker_task = FakeTaskRun(
+                        id=str(uuid.uuid4()), queue=config["queue"], name=config.get("name", task["key"]),
+                        task_key=task["key"], input=config.get("input", {}), run_input=run["input"],
+                        upstream={d: by_key[d]["output"] for d in task.get("depends_on", [])},
+                        max_attempts=task.get("max_attempts", 1), workflow_run_id=run["id"],
+                        run_task_key=task["key"])
+                    self.task_runs[worker_task.id] = worker_task
+                else:
+                    task_run.update(state="succeeded", attempt=1,
+                                    output={"slept_seconds": config["seconds"]} if task["type"] == "sleep" else None)
+                    progressed = True
+        states = {t["state"] for t in run["task_runs"]}
+        if states == {"succeeded"}:
+            self._finish(run, "succeeded")
+        elif "failed" in states and "running" not in states:
+            self._finish(run, "failed")
+
+    def _task_settled(self, task: FakeTaskRun) -> None:
+        run = self.runs.get(task.workflow_run_id)
+        if run is None or task.run_task_key is None:
+            return
+        task_run = next(t for t in run["task_runs"] if t["key"] == task.run_task_key)
+        task_run.update(state=task.state, attempt=task.attempt, output=task.output, error=task.error)
+        if task.state in ("succeeded", "failed"):
+            workflow = next(w for w in self.workflows if w["id"] == run["workflow"]["id"])
+            self._advance(run, workflow)
 
     def _run_get(self, id: str, **_: Any) -> Reply:
         run = self.runs.get(id)
@@ -558,7 +611,8 @@ class FakeFlowForge:
         run["state"] = state
         run["finished_at"] = now_iso()
         for task_run in run["task_runs"]:
-            task_run["state"] = "succeeded" if state == "succeeded" else "cancelled"
+            if task_run["state"] not in ("succeeded", "failed"):
+                task_run["state"] = "succeeded" if state == "succeeded" else "cancelled"
         self._event(run["id"], "run_finished", from_state="running", to_state=state)
 
     def _run_list(self, query: dict[str, str], **_: Any) -> Reply:

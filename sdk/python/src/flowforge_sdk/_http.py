@@ -116,7 +116,7 @@ class HttpTransport:
                 response = self._http.request(method, path, content=content, params=query, headers=send_headers,
                                               timeout=self.timeout if timeout is None else timeout)
             except httpx.HTTPError as exc:
-                error = NetworkError(f"{method} {self._shown(path)}: no answer from the server "
+                network_error = NetworkError(f"{method} {self._shown(path)}: no answer from the server "
                                      f"({type(exc).__name__}: {exc})", cause=exc)
                 retryable = isinstance(exc, NOT_SENT_ERRORS) or (idempotent and isinstance(exc, httpx.TransportError))
                 if tries_left > 0 and retryable:
@@ -125,7 +125,7 @@ class HttpTransport:
                     logger.debug("%s %s: %s; retrying in %.2f s", method, self._shown(path), type(exc).__name__, delay)
                     time.sleep(delay)
                     continue
-                raise error from exc
+                raise network_error from exc
             logger.debug("%s %s -> %s", method, self._shown(path), response.status_code)
             if response.status_code in expect:
                 return response

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -356,7 +356,7 @@ class WorkerAPI:
                                  body={"fencing_token": fencing_token}, retries=0, expect=(200,))
         return parse_time(answer.get("lease_expires_at")) if isinstance(answer, dict) else None
 
-    def logs(self, task_run_id: str, fencing_token: int, lines: list[Mapping[str, str]]) -> int:
+    def logs(self, task_run_id: str, fencing_token: int, lines: Sequence[Mapping[str, str]]) -> int:
         """Send up to 100 log lines (``{"level", "message"}``); returns how many were accepted."""
         if len(lines) > MAX_LOG_LINES_PER_CALL:
             raise ValueError(f"at most {MAX_LOG_LINES_PER_CALL} lines per call, got {len(lines)}")
