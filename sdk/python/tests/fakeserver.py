@@ -198,6 +198,17 @@ class FakeFlowForge:
         with self.cond:
             self.task_runs[task_run_id].lease_until = 0.0
 
+    def reap(self, task_run_id: str) -> None:
+        """What the reaper does to a lease that ran out: the task goes back to its queue (a
+        new generation is handed out at the next poll)."""
+        with self.cond:
+            task = self.task_runs[task_run_id]
+            task.lease_until = 0.0
+            task.events.append(f"lease_expired:{task.token}")
+            self._release(task)
+            task.state = "ready"
+            self.cond.notify_all()
+
     def inject(self, method: str, path: str, status: int, body: Any = None, *, headers: dict[str, str] | None = None,
                times: int = 1, apply: bool = False) -> None:
         """Answer the next ``times`` calls matching ``method`` and the ``path`` regex with

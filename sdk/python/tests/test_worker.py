@@ -183,6 +183,33 @@ def test_a_lost_lease_sets_cancelled_with_its_reason(fake: FakeFlowForge, make_w
     assert fake.calls_to(f"/worker/tasks/{task_id}/fail") == []
 
 
+def test_a_task_handed_out_again_runs_as_a_new_generation_and_the_old_result_is_refused(
+        fake: FakeFlowForge, make_worker: Any) -> None:
+    fake.heartbeat_interval = 30  # no heartbeat in the test: the first generation never learns it was lost
+    worker = make_worker(concurrency=2)
+    release_first = threading.Event()
+
+    @worker.task("resize")
+    def resize(ctx: TaskContext) -> str:
+        if ctx.fencing_token == 1:
+            release_first.wait(10)
+        return f"generation {ctx.fencing_token}"
+
+    task_id = fake.enqueue("images", "resize", max_attempts=2)
+    with running(worker):
+        assert fake.wait_for(lambda: fake.task_runs[task_id].state == "running")
+        fake.reap(task_id)  # the lease ran out on the server: the task is handed out again
+        assert fake.wait_for(lambda: fake.task_runs[task_id].state == "succeeded")
+        assert fake.wait_for(lambda: len(worker.held) == 1)  # the first generation still runs, in its own slot
+        release_first.set()
+        assert fake.wait_for(lambda: len(worker.held) == 0)
+
+    assert [c.body["fencing_token"] for c in fake.calls_to(f"/worker/tasks/{task_id}/complete")] == [2, 1]
+    assert fake.task_runs[task_id].output == "generation 2"
+    assert fake.task_runs[task_id].events[-1] == "stale_completion_rejected"
+    assert worker.held.most_held == 2 and worker.stats == {**worker.stats, "reported": 1, "dropped": 1}
+
+
 def test_concurrency_never_exceeds_the_slots_and_polls_ask_for_free_slots_only(fake: FakeFlowForge,
                                                                               make_worker: Any) -> None:
     worker = make_worker(concurrency=3)

@@ -348,12 +348,13 @@ class WorkerAPI:
         wait = answer.get("wait_seconds")
         return PollResult(tasks=tasks, wait_seconds=float(wait) if isinstance(wait, int | float) else None)
 
-    def heartbeat(self, task_run_id: str, fencing_token: int) -> Any:
+    def heartbeat(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> Any:
         """Extend the lease; returns the new ``lease_expires_at`` (a datetime, or None).
         Conflict (``code``: ``cancelled``, ``lease_expired``, ``stale_fencing_token``)
-        when the generation is no longer this worker's."""
+        when the generation is no longer this worker's. ``timeout``: seconds for this
+        call (default: the client's)."""
         answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/heartbeat",
-                                 body={"fencing_token": fencing_token}, retries=0, expect=(200,))
+                                 body={"fencing_token": fencing_token}, retries=0, expect=(200,), timeout=timeout)
         return parse_time(answer.get("lease_expires_at")) if isinstance(answer, dict) else None
 
     def logs(self, task_run_id: str, fencing_token: int, lines: Sequence[Mapping[str, str]]) -> int:

@@ -28,6 +28,8 @@ logger = logging.getLogger("flowforge_sdk.worker")
 
 #: Longest sleep of the thread between two looks at the held tasks, in seconds.
 MAX_TICK_SECONDS = 1.0
+#: Longest wait for one heartbeat's answer, in seconds (less when the interval is shorter).
+HEARTBEAT_TIMEOUT_SECONDS = 10.0
 #: First retry of a heartbeat that got no answer, in seconds (doubling, capped at the interval).
 RETRY_FIRST_SECONDS = 0.5
 
@@ -67,7 +69,9 @@ class Heartbeater(threading.Thread):
         """One heartbeat of ``held``, and its next due time."""
         interval = held.task.heartbeat_interval_seconds
         try:
-            lease = self._api.heartbeat(held.task_run_id, held.task.fencing_token)
+            # A hung call must not hold up the other tasks' heartbeats past their interval.
+            lease = self._api.heartbeat(held.task_run_id, held.task.fencing_token,
+                                        timeout=max(1.0, min(interval, HEARTBEAT_TIMEOUT_SECONDS)))
         except (Conflict, NotFound) as exc:
             reason = (exc.code or "conflict") if isinstance(exc, Conflict) else "not_found"
             if not held.finished and held.ctx._mark_lost(reason):

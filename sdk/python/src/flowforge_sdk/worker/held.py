@@ -31,13 +31,19 @@ class HeldTask:
     def task_run_id(self) -> str:
         return self.task.task_run_id
 
+    @property
+    def generation(self) -> tuple[str, int]:
+        """(task run id, fencing token): a task run handed out again (its lease ran out while
+        this worker was cut off) is a new generation, held apart from the old one."""
+        return (self.task.task_run_id, self.task.fencing_token)
+
     def describe(self) -> str:
         """``<task key> (task run <id>, attempt n)`` for log messages: ids only, never input."""
         return f"{self.task.task_key or self.task.name} (task run {self.task_run_id}, attempt {self.task.attempt})"
 
 
 class HeldTasks:
-    """The held tasks by task run id and the slot count, under one condition.
+    """The held tasks by generation and the slot count, under one condition.
 
     The condition's lock is reentrant: the worker's signal handler, which runs in the
     main thread between two bytecodes, may take it while the main thread holds it.
@@ -48,7 +54,7 @@ class HeldTasks:
             raise ValueError("concurrency must be at least 1")
         self.capacity = capacity
         self.cond = threading.Condition(threading.RLock())
-        self._tasks: dict[str, HeldTask] = {}
+        self._tasks: dict[tuple[str, int], HeldTask] = {}
         #: The most tasks held at once so far (for the curious, and for tests).
         self.most_held = 0
 
@@ -63,14 +69,14 @@ class HeldTasks:
 
     def add(self, held: HeldTask) -> None:
         with self.cond:
-            self._tasks[held.task_run_id] = held
+            self._tasks[held.generation] = held
             self.most_held = max(self.most_held, len(self._tasks))
 
     def remove(self, held: HeldTask) -> None:
         """Free the task's slot and wake whoever waits for one."""
         with self.cond:
-            if self._tasks.get(held.task_run_id) is held:
-                del self._tasks[held.task_run_id]
+            if self._tasks.get(held.generation) is held:
+                del self._tasks[held.generation]
             self.cond.notify_all()
 
     def snapshot(self) -> list[HeldTask]:
