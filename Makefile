@@ -24,6 +24,7 @@ help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
 	@echo "make demo   set up, run the example to its end with real workers, print a summary"
 	@echo "make test   lint, import contracts, migration check and the whole test suite"
+	@echo "make sdk-test   only the Python SDK's tests (sdk/python/tests: no database needed)"
 
 # The project and, in the same .venv, the Python SDK (sdk/python, a package of its own,
 # editable): its worker runs the SDK's examples and `make test` runs its tests.
