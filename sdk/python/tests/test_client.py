@@ -317,3 +317,22 @@ def test_models_read_times_with_z_and_any_fraction() -> None:
     assert when is not None and when.microsecond == 120000 and when.utcoffset() is not None
     assert parse_time("2026-01-05T10:00:01.750000+00:00") is not None
     assert parse_time("garbage") is None and parse_time(None) is None
+
+
+def test_api_keys_are_listed_from_a_plain_list_and_revoked() -> None:
+    seen: list[tuple[str, str]] = []
+    key = {"id": "k1", "prefix": "ab12", "name": "ci", "role": "worker", "created_by": "a@b.c",
+           "created_at": "2026-01-05T10:00:00Z", "last_used_at": None, "expires_at": None, "revoked_at": None}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path))
+        if request.method == "GET":
+            return httpx.Response(200, json=[key])  # /api-keys/ is not paginated
+        return httpx.Response(200, json={**key, "revoked_at": "2026-01-05T11:00:00Z"})
+
+    with Client("http://flowforge.test", MEMBER_KEY, transport=httpx.MockTransport(handler)) as c:
+        (listed,) = c.api_keys.list()
+        revoked = c.api_keys.revoke("k1")
+    assert (listed.id, listed.role, listed.revoked_at) == ("k1", "worker", None)
+    assert revoked.revoked_at is not None and revoked.revoked_at.hour == 11
+    assert seen == [("GET", "/api/v1/api-keys/"), ("POST", "/api/v1/api-keys/k1/revoke/")]

@@ -303,25 +303,20 @@ class SecretsAPI:
 
 
 class ApiKeysAPI:
-    """The organization's API keys: ``/api-keys/`` (owners and admins)."""
+    """The organization's API keys: ``/api-keys/`` (owners and admins). Keys are created
+    by a signed-in user (the API keys page, or ``manage.py createapikey``), never by
+    another API key, so the SDK lists and revokes them only."""
 
     def __init__(self, http: HttpTransport) -> None:
         self._http = http
 
-    def list(self, *, page_size: int | None = None) -> Iterator[ApiKey]:
-        for item in self._http.pages("api-keys/", params={"page_size": page_size}):
+    def list(self) -> Iterator[ApiKey]:
+        """Every key of the organization, newest first (revoked ones included)."""
+        for item in self._http.pages("api-keys/"):
             yield ApiKey.from_api(item)
 
-    def create(self, name: str, *, role: str = "member", expires_at: Any = None) -> ApiKey:
-        """A new key of ``role`` (``worker`` for a worker: it may only poll, heartbeat, log
-        and complete tasks). Its ``key`` is in this answer only: store it now."""
-        body: dict[str, Any] = {"name": name, "role": role}
-        if expires_at is not None:
-            body["expires_at"] = expires_at.isoformat() if hasattr(expires_at, "isoformat") else expires_at
-        return ApiKey.from_api(self._http.json("POST", "api-keys/", body=body, expect=(201,)))
-
     def revoke(self, key_id: str) -> ApiKey:
-        """Revoke a key: its next call gets 401."""
+        """Revoke a key (idempotent): its next call gets 401."""
         return ApiKey.from_api(self._http.json("POST", f"api-keys/{segment(key_id)}/revoke/", idempotent=True))
 
 

@@ -227,8 +227,8 @@ class Secret:
 
 @dataclass(frozen=True)
 class ApiKey:
-    """An API key. ``key`` (the full ``ffk_…`` secret) is set only in the answer of
-    ``api_keys.create``, and never shown by ``repr()``."""
+    """An API key as the API lists it. ``key`` (the full ``ffk_…`` secret) is only ever
+    set in the answer that created it, and is never shown by ``repr()``."""
 
     id: str
     prefix: str

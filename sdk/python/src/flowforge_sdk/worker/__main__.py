@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="logging level (default INFO, or FLOWFORGE_LOG_LEVEL)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per poll and heartbeat otherwise
     try:
         worker = load_worker(args.target)
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
