@@ -336,3 +336,15 @@ def test_api_keys_are_listed_from_a_plain_list_and_revoked() -> None:
     assert (listed.id, listed.role, listed.revoked_at) == ("k1", "worker", None)
     assert revoked.revoked_at is not None and revoked.revoked_at.hour == 11
     assert seen == [("GET", "/api/v1/api-keys/"), ("POST", "/api/v1/api-keys/k1/revoke/")]
+
+
+def test_backoff_grows_to_its_cap_with_jitter_and_never_overflows() -> None:
+    low = Backoff(initial_seconds=1, max_seconds=8, rng=lambda: 0.0)
+    high = Backoff(initial_seconds=1, max_seconds=8, rng=lambda: 0.999999)
+    assert [low.next_delay() for _ in range(5)] == [0.5, 1, 2, 4, 4]  # each delay drawn from [d/2, d]
+    assert [round(high.next_delay(), 3) for _ in range(5)] == [1, 2, 4, 8, 8]
+    assert high.next_delay(retry_after=20) == 20  # at least the server's Retry-After
+    high.failures = 5000  # days of outage
+    assert round(high.next_delay(), 3) == 8
+    high.reset()
+    assert round(high.next_delay(), 3) == 1

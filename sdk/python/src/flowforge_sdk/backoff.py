@@ -29,7 +29,9 @@ class Backoff:
 
     def next_delay(self, *, retry_after: float | None = None) -> float:
         """The seconds to wait before the next try, counting one more failure."""
-        ceiling = min(self.max_seconds, self.initial_seconds * self.factor ** self.failures)
+        # The exponent stops growing once the cap is reached: a server down for days must not
+        # overflow a float (2.0 ** 1100 does).
+        ceiling = min(self.max_seconds, self.initial_seconds * self.factor ** min(self.failures, 64))
         self.failures += 1
         delay = ceiling / 2 + self._rng() * ceiling / 2
         if retry_after is not None:

@@ -84,7 +84,7 @@ class Heartbeater(threading.Thread):
             return
         except Exception as exc:  # the server or the network is down, or a bug: never stop beating
             held.heartbeat_failures += 1
-            wait = min(interval, RETRY_FIRST_SECONDS * 2 ** (held.heartbeat_failures - 1))
+            wait = min(interval, RETRY_FIRST_SECONDS * 2 ** min(held.heartbeat_failures - 1, 16))
             if isinstance(exc, RateLimited) and exc.retry_after is not None:
                 wait = max(wait, min(exc.retry_after, interval))
             logger.warning("task %s: heartbeat failed (%s); trying again in %.1f s", held.describe(), exc, wait)
