@@ -14,18 +14,26 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 	BROKER_URL=$${TEST_BROKER_URL:-$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}} \
 	BROKER_NAMESPACE=$${TEST_BROKER_NAMESPACE:-flowforge-test}
 
-.PHONY: help install services migrate bootstrap run demo test lint check-migrations clean browser faults bench fairness
+# The SDK's tests (sdk/python/tests) need neither Django nor services: their own pytest
+# configuration (sdk/python/pyproject.toml) and the Django plugin off. `make sdk-test` runs only them.
+SDK_TEST := $(VENV)/bin/pytest -p no:django -p no:cacheprovider -c sdk/python/pyproject.toml --timeout 120 sdk/python/tests
+
+.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser faults bench fairness
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
 	@echo "make demo   set up, run the example to its end with real workers, print a summary"
 	@echo "make test   lint, import contracts, migration check and the whole test suite"
+	@echo "make sdk-test   only the Python SDK's tests (sdk/python/tests: no database needed)"
 
-$(STAMP): pyproject.toml
+# The project and, in the same .venv, the Python SDK (sdk/python, a package of its own,
+# editable): its worker runs the SDK's examples and `make test` runs its tests.
+$(STAMP): pyproject.toml sdk/python/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "no Python >= 3.12 found (see above)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e sdk/python
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -67,7 +75,11 @@ test: install browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
+	$(SDK_TEST)
 	$(TEST_ENV) $(VENV)/bin/pytest
+
+sdk-test: install
+	$(SDK_TEST)
 
 # Benchmarks: the engine against raw Dramatiq and the database, in one run (own database,
 # Redis db and workers); prints a table and writes bench/results.json.

@@ -180,21 +180,18 @@ _TASK_SCHEMA = inline_serializer("WorkerTask", many=True, fields={
 })
 
 
-def _examples(request: dict | None, response: dict) -> list[OpenApiExample]:
-    """The operation's request body example (when it has one) and its 200 answer's."""
-    found = [OpenApiExample("answer", value=response, response_only=True, status_codes=["200"])]
-    if request is not None:
-        found.insert(0, OpenApiExample("request", value=request, request_only=True))
-    return found
-
-
-_TASK_EXAMPLE = {
-    "task_run_id": "9b2e4c1a-5d6f-4a7b-8c9d-0e1f2a3b4c5d", "fencing_token": 1, "attempt": 1, "max_attempts": 3,
-    "workflow_run_id": "41c0a2b3-c4d5-4e6f-8a9b-0c1d2e3f4a5b", "task_key": "resize", "name": "resize",
+TASK_EXAMPLE = {
+    "task_run_id": "9b2e0c4e-3f41-4b8e-9a55-0c1d2e3f4a5b", "fencing_token": 1, "attempt": 1, "max_attempts": 3,
+    "workflow_run_id": "41c0d2aa-5e6f-4a1b-8c9d-0e1f2a3b4c5d", "task_key": "resize", "name": "resize",
     "queue": "images", "input": {"width": 640}, "run_input": {"url": "https://example.com/a.png"},
     "upstream": {"fetch": {"bytes": 1024}}, "timeout_seconds": 300.0, "lease_seconds": 60.0,
     "heartbeat_interval_seconds": 20.0,
 }
+
+
+def _examples(request: dict, response: dict) -> list[OpenApiExample]:
+    return [OpenApiExample("request", request_only=True, value=request),
+            OpenApiExample("answer", response_only=True, value=response)]
 
 
 class WorkerPollView(_WorkerView):
@@ -209,7 +206,7 @@ class WorkerPollView(_WorkerView):
         examples=_examples({"queue": "images", "max_tasks": 4, "wait_seconds": 20,
                             "worker": {"id": "3f0c9b1e-7d1a-4c55-9a53-2c7a3f8e9d10", "name": "resizer-1",
                                        "host": "box-7", "sdk": "flowforge-python/0.1.0", "concurrency": 4}},
-                           {"tasks": [_TASK_EXAMPLE], "wait_seconds": 20}),
+                           {"tasks": [TASK_EXAMPLE], "wait_seconds": 20}),
     )
     def post(self, request):
         data = _validated(PollSerializer, request)
@@ -257,7 +254,7 @@ class WorkerCompleteView(_WorkerView):
 
     @extend_schema(operation_id="worker_complete", request=CompleteSerializer,
                    responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()})},
-                   examples=_examples({"fencing_token": 1, "output": {"thumbnail": "s3://thumbs/1.png"}},
+                   examples=_examples({"fencing_token": 1, "output": {"thumbnail": "s3://bucket/a.png"}},
                                       {"state": "succeeded"}))
     def post(self, request, pk):
         data = _validated(CompleteSerializer, request)

@@ -40,6 +40,12 @@ figure and its baseline are measured in this one run:
    the request to the run's ``finished_at``; baseline raw Dramatiq's enqueue -> actor
    start -> result round trip, interleaved, with the same gaps (``bench.start_latency``).
    Targets: p50 <= 3x the raw round trip's and <= 10 ms; p99 <= 45 ms.
+8. the organizations' own workers (issue 18, ``bench.worker_path``): SDK worker processes
+   with the Dramatiq path's slots serve one run of the independent size in worker tasks
+   (tasks/s, and the ratio to scenario 1's engine figure: aim >= 0.5) and a chain (hop
+   latency beside scenario 2's); then 20 idle SDK workers poll an empty queue for 60 s,
+   and the database's committed transactions are counted against the same span without
+   them.
 
 Where the server's autovacuum is off (a CI database), the hot tables are vacuumed between
 rounds (``bench.live.settle``), as autovacuum would, so that no round runs on the dead row
@@ -84,6 +90,7 @@ FULL = {
     "fairness_task_seconds": 0.05,
     "start_runs": 100,
     "start_gaps": None,  # bench.start_latency.GAPS: 5 s and 60 s idle before some runs
+    "idle_seconds": 60.0,  # scenario 8: 20 idle SDK workers polling
     "timeout": 600.0,
 }
 SMOKE = {
@@ -101,6 +108,7 @@ SMOKE = {
     "fairness_tasks": 40,
     "start_runs": 10,
     "start_gaps": {4: 0.5},
+    "idle_seconds": 3.0,
     "timeout": 60.0,
 }
 
@@ -264,6 +272,13 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
     log("start latency")
     out["start_latency"] = run_start_latency(stack, org, cfg, log=log)
     out["load"]["after_start_latency"] = load()
+
+    # 8: the organizations' own workers through the SDK, against this run's Dramatiq path.
+    log("worker path")
+    from bench import worker_path
+
+    out["worker_path"] = worker_path.scenario(stack, org, cfg, out, log=log)
+    out["load"]["after_worker_path"] = load()
 
     # 5 (second half): more independent runs until every worker process has run 10,000.
     log("memory")
@@ -444,6 +459,21 @@ def table(results: dict) -> str:
         lines.append(row.format("7 start to finish p99", f"{s['engine']['p99_ms']:.1f} ms",
                                 f"{s['raw']['p99_ms']:.1f} ms", "", "<= 45 ms; after idle gaps (engine/raw): "
                                 + gaps))
+    if "worker_path" in results:
+        w = results["worker_path"]
+        t, h, i = w["throughput"], w["hop_latency"], w["idle"]
+        lines.append(row.format(f"8 own workers (SDK, {w['slots']} slots): {t['tasks']} tasks",
+                                f"{t['tasks_per_s']:.0f} tasks/s", f"{t['dramatiq_tasks_per_s']:.0f} tasks/s",
+                                f"{t['ratio']:.2f}", "aim >= 0.5 of the Dramatiq path (engine column of 1); rounds: "
+                                + ", ".join(f"{r:.0f}" for r in t["rounds"])))
+        for p in ("p50", "p99"):
+            lines.append(row.format(f"8 own workers hop latency {p} ({h['hops']} edges)", f"{h[p + '_ms']:.1f} ms",
+                                    f"{h['dramatiq_' + p + '_ms']:.1f} ms",
+                                    f"{h[p + '_ms'] / h['dramatiq_' + p + '_ms']:.2f}x", "beside the Dramatiq path's (2)"))
+        lines.append(row.format(f"8 {i['workers']} idle SDK workers, {i['seconds']:g} s", f"{i['commits_with']} commits",
+                                f"{i['commits_without']} commits", "",
+                                f"database transactions with them / without; "
+                                f"{i['commits_per_worker_per_poll']} per worker per 20 s poll"))
     lines.append("(engine column: the larger size / later figure; baseline column: raw Dramatiq, the smaller "
                  "size or the earlier figure)")
     if "api" in results:

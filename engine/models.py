@@ -703,6 +703,10 @@ class WorkerConnection(models.Model):
             models.CheckConstraint(condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
                                    name="worker_concurrency_positive"),
         ]
+        indexes = [
+            # The housekeeping purge of workers not seen for a week (worker_connection_purge_batch).
+            models.Index(fields=["last_seen_at"], name="idx_workerconn_last_seen"),
+        ]
 
     def __str__(self) -> str:
         return f"worker {self.worker_id} on {self.queue}"

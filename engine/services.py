@@ -583,6 +583,13 @@ def _delete_in_batches(statement: str, *, batch_size: int, max_batches: int) -> 
     return total
 
 
+def purge_forgotten_workers(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete the organizations' workers not seen polling for seven days
+    (``worker_connection_purge_batch``), in batches. Returns how many rows were deleted. For
+    the clock; a system sweep over every organization."""
+    return _delete_in_batches("worker_connection_purge_batch", batch_size=batch_size, max_batches=max_batches)
+
+
 def purge_old_rate_limit_buckets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
     """Delete idle rate-limit buckets (``rate_limit_bucket_purge_batch``: whose last window
     opened more than two minutes ago, longer than any window), in batches of

@@ -266,7 +266,7 @@ SPECTACULAR_SETTINGS = {
         "RunStateEnum": "engine.models.RunState",
         "TaskRunStateEnum": "engine.models.TaskRunState",
         "RunLimitPolicyEnum": "engine.models.RunLimitPolicy",
-        # A member's roles and an API key's (which add "worker", issue 18): two enums.
+        # A member's role and an API key's (which adds "worker"): two fields named role.
         "RoleEnum": "tenancy.models.Role",
         "KeyRoleEnum": "tenancy.models.KeyRole",
     },

@@ -105,15 +105,16 @@ class Stack:
         return self.start(name, [sys.executable, "manage.py", "run_clock"])
 
     def start_web(self, name: str = "web", *, bind: str = "127.0.0.1:8000") -> Proc:
-        """Start gunicorn: 2 processes of 16 threads; at most 12 of each process's threads may
-        hold event streams (FLOWFORGE_SSE_PER_PROCESS, unless the environment sets it), so 4
-        stay for ordinary requests."""
+        """Start gunicorn: 2 processes of 24 threads; at most 12 of each process's threads may
+        hold event streams (FLOWFORGE_SSE_PER_PROCESS) and 6 workers' long polls
+        (FLOWFORGE_WORKER_POLLS_PER_PROCESS), unless the environment sets them, so 6 stay for
+        ordinary requests."""
         env = {} if "FLOWFORGE_SSE_PER_PROCESS" in self.env else {"FLOWFORGE_SSE_PER_PROCESS": "12"}
         return self.start(
             name,
             # Threaded workers: a live run page or an event stream holds its thread for minutes.
             [bin_path("gunicorn"), "flowforge.wsgi", "--bind", bind, "--workers", "2", "--worker-class", "gthread",
-             "--threads", "16"],  # no access log: Django's request log redacts invitation tokens
+             "--threads", "24"],  # no access log: Django's request log redacts invitation tokens
             env=env,
         )
 

@@ -20,6 +20,9 @@ from engine.sql import queries
 #: Seconds between two writes of a polling worker's last_seen_at (an idle worker's long
 #: polls would otherwise write a row each).
 WORKER_SEEN_RESOLUTION_SECONDS = 10.0
+#: Workers (rows of worker and queue) an organization's polls may record; past it a new
+#: worker still polls, and is not listed until rows not seen for seven days are purged.
+MAX_WORKERS_PER_ORGANIZATION = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +57,13 @@ def note_worker_seen(
     concurrency: int | None, api_key_id: uuid.UUID | None,
 ) -> None:
     """Record that worker ``worker_id`` polls ``queue`` (``worker_seen``: an upsert written
-    at most every WORKER_SEEN_RESOLUTION_SECONDS unless what it says of itself changed).
+    at most every WORKER_SEEN_RESOLUTION_SECONDS unless what it says of itself changed; a
+    new row only while the organization has fewer than MAX_WORKERS_PER_ORGANIZATION).
     Autocommit or the caller's transaction."""
     fetch(queries["worker_seen"], {
         "org": organization_id, "worker_id": worker_id, "queue": queue, "name": name, "host": host, "sdk": sdk,
         "concurrency": concurrency, "api_key": api_key_id, "resolution": WORKER_SEEN_RESOLUTION_SECONDS,
+        "cap": MAX_WORKERS_PER_ORGANIZATION,
     })
 
 

@@ -8,17 +8,32 @@
 
 
 -- name: worker_seen
--- Upsert the worker (organization, queue, worker_id) as seen now, with what it says of itself; written only when something changed or last_seen_at is older than resolution seconds, so an idle worker's polls do not write each time; uniq_worker_org_queue_id.
+-- Upsert the worker (organization, queue, worker_id) as seen now, with what it says of itself; written only when something changed or last_seen_at is older than resolution seconds, so an idle worker's polls do not write each time; a new row only while the organization has fewer than cap rows; uniq_worker_org_queue_id.
 INSERT INTO core_workerconnection AS w
     (id, organization_id, worker_id, queue, name, host, sdk, concurrency, api_key_id, first_seen_at, last_seen_at)
-VALUES (gen_random_uuid(), %(org)s, %(worker_id)s, %(queue)s, %(name)s, %(host)s, %(sdk)s, %(concurrency)s,
-        %(api_key)s, clock_timestamp(), clock_timestamp())
+SELECT gen_random_uuid(), %(org)s, %(worker_id)s, %(queue)s, %(name)s, %(host)s, %(sdk)s, %(concurrency)s,
+       %(api_key)s, clock_timestamp(), clock_timestamp()
+-- The cap: a hostile member polling with made-up worker ids and queue names cannot grow the
+-- table without bound (a known worker's row is still refreshed).
+WHERE (SELECT count(*) FROM core_workerconnection c WHERE c.organization_id = %(org)s) < %(cap)s
+   OR EXISTS (SELECT 1 FROM core_workerconnection c
+              WHERE c.organization_id = %(org)s AND c.queue = %(queue)s AND c.worker_id = %(worker_id)s)
 ON CONFLICT ON CONSTRAINT uniq_worker_org_queue_id DO UPDATE SET
     name = EXCLUDED.name, host = EXCLUDED.host, sdk = EXCLUDED.sdk, concurrency = EXCLUDED.concurrency,
     api_key_id = EXCLUDED.api_key_id, last_seen_at = EXCLUDED.last_seen_at
 WHERE w.last_seen_at < clock_timestamp() - make_interval(secs => %(resolution)s)
    OR (w.name, w.host, w.sdk, w.concurrency, w.api_key_id)
       IS DISTINCT FROM (EXCLUDED.name, EXCLUDED.host, EXCLUDED.sdk, EXCLUDED.concurrency, EXCLUDED.api_key_id);
+
+
+-- name: worker_connection_purge_batch
+-- Delete up to limit workers not seen polling for seven days (the workers page forgets them); idx_workerconn_last_seen.
+DELETE FROM core_workerconnection WHERE id IN (
+    SELECT id FROM core_workerconnection
+    WHERE last_seen_at < clock_timestamp() - interval '7 days'   -- idx_workerconn_last_seen
+    ORDER BY last_seen_at
+    LIMIT %(limit)s
+);
 
 
 -- name: worker_queue_next_due

@@ -155,8 +155,9 @@ def test_every_operation_documents_its_problems_with_examples(schema):
             if param["name"] == "page_size":  # its bounds, so that a valid value is never refused
                 assert (param["schema"]["minimum"], param["schema"]["maximum"]) == (1, 500), (path, method)
         checked += 1
-    # every operation of /api/v1/ (33rd: runs_task_output, 34th: org_limits_retrieve; the worker
-    # API's 5, then workers_list, queues_list, runs_task_logs: issue 18)
+    # Every operation of /api/v1/ (33rd: runs_task_output, 34th: org_limits_retrieve, 35th-39th:
+    # the worker API's poll, heartbeat, logs, complete and fail, 40th-42nd: workers_list,
+    # queues_list, runs_task_logs).
     assert checked == 42
 
 

@@ -793,3 +793,41 @@ def test_a_second_row_for_one_bucket_or_a_negative_count_violates_the_bucket_con
         count=-1))
     # The same key in another window size is another bucket.
     RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, window_start=window)
+
+
+# --- The organizations' own workers (issue 18) ---------------------------------------------------
+
+
+def test_a_worker_key_is_an_accepted_api_key_role(org):
+    (key,) = ApiKey.objects.bulk_create([_key(org, "role0003", role="worker")])
+    assert ApiKey.objects.unscoped().get(pk=key.pk).role == "worker"
+
+
+def test_a_second_row_for_one_worker_and_queue_violates_uniq_worker_org_queue_id(org):
+    from engine.models import WorkerConnection
+
+    WorkerConnection.objects.create(organization=org, worker_id="w-1", queue="images")
+    WorkerConnection.objects.create(organization=org, worker_id="w-1", queue="videos")  # another queue: fine
+    violation("uniq_worker_org_queue_id",
+              lambda: WorkerConnection.objects.create(organization=org, worker_id="w-1", queue="images"))
+    assert WorkerConnection.objects.for_organization(org).count() == 2
+
+
+def test_a_worker_concurrency_below_one_violates_worker_concurrency_positive(org):
+    from engine.models import WorkerConnection
+
+    violation("worker_concurrency_positive",
+              lambda: WorkerConnection.objects.create(organization=org, worker_id="w-2", queue="q", concurrency=0))
+    assert not WorkerConnection.objects.for_organization(org).exists()
+
+
+def test_an_unknown_log_level_violates_tasklog_level_valid(run):
+    from engine.models import TaskLog
+
+    tr = task_run(run, "a")
+    TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1,
+                           fencing_token=0, level="info", message="ok")
+    violation("tasklog_level_valid", lambda: TaskLog.objects.create(
+        organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
+        level="loud", message="x"))
+    assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 1

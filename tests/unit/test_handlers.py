@@ -67,8 +67,8 @@ def server(loopback_server, settings):
 
 
 def test_known_types_are_registered():
-    assert sorted(REGISTRY) == ["fail", "http", "noop", "python", "sleep"]
-    with pytest.raises(KeyError, match="unknown task type 'nope'; known types: fail, http, noop, python, sleep"):
+    assert sorted(REGISTRY) == ["fail", "http", "noop", "python", "sleep", "worker"]
+    with pytest.raises(KeyError, match="unknown task type 'nope'; known types: fail, http, noop, python, sleep, worker"):
         get_handler("nope")
 
 

@@ -33,7 +33,8 @@ TYPES = {
     "id": "uuid", "token": "bigint", "error": "text", "retryable": "boolean", "kind": "text",
     "after": "uuid", "max_orgs": "bigint", "orgs": "uuid[]", "org_of": "uuid[]", "only_ids": "uuid[]",
     "lock_ids": "uuid[]", "ahead": "int", "lookahead": "int", "plan_names": "text[]", "plan_weights": "int[]",
-    "plan_max_running": "int[]", "first": "int", "first_queue": "text", "refill": "int",
+    "plan_max_running": "int[]", "first": "int", "first_queue": "text", "refill": "int", "claim_queue": "text",
+    "org": "uuid", "levels": "text[]", "messages": "text[]",
 }
 
 # (statement, what runs it, the index its plan must use)
@@ -53,6 +54,11 @@ HOT = [
     ("task_run_fail_expired_lease", "lease reaper", "core_taskrun_pkey"),
     ("task_run_requeue_never_started", "lease reaper", "core_taskrun_pkey"),
     ("outbox_get_pending", "relay: outbox drain", "idx_outbox_pending"),
+    # The organizations' own workers (issue 18): a waiting poll's next due time, and the
+    # scoping and log lines of each call on a held generation.
+    ("worker_queue_next_due", "worker API: poll", "idx_taskrun_ready_claim"),
+    ("worker_task_run_generation", "worker API: heartbeat, logs, complete, fail", "core_taskrun_pkey"),
+    ("task_log_append", "worker API: logs", "core_taskrun_pkey"),
 ]
 
 _SCAN = re.compile(r"(?:Index|Index Only|Bitmap Index) Scan(?: Backward)? (?:using|on) (\w+)")
@@ -107,6 +113,7 @@ def seeded(org, make_workflow):
         "error": "boom", "retryable": True, "kind": "attempt_failed",
         "after": uuid.UUID(int=0), "max_orgs": 100, "orgs": [org.pk], "org_of": [], "only_ids": None,
         "lock_ids": s_ids, **task_runs.claim_params(limit=200, lease_seconds=60.0, owner="test"),
+        "org": org.pk, "levels": ["info"], "messages": ["a line"],
         # The statements that address succeeded or started generations by id get those.
         "_done_ids": ids, "_started_ids": s_ids, "_run_ids": [r.pk for r in runs],
     }

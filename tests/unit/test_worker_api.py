@@ -6,6 +6,7 @@ nothing changed."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import uuid
@@ -306,3 +307,43 @@ def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready
     run = a.start()
     (task,) = a.poll(wait=10).json()["tasks"]  # something ready: handed out without waiting
     assert task["task_run_id"] == str(task_run(run).pk)
+
+
+@pytest.mark.django_db
+def test_a_worker_queue_obeys_concurrency_permits_and_priorities(a):
+    tasks = [{"key": f"t{i}", "type": "worker", "config": {"queue": "images"},
+              "concurrency": {"key": "cdn", "limit": 2}} for i in range(4)]
+    low = a.start(tasks, name="limited")
+    high = start_run(workflow=apply_definition(organization=a.org, document={"name": "urgent", "tasks": [
+        {"key": "u", "type": "worker", "config": {"queue": "images"}, "priority": 5}]}),
+        actor=Actor.system(a.org), priority=3)
+    handed = a.poll(max_tasks=10).json()["tasks"]
+    # The priority 8 task first; then two of the four holding the key's two permits.
+    assert handed[0]["task_run_id"] == str(task_run(high, "u").pk)
+    assert len(handed) == 3
+    held = [t for t in handed if t["task_key"].startswith("t")]
+    assert len(held) == 2
+    assert a.poll(max_tasks=10).json()["tasks"] == []  # the permits are held
+    a.post(f"worker/tasks/{held[0]['task_run_id']}/complete/", {"fencing_token": held[0]["fencing_token"]})
+    (third,) = a.poll(max_tasks=10).json()["tasks"]  # one permit came back
+    assert third["task_key"].startswith("t") and third["task_run_id"] not in {t["task_run_id"] for t in held}
+    assert TaskRun.objects.for_organization(a.org).filter(workflow_run=low, state="running").count() == 2
+
+
+@pytest.mark.django_db
+def test_made_up_worker_ids_stop_being_recorded_at_the_cap_and_old_ones_are_purged(a, monkeypatch):
+    from django.utils import timezone
+
+    from engine.repositories import worker_queues as repo
+    from engine.services import purge_forgotten_workers
+
+    monkeypatch.setattr(repo, "MAX_WORKERS_PER_ORGANIZATION", 3)
+    for i in range(5):
+        assert a.poll(worker_id=f"made-up-{i}").status_code == 200  # polling still works
+    rows = WorkerConnection.objects.for_organization(a.org)
+    assert sorted(rows.values_list("worker_id", flat=True)) == ["made-up-0", "made-up-1", "made-up-2"]
+    assert a.poll(worker_id="made-up-0", name="renamed").status_code == 200  # a known worker is refreshed
+    assert rows.get(worker_id="made-up-0").name == "renamed"
+    rows.filter(worker_id="made-up-1").update(last_seen_at=timezone.now() - dt.timedelta(days=8))
+    assert purge_forgotten_workers() == 1
+    assert sorted(rows.values_list("worker_id", flat=True)) == ["made-up-0", "made-up-2"]

@@ -1,0 +1,382 @@
+"""The API client: ``Client(base_url, api_key)`` and its parts, ``client.workflows``,
+``client.runs``, ``client.events``, ``client.secrets``, ``client.api_keys`` and
+``client.worker`` (the worker protocol of docs/workers.md, which flowforge_sdk.Worker
+speaks for you).
+
+Every method sends one request (lists: one per page, fetched as you iterate) and
+returns typed objects (flowforge_sdk.models) or raises a FlowForgeError
+(flowforge_sdk.errors). Lists are iterators that follow the API's ``next`` links.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from flowforge_sdk._http import HttpTransport, segment
+from flowforge_sdk.backoff import Backoff
+from flowforge_sdk.errors import WaitTimeout
+from flowforge_sdk.models import (
+    ApiKey,
+    Event,
+    FailResult,
+    PollResult,
+    Run,
+    Secret,
+    WorkerInfo,
+    WorkerTask,
+    WorkflowVersion,
+    parse_time,
+)
+from flowforge_sdk.workflow import Workflow
+
+#: Limits of the worker protocol (docs/workers.md).
+MAX_POLL_TASKS = 100
+MAX_POLL_WAIT_SECONDS = 30
+MAX_LOG_LINES_PER_CALL = 100
+MAX_LOG_MESSAGE_CHARS = 4000
+MAX_ERROR_CHARS = 10_000
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class Client:
+    """A FlowForge API client for one organization (the key's).
+
+    ``base_url``: the server, e.g. ``http://127.0.0.1:8000`` (``/api/v1`` is added
+    unless given). ``api_key``: ``ffk_<prefix>_<secret>``. ``timeout``: seconds per
+    request. ``retries``: how many more times a request is tried when it could not be
+    sent, was rate limited (429, after its ``Retry-After``), or, for a request that is
+    safe to repeat, when the answer was lost or a 502/503/504. ``transport``: an httpx
+    transport (tests pass ``httpx.MockTransport``).
+
+    Thread-safe; use one per process and ``close()`` it (or use it as a context manager).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 2,
+                 backoff: Backoff | None = None, transport: httpx.BaseTransport | None = None,
+                 user_agent: str | None = None) -> None:
+        self._http = HttpTransport(base_url, api_key, timeout=timeout, retries=retries, backoff=backoff,
+                                   transport=transport, user_agent=user_agent)
+        self.workflows = WorkflowsAPI(self._http)
+        self.runs = RunsAPI(self._http)
+        self.events = EventsAPI(self._http)
+        self.secrets = SecretsAPI(self._http)
+        self.api_keys = ApiKeysAPI(self._http)
+        self.worker = WorkerAPI(self._http)
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Client:
+        """A client for ``FLOWFORGE_URL`` (default ``http://127.0.0.1:8000``) with the key
+        in ``FLOWFORGE_API_KEY``; ValueError when the key is not set."""
+        key = os.environ.get("FLOWFORGE_API_KEY", "")
+        if not key.strip():
+            raise ValueError("FLOWFORGE_API_KEY is not set: export an API key (ffk_...)")
+        return cls(os.environ.get("FLOWFORGE_URL", "http://127.0.0.1:8000"), key, **kwargs)
+
+    @property
+    def base_url(self) -> str:
+        """The API's base URL (ending in ``/api/v1/``)."""
+        return self._http.base_url
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:  # never the key
+        return f"Client({self._http.base_url!r})"
+
+
+class WorkflowsAPI:
+    """Workflow versions: ``/workflows/``."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def list(self, *, name: str | None = None, state: str | None = None,
+             page_size: int | None = None) -> Iterator[WorkflowVersion]:
+        """The latest version of each workflow name, by name (``state`` filters before the
+        latest is picked: ``state="active"`` gives the version a start by name runs)."""
+        for item in self._http.pages("workflows/", params={"name": name, "state": state, "page_size": page_size}):
+            yield WorkflowVersion.from_api(item)
+
+    def latest(self, name: str, *, state: str | None = None) -> WorkflowVersion | None:
+        """The latest version named ``name`` (in ``state`` when given), or None."""
+        for version in self.list(name=name, state=state, page_size=1):
+            return version
+        return None
+
+    def get(self, workflow_id: str) -> WorkflowVersion:
+        """One version with its tasks and edges; NotFound when the organization has none with this id."""
+        return WorkflowVersion.from_api(self._http.json("GET", f"workflows/{segment(workflow_id)}/"))
+
+    def versions(self, workflow_id: str, *, page_size: int | None = None) -> Iterator[WorkflowVersion]:
+        """Every version of that workflow's name, newest first."""
+        for item in self._http.pages(f"workflows/{segment(workflow_id)}/versions/", params={"page_size": page_size}):
+            yield WorkflowVersion.from_api(item)
+
+    def apply(self, definition: Workflow | Mapping[str, Any]) -> WorkflowVersion:
+        """Store ``definition`` (a Workflow built in code, or a definition document) as the
+        next version of its name — version 1 for a new name — active; returns it with
+        its tasks. Every apply stores a new version, even of an unchanged definition.
+
+        Raises flowforge_sdk.DefinitionError (nothing sent) for what Workflow checks
+        locally, ValidationError (``code`` ``invalid_definition``, ``errors`` a list of
+        ``{"path", "message"}``) when the server refuses it, PermissionDenied for a key
+        below member, ApiError 422 ``quota_exceeded`` when the organization's stored
+        definitions would pass its quota."""
+        document = definition.to_document() if isinstance(definition, Workflow) else dict(definition)
+        # Not retried after the request was sent: a retry could store a second version.
+        return WorkflowVersion.from_api(self._http.json("POST", "workflows/", body=document, expect=(201,)))
+
+    def validate(self, definition: Workflow | Mapping[str, Any]) -> dict[str, Any]:
+        """Check a definition as ``apply`` would, storing nothing; returns the normalized
+        document (defaults filled in). ValidationError when it is refused."""
+        document = definition.to_document() if isinstance(definition, Workflow) else dict(definition)
+        answer = self._http.json("POST", "workflows/validate/", body=document, idempotent=True)
+        normalized = answer.get("normalized") if isinstance(answer, dict) else None
+        return normalized if isinstance(normalized, dict) else {}
+
+    def archive(self, workflow_id: str, *, confirm: str) -> WorkflowVersion:
+        """Archive a version (``confirm``: the workflow's name); its pending and running runs are cancelled."""
+        answer = self._http.json("POST", f"workflows/{segment(workflow_id)}/archive/", body={"confirm": confirm},
+                                 idempotent=True)
+        return WorkflowVersion.from_api(answer["workflow"])
+
+    def restore(self, workflow_id: str) -> WorkflowVersion:
+        """Make an archived version active again (after the server re-validates it)."""
+        return WorkflowVersion.from_api(
+            self._http.json("POST", f"workflows/{segment(workflow_id)}/restore/", idempotent=True))
+
+
+class RunsAPI:
+    """Workflow runs: ``/runs/``."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def start(self, workflow: str | WorkflowVersion | Workflow, input: Mapping[str, Any] | None = None, *,
+              idempotency_key: str | None = None, priority: int | None = None,
+              version: int | None = None) -> Run:
+        """Start a run of ``workflow`` (a name — its latest active version, or ``version`` —,
+        a version's id, a WorkflowVersion, or a code-first Workflow by its name) with
+        ``input`` (a JSON object). Returns the run with its task runs.
+
+        Every start carries an ``Idempotency-Key``: ``idempotency_key`` when given, else a
+        new UUID, so the SDK's own retries never start two runs. A repeat with the same
+        key and body returns the first run (``run.replayed`` is True); the same key with
+        another body is a Conflict. ValidationError names ``workflow``, ``input`` or
+        ``priority``; Conflict for a draft or archived workflow; RateLimited (with
+        ``retry_after``) over the organization's runs-per-minute quota.
+        """
+        if isinstance(workflow, WorkflowVersion):
+            target = workflow.id
+        elif isinstance(workflow, Workflow):
+            target = workflow.name
+        else:
+            target = workflow
+        body: dict[str, Any] = {"workflow": target, "input": dict(input or {})}
+        if priority is not None:
+            body["priority"] = priority
+        if version is not None:
+            body["version"] = version
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._http.request("POST", "runs/", body=body, headers={"Idempotency-Key": key},
+                                      idempotent=True, expect=(200, 201))
+        return Run.from_api(response.json(), replayed=response.headers.get("Idempotent-Replayed") == "true")
+
+    def get(self, run_id: str) -> Run:
+        """A run with its input and task runs."""
+        return Run.from_api(self._http.json("GET", f"runs/{segment(run_id)}/"))
+
+    def list(self, *, workflow: str | None = None, state: str | None = None, created_after: Any = None,
+             created_before: Any = None, page_size: int | None = None) -> Iterator[Run]:
+        """Runs, newest first (without input and task runs). ``workflow``: a name (every
+        version) or a version's id; ``created_after``/``created_before``: datetimes or ISO
+        8601 strings, exclusive."""
+        params = {"workflow": workflow, "state": state, "created_after": created_after,
+                  "created_before": created_before, "page_size": page_size}
+        for item in self._http.pages("runs/", params=params):
+            yield Run.from_api(item)
+
+    def cancel(self, run_id: str) -> Run:
+        """Cancel the run's open tasks and the run; Conflict when it had already finished."""
+        return Run.from_api(self._http.json("POST", f"runs/{segment(run_id)}/cancel/", idempotent=False))
+
+    def retry(self, run_id: str) -> Run:
+        """A new run of the same version with the same input (``retry_of`` = this run);
+        Conflict while this one is still going."""
+        return Run.from_api(self._http.json("POST", f"runs/{segment(run_id)}/retry/", expect=(201,)))
+
+    def task_output(self, run_id: str, task_run_id: str) -> Any:
+        """The whole output of one task run (for an output too large to inline in the run)."""
+        answer = self._http.json("GET", f"runs/{segment(run_id)}/task-runs/{segment(task_run_id)}/output/")
+        return answer.get("output") if isinstance(answer, dict) else None
+
+    def wait(self, run_id: str, timeout: float | None = None, *, poll_interval: float = 2.0) -> Run:
+        """Poll the run until it has finished (succeeded, failed or cancelled) and return
+        it. The first polls come quickly (0.2 s, growing), then every ``poll_interval``
+        seconds. Raises WaitTimeout (``.run``: the last state seen) after ``timeout``
+        seconds (None: no limit)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.2
+        while True:
+            run = self.get(run_id)
+            if run.finished:
+                return run
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WaitTimeout(f"run {run_id} is still {run.state} after {timeout} s", run=run)
+                delay = min(delay, left)
+            time.sleep(delay)
+            delay = min(poll_interval, delay * 1.5)
+
+
+class EventsAPI:
+    """A run's history: ``/runs/<id>/events/``."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def list(self, run_id: str, *, after: int | None = None, page_size: int | None = None) -> Iterator[Event]:
+        """The run's events in ``seq`` order after ``after`` (default: from the first),
+        page after page, up to the last one that exists now."""
+        path = f"runs/{segment(run_id)}/events/"
+        for item in self._http.pages(path, params={"after": after, "page_size": page_size}):
+            yield Event.from_api(item)
+
+    def follow(self, run_id: str, *, after: int | None = None, poll_interval: float = 1.0,
+               timeout: float | None = None) -> Iterator[Event]:
+        """The run's events as they happen, until its ``run_finished`` event (polling
+        ``?after=`` every ``poll_interval`` seconds). WaitTimeout after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = after
+        while True:
+            for event in self.list(run_id, after=last):
+                last = event.seq
+                yield event
+                if event.kind == "run_finished":
+                    return
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"run {run_id} has not finished after {timeout} s")
+            time.sleep(poll_interval)
+
+
+class SecretsAPI:
+    """The organization's secrets: ``/secrets/``. Values go in, never come out."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def list(self, *, page_size: int | None = None) -> Iterator[Secret]:
+        """Every secret's metadata (name, version, times), by page."""
+        for item in self._http.pages("secrets/", params={"page_size": page_size}):
+            yield Secret.from_api(item)
+
+    def get(self, name: str) -> Secret:
+        """One secret's metadata; NotFound when there is none by that name."""
+        return Secret.from_api(self._http.json("GET", f"secrets/{segment(name)}/"))
+
+    def set(self, name: str, value: str) -> Secret:
+        """Create the secret ``name`` (``created`` True) or rotate it to ``value``
+        (``created`` False, ``version`` bumped). Returns its metadata; the value is
+        never returned nor logged."""
+        if not isinstance(value, str):
+            raise TypeError("a secret's value must be a string")
+        response = self._http.request("PUT", f"secrets/{segment(name)}/", body={"value": value}, expect=(200, 201))
+        return Secret.from_api(response.json(), created=response.status_code == 201)
+
+    def delete(self, name: str) -> None:
+        """Delete the secret; NotFound when there is none by that name."""
+        self._http.request("DELETE", f"secrets/{segment(name)}/", expect=(204,))
+
+
+class ApiKeysAPI:
+    """The organization's API keys: ``/api-keys/`` (owners and admins). Keys are created
+    by a signed-in user (the API keys page, or ``manage.py createapikey``), never by
+    another API key, so the SDK lists and revokes them only."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def list(self) -> Iterator[ApiKey]:
+        """Every key of the organization, newest first (revoked ones included)."""
+        for item in self._http.pages("api-keys/"):
+            yield ApiKey.from_api(item)
+
+    def revoke(self, key_id: str) -> ApiKey:
+        """Revoke a key (idempotent): its next call gets 401."""
+        return ApiKey.from_api(self._http.json("POST", f"api-keys/{segment(key_id)}/revoke/", idempotent=True))
+
+
+class WorkerAPI:
+    """The five calls of the worker protocol (docs/workers.md), one request each and no
+    retry of their own: flowforge_sdk.Worker decides what to retry. Needs a worker key."""
+
+    def __init__(self, http: HttpTransport) -> None:
+        self._http = http
+
+    def poll(self, queue: str, *, worker: WorkerInfo | Mapping[str, Any], max_tasks: int = 1,
+             wait_seconds: float = 20) -> PollResult:
+        """Up to ``max_tasks`` (1-100) tasks of ``queue``, waiting up to ``wait_seconds``
+        (0-30) for one to be ready. Each task is started: the worker owns it from here."""
+        if not 1 <= max_tasks <= MAX_POLL_TASKS:
+            raise ValueError(f"max_tasks must be from 1 to {MAX_POLL_TASKS}, got {max_tasks}")
+        if not 0 <= wait_seconds <= MAX_POLL_WAIT_SECONDS:
+            raise ValueError(f"wait_seconds must be from 0 to {MAX_POLL_WAIT_SECONDS}, got {wait_seconds}")
+        info = worker.to_api() if isinstance(worker, WorkerInfo) else dict(worker)
+        body = {"queue": queue, "max_tasks": max_tasks, "wait_seconds": wait_seconds, "worker": info}
+        answer = self._http.json("POST", "worker/poll", body=body, retries=0, expect=(200,),
+                                 timeout=self._http.timeout + wait_seconds)
+        tasks = [WorkerTask.from_api(t) for t in answer.get("tasks") or [] if isinstance(t, dict)]
+        wait = answer.get("wait_seconds")
+        return PollResult(tasks=tasks, wait_seconds=float(wait) if isinstance(wait, int | float) else None)
+
+    def heartbeat(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> Any:
+        """Extend the lease; returns the new ``lease_expires_at`` (a datetime, or None).
+        Conflict (``code``: ``cancelled``, ``lease_expired``, ``stale_fencing_token``)
+        when the generation is no longer this worker's. ``timeout``: seconds for this
+        call (default: the client's)."""
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/heartbeat",
+                                 body={"fencing_token": fencing_token}, retries=0, expect=(200,), timeout=timeout)
+        return parse_time(answer.get("lease_expires_at")) if isinstance(answer, dict) else None
+
+    def logs(self, task_run_id: str, fencing_token: int, lines: Sequence[Mapping[str, str]]) -> int:
+        """Send up to 100 log lines (``{"level", "message"}``); returns how many were accepted."""
+        if len(lines) > MAX_LOG_LINES_PER_CALL:
+            raise ValueError(f"at most {MAX_LOG_LINES_PER_CALL} lines per call, got {len(lines)}")
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/logs",
+                                 body={"fencing_token": fencing_token, "lines": [dict(line) for line in lines]},
+                                 retries=0, expect=(200,))
+        accepted = answer.get("accepted") if isinstance(answer, dict) else None
+        return accepted if isinstance(accepted, int) else len(lines)
+
+    def complete(self, task_run_id: str, fencing_token: int, output: Any) -> str:
+        """Report the task's ``output`` (any JSON value); returns the task's new state
+        (``succeeded``). Conflict when the result was refused (recorded by the server as
+        ``stale_completion_rejected``)."""
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/complete",
+                                 body={"fencing_token": fencing_token, "output": output}, retries=0, expect=(200,))
+        return str(answer.get("state", "")) if isinstance(answer, dict) else ""
+
+    def fail(self, task_run_id: str, fencing_token: int, error: str, *, retryable: bool = True) -> FailResult:
+        """Report the attempt failed (``error`` cut to 10,000 characters). With
+        ``retryable`` and attempts left the task is retried after its backoff."""
+        body = {"fencing_token": fencing_token, "error": error[:MAX_ERROR_CHARS], "retryable": retryable}
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/fail", body=body, retries=0,
+                                 expect=(200,))
+        answer = answer if isinstance(answer, dict) else {}
+        retry_in = answer.get("retry_in_seconds")
+        return FailResult(state=str(answer.get("state", "")),
+                          retry_in_seconds=float(retry_in) if isinstance(retry_in, int | float) else None)
