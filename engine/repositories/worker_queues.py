@@ -1,7 +1,8 @@
 """Reads and writes of the organizations' own workers' queues that change no task run's
 state (issue 18, docs/workers.md): the workers seen polling (core_workerconnection), when
 a queue's next task is due, the scoping of a worker's call to its organization's worker
-task runs, and the log lines workers send (core_tasklog). Statements:
+task runs, and the log lines workers send (core_tasklog); and what members read of them (the queues'
+depth, the workers and whether each is live, the run page's log lines). Statements:
 ``engine/sql/worker_queues.sql``. The claim and the transitions are ``task_runs``'s.
 """
 

@@ -156,7 +156,7 @@ FROM unnest(%(queues)s::text[]) AS q(queue);
 
 
 -- name: task_log_run_tail
--- The log lines the run page shows: for at most tasks worker task runs of the organization's run (those with the newest lines), the last lines (at most limit) of the generation that wrote its newest line: (task_run_id, id, attempt, fencing_token, level, message, created_at), task runs by newest line first, then lines oldest first; idx_taskrun_run_state, idx_tasklog_taskrun (read backwards).
+-- The log lines the run page shows: for at most tasks worker task runs of the organization's run (those with the newest lines), the last lines (at most limit) of the generation that wrote its newest line: (task_run_id, id, attempt, fencing_token, level, message, created_at), task runs by newest line first, then lines oldest first; idx_taskrun_run_state or uniq_taskrun_per_run_task (both lead with the run), idx_tasklog_taskrun (read backwards).
 SELECT t.id, l.id, l.attempt, l.fencing_token, l.level, l.message, l.created_at
 FROM (
     SELECT t.id, last.id AS last_id, last.fencing_token
@@ -165,7 +165,7 @@ FROM (
         SELECT x.id, x.fencing_token FROM core_tasklog x
         WHERE x.task_run_id = t.id ORDER BY x.id DESC LIMIT 1                      -- idx_tasklog_taskrun
     ) last
-    WHERE t.workflow_run_id = %(run)s AND t.organization_id = %(org)s AND t.queue <> ''   -- idx_taskrun_run_state
+    WHERE t.workflow_run_id = %(run)s AND t.organization_id = %(org)s AND t.queue <> ''   -- the run's task runs
     ORDER BY last.id DESC
     LIMIT %(tasks)s
 ) t
