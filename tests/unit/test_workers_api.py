@@ -242,3 +242,25 @@ def test_another_organization_sees_none_of_the_workers_queues_or_logs(a, b):
     assert [w["worker_id"] for w in get(a, "workers/", viewer_key(a)).json()["results"]] == ["a-worker"]
     assert [(q["queue"], q["running"], q["live_workers"]) for q in get(b, "queues/", b_key).json()["results"]] == [
         ("images", 0, 1)]
+
+
+@pytest.mark.django_db
+def test_the_lists_make_the_same_queries_whatever_the_number_of_workers_and_queues(a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    key = viewer_key(a)
+
+    def count(path):
+        get(a, path, key)  # the key's verification is cached after its first request
+        with CaptureQueriesContext(connection) as ctx:
+            response = get(a, path, key)
+        assert response.status_code == 200
+        return len(ctx.captured_queries), len(response.json()["results"])
+
+    seen(a, "w-1")
+    few = {path: count(path) for path in ("workers/", "queues/")}
+    for i in range(40):
+        seen(a, f"w-more-{i}", queue=f"q{i % 9}")
+    many = {path: count(path) for path in ("workers/", "queues/")}
+    assert many["workers/"] == (few["workers/"][0], 41) and many["queues/"] == (few["queues/"][0], 10)
