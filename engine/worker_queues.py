@@ -131,7 +131,13 @@ def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[st
     return value, []
 
 
-def _payload(a: StartedAttempt) -> dict[str, Any]:
+def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
+    """Started attempts as the poll's answer shows them (docs/workers.md)."""
+    names = worker_queues.workflow_names([a.workflow_run_id for a in attempts])
+    return [_payload(a, names.get(a.workflow_run_id, "")) for a in attempts]
+
+
+def _payload(a: StartedAttempt, workflow: str) -> dict[str, Any]:
     """A started attempt as the poll's answer shows it (docs/workers.md)."""
     task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
     lease = lease_seconds()
@@ -141,6 +147,7 @@ def _payload(a: StartedAttempt) -> dict[str, Any]:
         "attempt": a.attempt,
         "max_attempts": a.max_attempts,
         "workflow_run_id": str(a.workflow_run_id),
+        "workflow": workflow,
         "task_key": a.task_key,
         "name": a.config.get("name") or a.task_key,
         "queue": a.config.get("queue"),
@@ -174,12 +181,12 @@ def poll(
         sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,
     )
     if wait_seconds <= 0:
-        return [_payload(a) for a in _claim(organization_id, queue, max_tasks, owner)]
+        return _payloads(_claim(organization_id, queue, max_tasks, owner))
     if not _take_poll_slot(organization_id):
         started = _claim(organization_id, queue, max_tasks, owner)
         if not started:
             raise PollCapacity()
-        return [_payload(a) for a in started]
+        return _payloads(started)
     began = time.monotonic()
     try:
         # Registered before the first claim: a task that turns ready after it is announced.
@@ -189,7 +196,7 @@ def poll(
                 started = _claim(organization_id, queue, max_tasks, owner)
                 if started:
                     metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)
-                    return [_payload(a) for a in started]
+                    return _payloads(started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []

@@ -66,6 +66,13 @@ def note_worker_seen(
     })
 
 
+def workflow_names(run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The workflow name of each run of ``run_ids`` (``worker_run_workflow_names``)."""
+    if not run_ids:
+        return {}
+    return dict(fetch(queries["worker_run_workflow_names"], {"runs": list(set(run_ids))}))
+
+
 def seconds_until_due(*, organization_id: uuid.UUID, queue: str) -> float | None:
     """Seconds until the first ready task run of the queue may be claimed (<= 0: now, but a
     limit holds it back), or None when none is ready (``worker_queue_next_due``)."""

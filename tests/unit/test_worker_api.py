@@ -83,7 +83,8 @@ def test_a_worker_task_waits_on_its_queue_and_a_poll_hands_it_out_started(a):
     (task,) = response.json()["tasks"]
     assert task["task_run_id"] == str(tr.pk)
     assert (task["fencing_token"], task["attempt"], task["max_attempts"]) == (1, 1, 2)
-    assert (task["name"], task["queue"], task["task_key"]) == ("resize_image", "images", "resize")
+    assert (task["name"], task["queue"], task["task_key"], task["workflow"]) == (
+        "resize_image", "images", "resize", "thumbs")
     assert task["input"] == {"width": 640}
     assert task["run_input"] == {"url": "https://example.com/a.png"}
     assert task["upstream"] == {}
