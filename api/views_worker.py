@@ -222,6 +222,8 @@ class WorkerPollView(_WorkerView):
             )
         except worker_queues.PollCapacity as exc:
             raise PollCapacityProblem(exc.retry_after) from exc
+        except worker_queues.UnknownQueue as exc:
+            raise serializers.ValidationError({"queue": [str(exc)]}) from exc
         return Response({"tasks": tasks, "wait_seconds": data["wait_seconds"]})
 
 

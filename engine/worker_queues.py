@@ -71,6 +71,12 @@ class WorkerCallRefused(Exception):
         self.code = code
 
 
+class UnknownQueue(ValueError):
+    """No task of the organization's workflows (any version) waits on the queue a poll
+    names: a typo, or a worker started before its workflow was applied (a 400 naming
+    ``queue``)."""
+
+
 class PollCapacity(Exception):
     """This web process holds as many long polls as it may (FLOWFORGE_WORKER_POLLS_PER_PROCESS,
     at most half of them one organization's) and nothing was ready: a 503 with
@@ -125,6 +131,24 @@ def _give_poll_slot(organization_id: uuid.UUID) -> None:
 
 # --- Poll ---------------------------------------------------------------------------------------
 
+#: (organization, queue) pairs this process has seen known: task rows are never deleted but
+#: with their organization, so a known queue stays known. Bounded: cleared when full.
+_known_queues: set[tuple[uuid.UUID, str]] = set()
+_KNOWN_QUEUES_MAX = 10_000
+
+
+def _require_known_queue(organization_id: uuid.UUID, queue: str) -> None:
+    """Raise UnknownQueue unless a task of the organization waits on ``queue``."""
+    if (organization_id, queue) in _known_queues:
+        return
+    if not worker_queues.queue_known(organization_id=organization_id, queue=queue):
+        raise UnknownQueue(
+            f"no task of this organization's workflows waits on queue {queue!r}: check the name, or apply a "
+            "workflow with a worker task on it (config.queue) before starting its workers")
+    if len(_known_queues) >= _KNOWN_QUEUES_MAX:
+        _known_queues.clear()
+    _known_queues.add((organization_id, queue))
+
 
 def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[str]]:
     """The task input with its secret references resolved, and the values used."""
@@ -172,10 +196,12 @@ def poll(
 ) -> list[dict[str, Any]]:
     """Up to ``max_tasks`` task runs of ``queue`` claimed and started for ``worker``, each
     as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
-    when none is ready; [] when the wait ran out. Raises PollCapacity when the process may
+    when none is ready; [] when the wait ran out. Raises UnknownQueue when no task of the
+    organization waits on ``queue``, and PollCapacity when the process may
     not hold another long poll and nothing was ready. Must not run in a transaction (each
     claim commits at once, and a waiting poll holds no transaction open)."""
     owner = f"worker:{worker.id}"
+    _require_known_queue(organization_id, queue)
     worker_queues.note_worker_seen(
         organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
         sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,

@@ -66,6 +66,12 @@ def note_worker_seen(
     })
 
 
+def queue_known(*, organization_id: uuid.UUID, queue: str) -> bool:
+    """Whether a task of the organization (any workflow version) waits on ``queue``
+    (``worker_queue_known``)."""
+    return bool(fetch(queries["worker_queue_known"], {"org": organization_id, "queue": queue})[0][0])
+
+
 def workflow_names(run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     """The workflow name of each run of ``run_ids`` (``worker_run_workflow_names``)."""
     if not run_ids:

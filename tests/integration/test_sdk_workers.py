@@ -79,8 +79,9 @@ def test_an_sdk_worker_runs_the_worker_tasks_of_a_mixed_dag_to_success(stack, we
     key = worker_key(org)
     stack.start_worker(processes=1, threads=4)
     stack.start_clock()
-    sdk_worker(stack, web, key, "images", "quick", "sdk-worker")
+    # Applied first: a worker polling a queue that no task names is refused (and stops).
     wf = apply_definition(organization=org, document={"name": "thumbnails", "tasks": MIXED})
+    sdk_worker(stack, web, key, "images", "quick", "sdk-worker")
     run = start_run(workflow=wf, run_input={"url": "https://example.com/a.png"}, actor=Actor.system(org))
     assert wait_for_run_terminal(run, timeout=90) == "succeeded"
     by_key = {tr.task.key: tr for tr in TaskRun.objects.for_organization(org).filter(workflow_run=run)
