@@ -173,7 +173,8 @@ class _WorkerView(OwnTransactions, OrganizationAPIView):
 _TASK_SCHEMA = inline_serializer("WorkerTask", many=True, fields={
     "task_run_id": serializers.UUIDField(), "fencing_token": serializers.IntegerField(),
     "attempt": serializers.IntegerField(), "max_attempts": serializers.IntegerField(),
-    "workflow_run_id": serializers.UUIDField(), "task_key": serializers.CharField(), "name": serializers.CharField(),
+    "workflow_run_id": serializers.UUIDField(), "workflow": serializers.CharField(),
+    "task_key": serializers.CharField(), "name": serializers.CharField(),
     "queue": serializers.CharField(), "input": serializers.JSONField(), "run_input": serializers.JSONField(),
     "upstream": serializers.JSONField(), "timeout_seconds": serializers.FloatField(allow_null=True),
     "lease_seconds": serializers.FloatField(), "heartbeat_interval_seconds": serializers.FloatField(),
@@ -182,7 +183,8 @@ _TASK_SCHEMA = inline_serializer("WorkerTask", many=True, fields={
 
 TASK_EXAMPLE = {
     "task_run_id": "9b2e0c4e-3f41-4b8e-9a55-0c1d2e3f4a5b", "fencing_token": 1, "attempt": 1, "max_attempts": 3,
-    "workflow_run_id": "41c0d2aa-5e6f-4a1b-8c9d-0e1f2a3b4c5d", "task_key": "resize", "name": "resize",
+    "workflow_run_id": "41c0d2aa-5e6f-4a1b-8c9d-0e1f2a3b4c5d", "workflow": "thumbnails", "task_key": "resize",
+    "name": "resize",
     "queue": "images", "input": {"width": 640}, "run_input": {"url": "https://example.com/a.png"},
     "upstream": {"fetch": {"bytes": 1024}}, "timeout_seconds": 300.0, "lease_seconds": 60.0,
     "heartbeat_interval_seconds": 20.0,
@@ -220,6 +222,8 @@ class WorkerPollView(_WorkerView):
             )
         except worker_queues.PollCapacity as exc:
             raise PollCapacityProblem(exc.retry_after) from exc
+        except worker_queues.UnknownQueue as exc:
+            raise serializers.ValidationError({"queue": [str(exc)]}) from exc
         return Response({"tasks": tasks, "wait_seconds": data["wait_seconds"]})
 
 

@@ -279,7 +279,9 @@ def tasks_per_worker_process() -> dict[int, int]:
         cur.execute(
             """
             SELECT split_part(split_part(detail->>'worker', '@', 2), ':', 2)::int, count(*)
-            FROM core_taskrunevent WHERE kind = 'started' GROUP BY 1
+            FROM core_taskrunevent WHERE kind = 'started'
+              AND detail->>'worker' LIKE 'worker@%%'   -- not an organization's own worker (worker:<id>)
+            GROUP BY 1
             """
         )
         return dict(cur.fetchall())

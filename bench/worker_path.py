@@ -96,12 +96,17 @@ def scenario(stack, org, cfg: dict, dramatiq: dict, log=print) -> dict:
     out: dict = {"slots": slots}
 
     # Throughput and hops: processes x threads slots of SDK workers, as the Dramatiq path has.
+    # The workflows first: a poll of a queue that no task names is refused.
+    independent = independent_worker_workflow(org, cfg["independent_tasks"], "bench-own-independent")
+    chain = chain_worker_workflow(org, cfg["hop_chain_length"], "bench-own-chain")
+    from engine.services import apply_definition
+
+    apply_definition(organization=org, document={"name": "bench-own-idle", "tasks": [
+        {"key": "never", "type": "worker", "config": {"queue": IDLE_QUEUE}}]})
     workers = [stack.start(f"sdk-worker-{i}", [sys.executable, "-m", "bench.worker_path", "serve", base, key, QUEUE,
                                                str(cfg["threads"])]) for i in range(cfg["processes"])]
     try:
         time.sleep(1.0)  # their first polls are waiting
-        independent = independent_worker_workflow(org, cfg["independent_tasks"], "bench-own-independent")
-        chain = chain_worker_workflow(org, cfg["hop_chain_length"], "bench-own-chain")
         log("worker path: throughput")
         rounds = []
         for _ in range(max(1, cfg["throughput_rounds"] // 2)):

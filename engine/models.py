@@ -161,6 +161,11 @@ class Task(models.Model):
 
     class Meta:
         db_table = "core_task"
+        indexes = [
+            # Whether a queue is known to an organization (a worker's poll of a queue no task
+            # names is refused: worker_queue_known); partial: the shared workers' tasks stay out.
+            models.Index(fields=["organization", "queue"], name="idx_task_org_queue", condition=~Q(queue="")),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["workflow", "key"], name="uniq_task_workflow_key"),
             models.CheckConstraint(condition=Q(max_attempts__gte=1), name="task_max_attempts_positive"),

@@ -72,6 +72,12 @@ class WorkerCallRefused(Exception):
         self.code = code
 
 
+class UnknownQueue(ValueError):
+    """No task of the organization's workflows (any version) waits on the queue a poll
+    names: a typo, or a worker started before its workflow was applied (a 400 naming
+    ``queue``)."""
+
+
 class PollCapacity(Exception):
     """This web process holds as many long polls as it may (FLOWFORGE_WORKER_POLLS_PER_PROCESS,
     at most half of them one organization's) and nothing was ready: a 503 with
@@ -146,13 +152,37 @@ def _give_poll_slot(organization_id: uuid.UUID) -> None:
 
 # --- Poll ---------------------------------------------------------------------------------------
 
+#: (organization, queue) pairs this process has seen known: task rows are never deleted but
+#: with their organization, so a known queue stays known. Bounded: cleared when full.
+_known_queues: set[tuple[uuid.UUID, str]] = set()
+_KNOWN_QUEUES_MAX = 10_000
+
+
+def _require_known_queue(organization_id: uuid.UUID, queue: str) -> None:
+    """Raise UnknownQueue unless a task of the organization waits on ``queue``."""
+    if (organization_id, queue) in _known_queues:
+        return
+    if not worker_queues.queue_known(organization_id=organization_id, queue=queue):
+        raise UnknownQueue(
+            f"no task of this organization's workflows waits on queue {queue!r}: check the name, or apply a "
+            "workflow with a worker task on it (config.queue) before starting its workers")
+    if len(_known_queues) >= _KNOWN_QUEUES_MAX:
+        _known_queues.clear()
+    _known_queues.add((organization_id, queue))
+
 
 def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[str]]:
     """The task input with its secret references resolved, and the values used."""
     return value, []
 
 
-def _payload(a: StartedAttempt) -> dict[str, Any]:
+def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
+    """Started attempts as the poll's answer shows them (docs/workers.md)."""
+    names = worker_queues.workflow_names([a.workflow_run_id for a in attempts])
+    return [_payload(a, names.get(a.workflow_run_id, "")) for a in attempts]
+
+
+def _payload(a: StartedAttempt, workflow: str) -> dict[str, Any]:
     """A started attempt as the poll's answer shows it (docs/workers.md)."""
     task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
     lease = lease_seconds()
@@ -162,6 +192,7 @@ def _payload(a: StartedAttempt) -> dict[str, Any]:
         "attempt": a.attempt,
         "max_attempts": a.max_attempts,
         "workflow_run_id": str(a.workflow_run_id),
+        "workflow": workflow,
         "task_key": a.task_key,
         "name": a.config.get("name") or a.task_key,
         "queue": a.config.get("queue"),
@@ -186,21 +217,23 @@ def poll(
 ) -> list[dict[str, Any]]:
     """Up to ``max_tasks`` task runs of ``queue`` claimed and started for ``worker``, each
     as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
-    when none is ready; [] when the wait ran out. Raises PollCapacity when the process may
+    when none is ready; [] when the wait ran out. Raises UnknownQueue when no task of the
+    organization waits on ``queue``, and PollCapacity when the process may
     not hold another long poll and nothing was ready. Must not run in a transaction (each
     claim commits at once, and a waiting poll holds no transaction open)."""
     owner = f"worker:{worker.id}"
+    _require_known_queue(organization_id, queue)
     worker_queues.note_worker_seen(
         organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
         sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,
     )
     if wait_seconds <= 0:
-        return [_payload(a) for a in _claim(organization_id, queue, max_tasks, owner)]
+        return _payloads(_claim(organization_id, queue, max_tasks, owner))
     if not _take_poll_slot(organization_id):
         started = _claim(organization_id, queue, max_tasks, owner)
         if not started:
             raise PollCapacity()
-        return [_payload(a) for a in started]
+        return _payloads(started)
     began = time.monotonic()
     try:
         # Registered before the first claim: a task that turns ready after it is announced.
@@ -210,7 +243,7 @@ def poll(
                 started = _claim(organization_id, queue, max_tasks, owner)
                 if started:
                     metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)
-                    return [_payload(a) for a in started]
+                    return _payloads(started)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []

@@ -68,6 +68,19 @@ def note_worker_seen(
     })
 
 
+def queue_known(*, organization_id: uuid.UUID, queue: str) -> bool:
+    """Whether a task of the organization (any workflow version) waits on ``queue``
+    (``worker_queue_known``)."""
+    return bool(fetch(queries["worker_queue_known"], {"org": organization_id, "queue": queue})[0][0])
+
+
+def workflow_names(run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The workflow name of each run of ``run_ids`` (``worker_run_workflow_names``)."""
+    if not run_ids:
+        return {}
+    return dict(fetch(queries["worker_run_workflow_names"], {"runs": list(set(run_ids))}))
+
+
 def seconds_until_due(*, organization_id: uuid.UUID, queue: str) -> float | None:
     """Seconds until the first ready task run of the queue may be claimed (<= 0: now, but a
     limit holds it back), or None when none is ready (``worker_queue_next_due``)."""

@@ -36,6 +36,17 @@ DELETE FROM core_workerconnection WHERE id IN (
 );
 
 
+-- name: worker_run_workflow_names
+-- The workflow name of each run in runs (what a poll's answer names the task's workflow by); core_workflowrun_pkey.
+SELECT r.id, w.name FROM core_workflowrun r JOIN core_workflow w ON w.id = r.workflow_id
+WHERE r.id = ANY(%(runs)s::uuid[]);
+
+
+-- name: worker_queue_known
+-- Whether some task of the organization (of any workflow version, archived ones included) waits on queue; idx_task_org_queue.
+SELECT EXISTS (SELECT 1 FROM core_task k WHERE k.organization_id = %(org)s AND k.queue = %(queue)s AND k.queue <> '');
+
+
 -- name: worker_queue_next_due
 -- Seconds until the first ready task run of the organization's queue may be claimed (0 or less: now, yet the claim left it, e.g. for a concurrency limit; NULL: nothing ready), looking at most 1,000 of them; idx_taskrun_ready_claim.
 SELECT EXTRACT(EPOCH FROM min(COALESCE(x.not_before, clock_timestamp())) - clock_timestamp())::float8

@@ -60,6 +60,7 @@ def start(org, tasks=ONE, name="w1"):
 
 def test_a_waiting_poll_is_woken_by_the_commit_of_its_task(web, org):
     (_row, key), _owner = worker_key(org)
+    wf = apply_definition(organization=org, document={"name": "w1", "tasks": ONE})
     assert poll(web, key).json()["tasks"] == []  # warm: the process's hub and connections
     got: dict = {}
 
@@ -71,7 +72,7 @@ def test_a_waiting_poll_is_woken_by_the_commit_of_its_task(web, org):
     t = threading.Thread(target=waiting_poll)
     t.start()
     time.sleep(1.0)  # the poll is waiting by now
-    run = start(org)
+    run = start_run(workflow=wf, actor=Actor.system(org))
     committed = time.monotonic()
     t.join(30)
     tasks = got["response"].json()["tasks"]
@@ -108,6 +109,7 @@ def test_another_organizations_worker_polling_the_same_queue_name_gets_nothing(w
     (_ra, key_a), _ = worker_key(a)
     (_rb, key_b), _ = worker_key(b)
     run = start(a)
+    apply_definition(organization=b, document={"name": "b-own", "tasks": ONE})  # B's own queue "jobs"
     assert poll(web, key_b, wait=1.0).json()["tasks"] == []
     tr = TaskRun.objects.for_organization(a).get(workflow_run=run)
     assert tr.state == "ready"
@@ -117,6 +119,7 @@ def test_another_organizations_worker_polling_the_same_queue_name_gets_nothing(w
 
 def test_a_revoked_worker_key_gets_401_on_its_next_call(web, org):
     (row, key), owner = worker_key(org)
+    apply_definition(organization=org, document={"name": "w1", "tasks": ONE})
     assert poll(web, key).status_code == 200
     revoke_api_key(actor=owner, api_key=row)
     response = poll(web, key)

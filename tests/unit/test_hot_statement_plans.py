@@ -57,6 +57,7 @@ HOT = [
     # The organizations' own workers (issue 18): a waiting poll's next due time, and the
     # scoping and log lines of each call on a held generation.
     ("worker_queue_next_due", "worker API: poll", "idx_taskrun_ready_claim"),
+    ("worker_queue_known", "worker API: poll", "idx_task_org_queue"),
     ("worker_task_run_generation", "worker API: heartbeat, logs, complete, fail", "core_taskrun_pkey"),
     ("task_log_append", "worker API: logs", "core_taskrun_pkey"),
 ]

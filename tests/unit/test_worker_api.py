@@ -83,7 +83,8 @@ def test_a_worker_task_waits_on_its_queue_and_a_poll_hands_it_out_started(a):
     (task,) = response.json()["tasks"]
     assert task["task_run_id"] == str(tr.pk)
     assert (task["fencing_token"], task["attempt"], task["max_attempts"]) == (1, 1, 2)
-    assert (task["name"], task["queue"], task["task_key"]) == ("resize_image", "images", "resize")
+    assert (task["name"], task["queue"], task["task_key"], task["workflow"]) == (
+        "resize_image", "images", "resize", "thumbs")
     assert task["input"] == {"width": 640}
     assert task["run_input"] == {"url": "https://example.com/a.png"}
     assert task["upstream"] == {}
@@ -209,6 +210,10 @@ def test_only_worker_keys_may_call_and_worker_keys_may_call_nothing_else(a):
 @pytest.mark.django_db
 def test_another_organizations_worker_never_sees_or_touches_the_tasks(a, b):
     run = a.start()
+    # B's worker: its organization names no queue "images" yet, then it does (its own queue).
+    unknown = assert_problem(b.poll("images"), 400)
+    assert "no task of this organization's workflows waits on queue 'images'" in unknown["errors"]["queue"][0]
+    apply_definition(organization=b.org, document={"name": "b-thumbs", "tasks": WORKER_DAG})
     assert b.poll("images").json()["tasks"] == []  # B's "images" is B's own queue
     task = a.poll().json()["tasks"][0]
     tid = task["task_run_id"]
@@ -300,6 +305,7 @@ def test_a_worker_task_definition_is_checked_at_apply_time(a, config, message):
 @pytest.mark.django_db
 def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready_task(a, settings):
     settings.FLOWFORGE_WORKER_POLLS_PER_PROCESS = 0
+    apply_definition(organization=a.org, document={"name": "thumbs", "tasks": WORKER_DAG})
     response = a.poll(wait=10)
     body = assert_problem(response, 503)
     assert body["code"] == "poll_capacity"
@@ -338,6 +344,7 @@ def test_made_up_worker_ids_stop_being_recorded_at_the_cap_and_old_ones_are_purg
     from engine.services import purge_forgotten_workers
 
     monkeypatch.setattr(repo, "MAX_WORKERS_PER_ORGANIZATION", 3)
+    apply_definition(organization=a.org, document={"name": "thumbs", "tasks": WORKER_DAG})
     for i in range(5):
         assert a.poll(worker_id=f"made-up-{i}").status_code == 200  # polling still works
     rows = WorkerConnection.objects.for_organization(a.org)
@@ -347,3 +354,16 @@ def test_made_up_worker_ids_stop_being_recorded_at_the_cap_and_old_ones_are_purg
     rows.filter(worker_id="made-up-1").update(last_seen_at=timezone.now() - dt.timedelta(days=8))
     assert purge_forgotten_workers() == 1
     assert sorted(rows.values_list("worker_id", flat=True)) == ["made-up-0", "made-up-2"]
+
+
+@pytest.mark.django_db
+def test_a_poll_of_a_queue_no_task_names_is_400_naming_queue_and_records_no_worker(a):
+    body = assert_problem(a.poll("imagse"), 400)
+    assert list(body["errors"]) == ["queue"]
+    assert "apply a workflow with a worker task on it" in body["errors"]["queue"][0]
+    assert not WorkerConnection.objects.for_organization(a.org).exists()
+    # An archived version still names it: its queue stays known.
+    wf = apply_definition(organization=a.org, document={"name": "thumbs", "tasks": WORKER_DAG})
+    wf.state = "archived"
+    wf.save(update_fields=["state"])
+    assert a.poll("images").status_code == 200

@@ -220,7 +220,8 @@ class FakeFlowForge:
 
     def calls_to(self, suffix: str, method: str = "POST") -> list[Call]:
         with self.cond:
-            return [c for c in self.calls if c.method == method and c.path.endswith(suffix)]
+            # The server's paths end in "/": a suffix matches with or without it.
+            return [c for c in self.calls if c.method == method and c.path.rstrip("/").endswith(suffix.rstrip("/"))]
 
     def wait_for(self, predicate: Any, timeout: float = 10.0) -> bool:
         """Wait until ``predicate()`` (called under the lock) is true; False after ``timeout``."""
@@ -236,11 +237,11 @@ class FakeFlowForge:
     # --- dispatch ---------------------------------------------------------------------------------
 
     ROUTES: list[tuple[str, str, str]] = [
-        ("POST", r"/api/v1/worker/poll", "poll"),
-        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/heartbeat", "heartbeat"),
-        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/logs", "logs"),
-        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/complete", "complete"),
-        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/fail", "fail"),
+        ("POST", r"/api/v1/worker/poll/", "poll"),
+        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/heartbeat/", "heartbeat"),
+        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/logs/", "logs"),
+        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/complete/", "complete"),
+        ("POST", r"/api/v1/worker/tasks/(?P<id>[^/]+)/fail/", "fail"),
         ("GET", r"/api/v1/workflows/", "workflow_list"),
         ("POST", r"/api/v1/workflows/", "workflow_create"),
         ("GET", r"/api/v1/workflows/(?P<id>[^/]+)/", "workflow_get"),
@@ -372,7 +373,7 @@ class FakeFlowForge:
                 "max_attempts": task.max_attempts, "workflow_run_id": task.workflow_run_id, "workflow": "thumbnails",
                 "task_key": task.task_key, "name": task.name, "queue": task.queue, "input": task.input,
                 "run_input": task.run_input, "upstream": task.upstream, "timeout_seconds": self.lease_seconds,
-                "lease_expires_at": now_iso(self.lease_seconds), "heartbeat_interval_seconds": self.heartbeat_interval,
+                "lease_seconds": self.lease_seconds, "heartbeat_interval_seconds": self.heartbeat_interval,
             })
         return Reply(200, {"tasks": handed, "wait_seconds": wait})
 
@@ -382,7 +383,7 @@ class FakeFlowForge:
             return task
         task.lease_until = time.monotonic() + self.lease_seconds
         task.events.append(f"heartbeat:{task.token}")
-        return Reply(200, {"lease_expires_at": now_iso(self.lease_seconds)})
+        return Reply(200, {"lease_seconds": self.lease_seconds})
 
     def _logs(self, id: str, body: Any, **_: Any) -> Reply:
         lines = body.get("lines") if isinstance(body, dict) else None

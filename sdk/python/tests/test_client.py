@@ -233,7 +233,7 @@ def test_problem_details_map_to_exception_classes(fake: FakeFlowForge) -> None:
         for status, cls, code in cases:
             body = {"type": "about:blank", "title": "t", "status": status, "detail": f"detail {status}",
                     "code": code, "errors": {"fencing_token": ["must be a whole number"]}}
-            fake.inject("POST", r"/heartbeat$", status, body, headers={"Retry-After": "7", "X-Request-ID": "r-1"})
+            fake.inject("POST", r"/heartbeat/$", status, body, headers={"Retry-After": "7", "X-Request-ID": "r-1"})
             with pytest.raises(cls) as caught:
                 c.worker.heartbeat("tr-1", 1)
             error = caught.value

@@ -321,7 +321,7 @@ def test_a_result_is_kept_while_the_server_is_down_and_reported_when_it_is_back(
 def test_completion_is_retried_after_a_503_and_lands(fake: FakeFlowForge, make_worker: Any) -> None:
     worker = make_worker()
     worker.register("resize", lambda ctx: "out")
-    fake.inject("POST", r"/complete$", 503)
+    fake.inject("POST", r"/complete/$", 503)
     task_id = fake.enqueue("images", "resize")
     with running(worker):
         assert fake.wait_for(lambda: fake.task_runs[task_id].state == "succeeded")
@@ -335,7 +335,7 @@ def test_completion_retry_stops_on_409_when_the_first_try_had_landed(fake: FakeF
     worker.register("resize", lambda ctx: "out")
     # The first completion is recorded but its answer is lost (a 503 from a proxy); the retry
     # is refused as stale; the worker must stop there.
-    fake.inject("POST", r"/complete$", 503, apply=True)
+    fake.inject("POST", r"/complete/$", 503, apply=True)
     task_id = fake.enqueue("images", "resize")
     with running(worker):
         assert fake.wait_for(lambda: len(fake.calls_to(f"/worker/tasks/{task_id}/complete")) == 2)
@@ -349,7 +349,7 @@ def test_completion_retry_stops_on_409_when_the_first_try_had_landed(fake: FakeF
 def test_a_429_on_poll_waits_its_retry_after(fake: FakeFlowForge, make_worker: Any) -> None:
     worker = make_worker()
     worker.register("resize", lambda ctx: None)
-    fake.inject("POST", r"/worker/poll$", 429, headers={"Retry-After": "1"})
+    fake.inject("POST", r"/worker/poll/$", 429, headers={"Retry-After": "1"})
     with running(worker):
         assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) >= 2, timeout=5)
     first, second = fake.calls_to("/worker/poll")[:2]

@@ -31,7 +31,7 @@ from flowforge_sdk.models import (
     WorkerInfo,
     WorkerTask,
     WorkflowVersion,
-    parse_time,
+    _lease_end,
 )
 from flowforge_sdk.workflow import Workflow
 
@@ -337,26 +337,27 @@ class WorkerAPI:
             raise ValueError(f"wait_seconds must be from 0 to {MAX_POLL_WAIT_SECONDS}, got {wait_seconds}")
         info = worker.to_api() if isinstance(worker, WorkerInfo) else dict(worker)
         body = {"queue": queue, "max_tasks": max_tasks, "wait_seconds": wait_seconds, "worker": info}
-        answer = self._http.json("POST", "worker/poll", body=body, retries=0, expect=(200,),
+        answer = self._http.json("POST", "worker/poll/", body=body, retries=0, expect=(200,),
                                  timeout=self._http.timeout + wait_seconds)
         tasks = [WorkerTask.from_api(t) for t in answer.get("tasks") or [] if isinstance(t, dict)]
         wait = answer.get("wait_seconds")
         return PollResult(tasks=tasks, wait_seconds=float(wait) if isinstance(wait, int | float) else None)
 
     def heartbeat(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> Any:
-        """Extend the lease; returns the new ``lease_expires_at`` (a datetime, or None).
+        """Extend the lease; returns when it now ends by this machine's clock (from the
+        answer's ``lease_seconds``; a datetime, or None).
         Conflict (``code``: ``cancelled``, ``lease_expired``, ``stale_fencing_token``)
         when the generation is no longer this worker's. ``timeout``: seconds for this
         call (default: the client's)."""
-        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/heartbeat",
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/heartbeat/",
                                  body={"fencing_token": fencing_token}, retries=0, expect=(200,), timeout=timeout)
-        return parse_time(answer.get("lease_expires_at")) if isinstance(answer, dict) else None
+        return _lease_end(answer) if isinstance(answer, dict) else None
 
     def logs(self, task_run_id: str, fencing_token: int, lines: Sequence[Mapping[str, str]]) -> int:
         """Send up to 100 log lines (``{"level", "message"}``); returns how many were accepted."""
         if len(lines) > MAX_LOG_LINES_PER_CALL:
             raise ValueError(f"at most {MAX_LOG_LINES_PER_CALL} lines per call, got {len(lines)}")
-        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/logs",
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/logs/",
                                  body={"fencing_token": fencing_token, "lines": [dict(line) for line in lines]},
                                  retries=0, expect=(200,))
         accepted = answer.get("accepted") if isinstance(answer, dict) else None
@@ -366,7 +367,7 @@ class WorkerAPI:
         """Report the task's ``output`` (any JSON value); returns the task's new state
         (``succeeded``). Conflict when the result was refused (recorded by the server as
         ``stale_completion_rejected``)."""
-        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/complete",
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/complete/",
                                  body={"fencing_token": fencing_token, "output": output}, retries=0, expect=(200,))
         return str(answer.get("state", "")) if isinstance(answer, dict) else ""
 
@@ -374,7 +375,7 @@ class WorkerAPI:
         """Report the attempt failed (``error`` cut to 10,000 characters). With
         ``retryable`` and attempts left the task is retried after its backoff."""
         body = {"fencing_token": fencing_token, "error": error[:MAX_ERROR_CHARS], "retryable": retryable}
-        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/fail", body=body, retries=0,
+        answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/fail/", body=body, retries=0,
                                  expect=(200,))
         answer = answer if isinstance(answer, dict) else {}
         retry_in = answer.get("retry_in_seconds")

@@ -285,8 +285,17 @@ class WorkerTask:
                    task_key=_str(data, "task_key"), name=_str(data, "name") or _str(data, "task_key"),
                    queue=_str(data, "queue"), input=obj("input"), run_input=obj("run_input"),
                    upstream=obj("upstream"), timeout_seconds=_opt_float(data, "timeout_seconds"),
-                   lease_expires_at=parse_time(data.get("lease_expires_at")),
+                   lease_expires_at=_lease_end(data),
                    heartbeat_interval_seconds=interval if interval and interval > 0 else 10.0, raw=data)
+
+
+def _lease_end(data: dict[str, Any]) -> dt.datetime | None:
+    """When a lease of ``lease_seconds`` (the server's answer: relative, so no clock of the
+    server's is compared with this machine's) counted from now ends, by this machine's clock."""
+    seconds = _opt_float(data, "lease_seconds")
+    if seconds is None:
+        return None
+    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)

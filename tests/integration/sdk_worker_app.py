@@ -1,0 +1,45 @@
+"""A worker process of the Python SDK for the integration tests (tests/integration/
+test_sdk_workers.py): ``python tests/integration/sdk_worker_app.py URL KEY QUEUE MODE``.
+
+Its handlers: ``resize`` (returns its input's width and the keys of its upstream
+outputs), ``upload`` (returns how many upstream outputs it got), ``echo`` (returns its
+input), and ``hang``: with MODE ``hang`` it sleeps until the process is killed, with
+MODE ``quick`` it returns at once. It serves until SIGTERM (the SDK drains) or SIGKILL.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from flowforge_sdk import Worker
+
+
+def main(base: str, key: str, queue: str, mode: str) -> None:
+    worker = Worker(base, queue, api_key=key, concurrency=4, worker_name=f"it-{mode}", poll_wait_seconds=5)
+
+    @worker.task("resize")
+    def resize(ctx):
+        return {"width": ctx.input["width"], "upstream": sorted(ctx.upstream)}
+
+    @worker.task("upload")
+    def upload(ctx):
+        ctx.log(f"uploading {len(ctx.upstream)} results")
+        return {"uploaded": len(ctx.upstream)}
+
+    @worker.task("echo")
+    def echo(ctx):
+        return ctx.input
+
+    @worker.task("hang")
+    def hang(ctx):
+        if mode == "hang":
+            print("hanging", flush=True)
+            time.sleep(3600)
+        return {"mode": mode}
+
+    worker.run()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
