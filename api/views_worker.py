@@ -19,6 +19,7 @@ from rest_framework.response import Response
 
 from api.base import OrganizationAPIView
 from api.exceptions import FieldTooLarge
+from api.schema import invalid, problem, problem_example
 from api.serializers import storable_json_problem
 from api.serializers_org import StrictBooleanField, TextField
 from api.views_runs import OwnTransactions
@@ -196,6 +197,23 @@ def _examples(request: dict, response: dict) -> list[OpenApiExample]:
             OpenApiExample("answer", response_only=True, value=response)]
 
 
+# The refusals of a call on a held generation (docs/workers.md).
+REFUSED = problem(409, "The worker does not hold the generation it names; `code` says why: `cancelled` (its run was "
+                       "cancelled), `lease_expired` or `stale_fencing_token` (another generation, or finished).",
+                  problem_example(409, "fencing token 1 is not the task run's current started generation (it moved "
+                                       "on to another generation, or has finished)", "stale_fencing_token"),
+                  problem_example(409, "the task run was cancelled (its run was cancelled or timed out); stop working "
+                                       "on it", "cancelled"))
+POLL_PROBLEMS = {
+    **invalid("A field is missing or malformed, or no task of the organization waits on `queue`.",
+              {"queue": ["no task of this organization's workflows waits on queue 'imagse': check the name, or "
+                         "apply a workflow with a worker task on it (config.queue) before starting its workers"]}),
+    **problem(503, "The web process holds as many waiting polls as it may and nothing is ready: poll again after "
+                   "`Retry-After` seconds.",
+              problem_example(503, PollCapacityProblem.default_detail, "poll_capacity")),
+}
+
+
 class WorkerPollView(_WorkerView):
     """POST /worker/poll: claim and start up to ``max_tasks`` tasks of ``queue``, waiting up
     to ``wait_seconds`` for the first (docs/workers.md, 1)."""
@@ -203,7 +221,8 @@ class WorkerPollView(_WorkerView):
     @extend_schema(
         operation_id="worker_poll", request=PollSerializer,
         responses={200: inline_serializer("WorkerPollResult", {"tasks": _TASK_SCHEMA,
-                                                               "wait_seconds": serializers.FloatField()})},
+                                                               "wait_seconds": serializers.FloatField()}),
+                   **POLL_PROBLEMS},
         description="Long poll of a worker key: the tasks handed out are started, leased to the worker.",
         examples=_examples({"queue": "images", "max_tasks": 4, "wait_seconds": 20,
                             "worker": {"id": "3f0c9b1e-7d1a-4c55-9a53-2c7a3f8e9d10", "name": "resizer-1",
@@ -231,7 +250,7 @@ class WorkerHeartbeatView(_WorkerView):
     """POST /worker/tasks/{id}/heartbeat: extend the lease of the generation the worker holds."""
 
     @extend_schema(operation_id="worker_heartbeat", request=TokenSerializer,
-                   responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()})},
+                   responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()}), **REFUSED},
                    examples=_examples({"fencing_token": 1}, {"lease_seconds": 60.0}))
     def post(self, request, pk):
         data = _validated(TokenSerializer, request)
@@ -243,7 +262,7 @@ class WorkerLogsView(_WorkerView):
     """POST /worker/tasks/{id}/logs: keep log lines of the generation the worker holds."""
 
     @extend_schema(operation_id="worker_logs", request=LogsSerializer,
-                   responses={200: inline_serializer("WorkerLogsResult", {"accepted": serializers.IntegerField()})},
+                   responses={200: inline_serializer("WorkerLogsResult", {"accepted": serializers.IntegerField()}), **REFUSED},
                    examples=_examples({"fencing_token": 1, "lines": [{"level": "info", "message": "resized 1 of 3"}]},
                                       {"accepted": 1}))
     def post(self, request, pk):
@@ -257,7 +276,7 @@ class WorkerCompleteView(_WorkerView):
     """POST /worker/tasks/{id}/complete: the generation the worker holds succeeded."""
 
     @extend_schema(operation_id="worker_complete", request=CompleteSerializer,
-                   responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()})},
+                   responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()}), **REFUSED},
                    examples=_examples({"fencing_token": 1, "output": {"thumbnail": "s3://bucket/a.png"}},
                                       {"state": "succeeded"}))
     def post(self, request, pk):
@@ -273,7 +292,8 @@ class WorkerFailView(_WorkerView):
 
     @extend_schema(operation_id="worker_fail", request=FailSerializer,
                    responses={200: inline_serializer("WorkerFailResult", {
-                       "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)})},
+                       "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)}),
+                   **REFUSED},
                    examples=_examples({"fencing_token": 1, "error": "ValueError: image too large", "retryable": True},
                                       {"state": "ready", "retry_in_seconds": 2.0}))
     def post(self, request, pk):

@@ -222,6 +222,7 @@ def poll(
     not hold another long poll and nothing was ready. Must not run in a transaction (each
     claim commits at once, and a waiting poll holds no transaction open)."""
     owner = f"worker:{worker.id}"
+    wait_seconds = min(wait_seconds, float(settings.FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS))
     _require_known_queue(organization_id, queue)
     worker_queues.note_worker_seen(
         organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,

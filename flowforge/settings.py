@@ -332,6 +332,9 @@ if FLOWFORGE_WORKER_LEASE_SECONDS < 1:
 # most half of them one organization's; each holds a web server thread, so keep it below
 # the threads per process. A poll past it that finds nothing ready gets a 503 with Retry-After.
 FLOWFORGE_WORKER_POLLS_PER_PROCESS = int(os.environ.get("FLOWFORGE_WORKER_POLLS_PER_PROCESS", "6"))
+# Longest a poll waits for work, in seconds, whatever its wait_seconds asks (0 to 30): lower it
+# where a proxy in front cuts requests sooner.
+FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS = env_float("FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS", 30.0)
 # Seconds since a worker's last poll within which the workers page, GET /api/v1/workers/ and
 # the run page count it live. An idle worker polls at least every 30 s (the longest
 # wait_seconds; the SDK's default is 20 s) and its last_seen_at is written at most every

@@ -27,7 +27,10 @@ nothing (a first version of this test lost 5,700 of its 6,500 requests that way)
 - ``api_keys_revoke`` (beside ``api_keys_list``) with the owner's browser session
   (cookie and CSRF token), which revoking keys cannot end;
 - ``api_keys_create`` with that session too: an API key may not create keys, so with
-  a key it would only ever be a 403.
+  a key it would only ever be a 403;
+- the worker API (``worker_*``) with a worker key, the only kind it serves (every other
+  key gets 403), beside runs of a workflow with worker tasks on the examples' queue;
+  polls wait at most FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS, 0.2 s here.
 
 The stateful phase is not run: the document declares no OpenAPI links, and the
 inferred ones would chain the same self-destruction.
@@ -69,7 +72,10 @@ SEPARATE_PASSES: dict[str, tuple[tuple[str, ...], str]] = {
     "members_destroy": (("members_destroy", "members_list"), "key"),
     "api_keys_create": (("api_keys_create",), "session"),
     "api_keys_revoke": (("api_keys_revoke", "api_keys_list"), "session"),
+    "worker_poll": (("worker_poll", "worker_heartbeat", "worker_logs", "worker_complete", "worker_fail"), "worker"),
 }
+# The worker API's operations: only in their pass (with any other key they are a 403 each).
+WORKER_OPERATIONS = set(SEPARATE_PASSES["worker_poll"][0])
 # Seconds any one schemathesis invocation may take before the test gives up on it.
 INVOCATION_TIMEOUT_SECONDS = 240
 
@@ -99,6 +105,22 @@ def seed_organization(slug: str) -> str:
     create_api_key(actor=actor, name="spare", role=Role.MEMBER)
     _row, full_key = create_api_key(actor=actor, name="fuzz", role=Role.OWNER)
     return full_key
+
+
+def seed_worker_tasks(slug: str) -> str:
+    """Runs of a workflow whose worker tasks wait on the queue the schema's examples poll
+    ("images") in ``slug``'s organization; returns a new worker key of it."""
+    from tenancy.models import KeyRole
+
+    org = Membership.objects.unscoped().select_related("organization").filter(
+        organization__slug=slug, role=Role.OWNER).first().organization
+    owner_m = Membership.objects.for_organization(org).select_related("organization", "user").get(role=Role.OWNER)
+    actor = actor_for_membership(owner_m, channel="cli")
+    workflow = apply_definition(actor=actor, document={"name": "thumbnails", "tasks": [
+        {"key": f"resize{i}", "type": "worker", "config": {"queue": "images", "name": "resize"}} for i in range(5)]})
+    for _ in range(20):
+        start_run(workflow=workflow, actor=actor)
+    return create_api_key(actor=actor, name="fuzz workers", role=KeyRole.WORKER)[1]
 
 
 def session_headers(slug: str) -> list[str]:
@@ -150,12 +172,16 @@ def test_every_operation_survives_schemathesis_without_5xx_or_schema_violations(
         slug = f"fuzz-{i}"
         full_key = seed_organization(slug)
         kind = SEPARATE_PASSES[name][1] if name in SEPARATE_PASSES else "key"
-        auth[name] = ["--header", f"Authorization: Bearer {full_key}"] if kind == "key" else session_headers(slug)
+        if kind == "worker":
+            full_key = seed_worker_tasks(slug)
+        auth[name] = (["--header", f"Authorization: Bearer {full_key}"] if kind in ("key", "worker")
+                      else session_headers(slug))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     # A run would otherwise spend an owner key's per-minute budget in seconds.
     stack.env["FLOWFORGE_API_RATE_LIMIT_PER_MINUTE"] = "1000000"
     stack.env["FLOWFORGE_API_KEY_FAILURES_PER_MINUTE"] = "0"  # fuzzed auth headers fail on purpose
+    stack.env["FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS"] = "0.2"  # a fuzzed poll waits for nothing long
     web = stack.start_web(bind=f"127.0.0.1:{port}")
 
     def schema_served():
@@ -174,7 +200,7 @@ def test_every_operation_survives_schemathesis_without_5xx_or_schema_violations(
         for op in item.values() if isinstance(op, dict) and "operationId" in op
     }
     separately = {op for ops, _kind in SEPARATE_PASSES.values() for op in ops}
-    main_excludes = {*EXCLUDED_OPERATIONS, *SEPARATE_PASSES}
+    main_excludes = {*EXCLUDED_OPERATIONS, *SEPARATE_PASSES, *WORKER_OPERATIONS}
     assert separately | main_excludes <= operation_ids, "an operation named here no longer exists"
 
     passes = {"main": [arg for op in sorted(main_excludes) for arg in ("--exclude-operation-id", op)]}
