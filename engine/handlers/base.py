@@ -72,6 +72,13 @@ class TaskHandler:
         """Return the normalized config, or raise ConfigError naming the bad field."""
         return dict(config)
 
+    def check_new_config(self, config: dict[str, Any]) -> list[tuple[str, str]]:
+        """Rules for configs of new definitions only, beyond ``validate_config``: a version
+        stored before a rule existed keeps working (it is restored and run without it).
+        ``config`` is the normalized config; returns [(field path inside the config,
+        message), ...], empty when it passes. The http type refuses literal credentials."""
+        return []
+
     def run(self, context: TaskContext) -> Any:
         """Run one attempt. The return value (JSON-shaped) is the task's output; an
         exception is the attempt's error."""

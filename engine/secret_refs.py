@@ -1,0 +1,293 @@
+"""References to the organization's secrets in task configs (issue 18), and redaction.
+
+A task config (any type's) holds a reference as ``{{ secrets.NAME }}`` (spaces inside the
+braces optional) anywhere inside a JSON string: an http task's ``url``, a header value,
+a string in its ``json`` body; a python task's ``params``; a worker task's ``input``. A
+string may hold several references and other text (``"Bearer {{ secrets.TOKEN }}"``).
+NAME is a secret name (tenancy.vault: 1-64 letters, digits or '_', not starting with a
+digit).
+
+The life of a reference:
+
+- **definition time** (engine.definitions, engine.services): ``find_references`` lists the
+  references of a config with the field path of each
+  (``tasks[fetch].config.headers.Authorization``) and refuses a malformed one
+  (``{{ secrets.bad-name }}``, ``{{ secret.X }}``, ``{{ secrets. }}``, an unclosed
+  ``{{ secrets.X``) naming that path; ``check_references`` refuses names the organization
+  has no secret of. The definition stores the reference, never a value.
+- **attempt start** (engine.worker.execute, and the worker-queue path): ``resolve``
+  returns a copy of the config with every reference replaced by the secret's current
+  value, and the values it used. A secret deleted since the definition was applied fails
+  the attempt for good (``SecretUnavailable``, a PermanentTaskError).
+- **whatever the attempt leaves behind** (output, error, events, log lines): ``redact``
+  replaces every occurrence of those values, in any string, by ``[redacted]`` before it is
+  recorded, so no value reaches the database or a log.
+
+Redaction covers each value as it is, as it appears inside JSON text (escaped quotes,
+backslashes, non-ASCII) and percent-encoded as in a URL (``quote``, ``quote_plus``). A
+value a task or a remote server transforms otherwise (base64, hashed, cut in parts, one
+character at a time) is not recognized; tenancy.vault refuses values shorter than 4
+characters, whose redaction would blank those characters everywhere (``redact`` still
+redacts any non-empty value it is given).
+
+Layer: beside ``handlers`` (which use ``has_reference`` and ``with_placeholders`` to
+check configs that hold references); below ``definitions``, ``services`` and ``worker``.
+http.py imports this module as a module (``from engine import secret_refs``), so
+importing either first works.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+from engine.handlers.base import PermanentTaskError
+from flowforge.crypto import DecryptionError
+from tenancy import vault
+
+# A well-formed reference; group 1 is the name (tenancy.vault.NAME_RE's pattern).
+REFERENCE_RE = re.compile(r"\{\{\s*secrets\.([A-Za-z_][A-Za-z0-9_]{0,63})\s*\}\}")
+# Where an attempt at a reference starts: "{{", optional spaces, "secret" or "secrets" (any
+# case) as a whole word. Each such place must be a well-formed reference. Other "{{ ... }}"
+# text (a template the remote side fills) is left alone.
+_ATTEMPT_RE = re.compile(r"\{\{\s*secrets?(?![A-Za-z0-9_])", re.IGNORECASE)
+REFERENCE_FORM = "{{ secrets.NAME }} with NAME 1-64 letters, digits or '_', not starting with a digit"
+REDACTED = "[redacted]"
+# What with_placeholders puts where a reference stands: a value every checked field accepts.
+PLACEHOLDER = "secret"
+# Characters of a malformed reference quoted in its error message.
+_SHOWN_CHARS = 40
+
+
+class SecretReferenceError(ValueError):
+    """A config holds malformed secret references. ``errors`` is a list of
+    {"path", "message"}, one per malformed reference, each naming its field path."""
+
+    def __init__(self, errors: list[dict[str, str]]):
+        self.errors = errors
+        super().__init__("; ".join(f"{e['path']}: {e['message']}" for e in errors))
+
+
+class SecretUnavailable(PermanentTaskError):
+    """An attempt cannot start because a secret its config references is gone (deleted
+    since the definition was applied), cannot be decrypted with the deployment's keys,
+    or is referenced malformed. A PermanentTaskError: another attempt would fail alike,
+    so the task fails at once. The message names the secret and the field, never a value."""
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def _malformed(text: str, start: int) -> str:
+    """Why the attempt at a reference at ``text[start:]`` is not a well-formed one."""
+    shown = text[start:start + _SHOWN_CHARS] + ("…" if len(text) - start > _SHOWN_CHARS else "")
+    close = text.find("}}", start)
+    inner = text[start + 2:close].strip() if close != -1 else text[start + 2:].strip()
+    if close == -1:
+        why = "it is not closed with }}"
+    elif not inner.startswith("secrets"):
+        why = "write secrets (plural, lower case): {{ secrets.NAME }}"
+    elif not inner.startswith("secrets."):
+        why = "a dot goes between secrets and the name: {{ secrets.NAME }}"
+    elif not inner[len("secrets."):]:
+        why = "the name is missing"
+    else:
+        why = f"{inner[len('secrets.'):]!r} is not a secret name"
+    return f"malformed secret reference {shown!r}: {why}; write {REFERENCE_FORM}"
+
+
+def _names_in(text: str, path: str, refs: list[tuple[str, str]], errors: list[dict[str, str]]) -> None:
+    """Append (path, name) of each reference in ``text`` to ``refs``, and an error naming
+    ``path`` for each malformed attempt at one."""
+    if "{{" not in text:  # the common case: one scan of the string, in C
+        return
+    for attempt in _ATTEMPT_RE.finditer(text):
+        match = REFERENCE_RE.match(text, attempt.start())
+        if match is None:
+            errors.append({"path": path, "message": _malformed(text, attempt.start())})
+        else:
+            refs.append((path, match.group(1)))
+
+
+def find_references(obj: Any, path: str, *, errors: list[dict[str, str]] | None = None) -> list[tuple[str, str]]:
+    """Every secret reference inside ``obj`` (any JSON value: dict, list, str, number,
+    bool, None), as [(field path, secret name), ...] in document order; a name referenced
+    twice is listed twice. ``path`` names ``obj`` itself: ``tasks[fetch].config`` gives
+    ``tasks[fetch].config.headers.Authorization`` and ``tasks[fetch].config.json.items[0]``.
+
+    A malformed reference (``{{ secrets.bad-name }}``, ``{{ secret.X }}``,
+    ``{{ secrets. }}``, an unclosed ``{{ secrets.X``) — and a reference in an object's key,
+    where none is resolved — is an error naming its field path: appended to ``errors``
+    when a list is given (and left out of the result), else raised together as
+    SecretReferenceError once the whole of ``obj`` was read. Linear in the size of ``obj``;
+    no recursion (a deep document cannot exhaust the stack).
+    """
+    refs: list[tuple[str, str]] = []
+    problems: list[dict[str, str]] = [] if errors is None else errors
+    stack: list[tuple[Any, str]] = [(obj, path)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            _names_in(value, where, refs, problems)
+        elif isinstance(value, dict):
+            for key in value:
+                if isinstance(key, str) and "{{" in key and _ATTEMPT_RE.search(key):
+                    problems.append({"path": f"{where}.{key}", "message": "a secret reference is resolved in "
+                                     "values only, not in an object's keys"})
+            # Pushed in reverse, so they are read (and reported) in document order.
+            for key, item in reversed(list(value.items())):
+                stack.append((item, f"{where}.{key}"))
+        elif isinstance(value, list):
+            for index in range(len(value) - 1, -1, -1):
+                stack.append((value[index], f"{where}[{index}]"))
+    if errors is None and problems:
+        raise SecretReferenceError(problems)
+    return refs
+
+
+def has_reference(text: str) -> bool:
+    """True when ``text`` holds at least one well-formed reference."""
+    return "{{" in text and REFERENCE_RE.search(text) is not None
+
+
+def with_placeholders(text: str) -> str:
+    """``text`` with each well-formed reference replaced by PLACEHOLDER (``secret``): what
+    a config check parses where the value is not known yet (a URL that references one)."""
+    return REFERENCE_RE.sub(PLACEHOLDER, text) if "{{" in text else text
+
+
+def definition_references(document: dict[str, Any]) -> list[tuple[str, str]]:
+    """The references of every task config of a normalized definition (what
+    ``engine.definitions.validate_document`` returns: malformed ones were refused there),
+    as [(``tasks[<key>].config.<path>``, name), ...]."""
+    refs: list[tuple[str, str]] = []
+    for task in document.get("tasks") or []:
+        refs += find_references(task.get("config") or {}, f"tasks[{task['key']}].config", errors=[])
+    return refs
+
+
+def check_references(organization_id: Any, references: Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    """The problems of ``references`` ([(path, name), ...], as ``find_references`` gives
+    them) for the organization: one {"path", "message"} for each reference to a name it
+    has no secret of, naming the path and the name; [] when all exist. One query (none
+    without references). Writes nothing."""
+    references = list(references)
+    known = vault.existing_names(organization_id, {name for _path, name in references})
+    return [
+        {"path": path, "message": f"unknown secret {name!r}: the organization has no secret of that name; "
+                                  f"set it first (PUT /api/v1/secrets/{name}/ or the Secrets page)"}
+        for path, name in references if name not in known
+    ]
+
+
+# --- resolution ----------------------------------------------------------------------------------
+
+
+def _substitute(obj: Any, values: dict[str, str]) -> Any:
+    """A copy of ``obj`` with each reference in its strings replaced by its value."""
+    if isinstance(obj, str):
+        if "{{" not in obj:
+            return obj
+        return REFERENCE_RE.sub(lambda m: values[m.group(1)], obj)
+    if isinstance(obj, dict):
+        return {key: _substitute(item, values) for key, item in obj.items()}
+    if isinstance(obj, list):
+        return [_substitute(item, values) for item in obj]
+    return obj
+
+
+def resolve(organization_id: Any, obj: Any) -> tuple[Any, list[str]]:
+    """``(copy, values)``: a copy of ``obj`` (a task config, or any JSON value) with every
+    ``{{ secrets.NAME }}`` replaced by the current value of the organization's secret NAME,
+    and the values used (each once, in the order first referenced) for ``redact``.
+
+    Without references: a copy of ``obj`` and [], and no query; else one query.
+    Raises SecretUnavailable (a PermanentTaskError) when a referenced secret no longer
+    exists ("secret NAME no longer exists"), cannot be decrypted, or a reference is
+    malformed (a config stored before references were checked); the message names the
+    secret and the field, never a value.
+    """
+    try:
+        refs = find_references(obj, "config")
+    except SecretReferenceError as exc:
+        raise SecretUnavailable(str(exc)) from None
+    if not refs:
+        return _substitute(obj, {}), []
+    names = list(dict.fromkeys(name for _path, name in refs))
+    try:
+        values = vault.decrypt_values(organization_id, names)
+    except DecryptionError as exc:
+        raise SecretUnavailable(f"{exc}: the deployment's FLOWFORGE_SECRET_KEYS lack the key it was stored "
+                                "under; ask the operator") from None
+    for path, name in refs:
+        if name not in values:
+            raise SecretUnavailable(f"secret {name} no longer exists (referenced at {path}); set it again, or "
+                                    "apply a version that does not reference it")
+    return _substitute(obj, values), [values[name] for name in names]
+
+
+# --- redaction -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern matching every form of every value, longest first (so a value that
+    contains another is replaced whole), or None for no non-empty value."""
+    forms: set[str] = set()
+    for value in values:
+        if not value:
+            continue
+        forms.update({
+            value,
+            json.dumps(value)[1:-1],  # inside JSON text, \\uXXXX escapes
+            json.dumps(value, ensure_ascii=False)[1:-1],  # inside JSON text, characters as they are
+            quote(value, safe=""),
+            quote_plus(value, safe=""),
+        })
+    forms.discard("")
+    if not forms:
+        return None
+    return re.compile("|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True)))
+
+
+def redaction_pattern(values: Iterable[str]) -> re.Pattern[str] | None:
+    """The compiled pattern ``redact`` uses for ``values`` (None when none is non-empty):
+    for callers that redact many texts with the same values (a log filter)."""
+    return _pattern(tuple(dict.fromkeys(v for v in values if isinstance(v, str) and v)))
+
+
+def redact_text(text: str, pattern: re.Pattern[str] | None) -> str:
+    """``text`` with every match of ``pattern`` (``redaction_pattern``) replaced by [redacted]."""
+    if pattern is None or not text:
+        return text
+    return pattern.sub(REDACTED, text)
+
+
+def redact(obj: Any, values: Iterable[str]) -> Any:
+    """A copy of ``obj`` with every occurrence of any of ``values`` (non-empty strings;
+    see the module docstring for the forms recognized) replaced by ``[redacted]``.
+
+    ``obj`` is any JSON value — dict (keys too), list, str, number, bool, None — or a
+    plain string (an error message, a log line). A number whose JSON text holds a value
+    becomes the string ``[redacted]``. Without values, ``obj`` itself is returned.
+    """
+    pattern = redaction_pattern(values)
+    if pattern is None:
+        return obj
+    return _redact(obj, pattern)
+
+
+def _redact(obj: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(obj, str):
+        return pattern.sub(REDACTED, obj)
+    if isinstance(obj, dict):
+        return {(_redact(k, pattern) if isinstance(k, str) else k): _redact(v, pattern) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_redact(item, pattern) for item in obj]
+    if isinstance(obj, int | float) and not isinstance(obj, bool):
+        return REDACTED if pattern.search(json.dumps(obj)) else obj
+    return obj
