@@ -23,8 +23,9 @@ The life of a reference:
   replaces every occurrence of those values, in any string, by ``[redacted]`` before it is
   recorded, so no value reaches the database or a log.
 
-Redaction covers each value as it is, as it appears inside JSON text (escaped quotes,
-backslashes, non-ASCII) and percent-encoded as in a URL (``quote``, ``quote_plus``). A
+Redaction covers each value as it is, percent-encoded as in a URL (every reserved
+character, ``+`` for spaces, and as httpx encodes a query or a path), and each of those as
+it appears inside JSON text (escaped quotes, backslashes, non-ASCII): ``value_forms``. A
 value a task or a remote server transforms otherwise (base64, hashed, cut in parts, one
 character at a time) is not recognized; tenancy.vault refuses values shorter than 4
 characters, whose redaction would blank those characters everywhere (``redact`` still
@@ -154,6 +155,12 @@ def has_reference(text: str) -> bool:
     return "{{" in text and REFERENCE_RE.search(text) is not None
 
 
+def mentions_reference(text: str) -> bool:
+    """True when ``text`` holds something written as a reference, well-formed or not
+    (``find_references`` reports the malformed ones)."""
+    return "{{" in text and _ATTEMPT_RE.search(text) is not None
+
+
 def with_placeholders(text: str) -> str:
     """``text`` with each well-formed reference replaced by PLACEHOLDER (``secret``): what
     a config check parses where the value is not known yet (a URL that references one)."""
@@ -233,22 +240,36 @@ def resolve(organization_id: Any, obj: Any) -> tuple[Any, list[str]]:
 # --- redaction -----------------------------------------------------------------------------------
 
 
+# What the WHATWG URL standard (and so httpx, building a task's URL) leaves unencoded in a
+# query and in a path: printable ASCII but for the characters listed.
+_URL_QUERY_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"#<>')
+_URL_PATH_SAFE = "".join(c for c in _URL_QUERY_SAFE if c not in "?`{}")
+
+
+def value_forms(value: str) -> set[str]:
+    """The spellings of ``value`` that ``redact`` replaces: as it is, percent-encoded as a
+    URL component (every reserved character, ``+`` for spaces, and as httpx encodes a
+    query and a path), and each of those as it appears inside JSON text (escaped, with and
+    without ``\\uXXXX``). Empty for an empty value."""
+    if not value:
+        return set()
+    bases = {value, quote(value, safe=""), quote_plus(value, safe=""), quote(value, safe=_URL_QUERY_SAFE),
+             quote(value, safe=_URL_PATH_SAFE)}
+    forms = set(bases)
+    for base in bases:
+        forms.add(json.dumps(base)[1:-1])
+        forms.add(json.dumps(base, ensure_ascii=False)[1:-1])
+    forms.discard("")
+    return forms
+
+
 @functools.lru_cache(maxsize=256)
 def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
     """One pattern matching every form of every value, longest first (so a value that
     contains another is replaced whole), or None for no non-empty value."""
     forms: set[str] = set()
     for value in values:
-        if not value:
-            continue
-        forms.update({
-            value,
-            json.dumps(value)[1:-1],  # inside JSON text, \\uXXXX escapes
-            json.dumps(value, ensure_ascii=False)[1:-1],  # inside JSON text, characters as they are
-            quote(value, safe=""),
-            quote_plus(value, safe=""),
-        })
-    forms.discard("")
+        forms |= value_forms(value)
     if not forms:
         return None
     return re.compile("|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True)))

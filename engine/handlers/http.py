@@ -168,7 +168,9 @@ class HttpHandler(TaskHandler):
         Versions stored before this rule keep running as they are."""
         problems = []
         for name, value in (config.get("headers") or {}).items():
-            if name.strip().lower() in CREDENTIAL_HEADERS and not secret_refs.has_reference(value):
+            # A malformed reference is reported as such (engine.definitions), not as a literal.
+            if (name.strip().lower() in CREDENTIAL_HEADERS and not secret_refs.has_reference(value)
+                    and not secret_refs.mentions_reference(value)):
                 problems.append((f"headers.{name}", (
                     f"{name} holds a literal credential: store it as a secret of the organization "
                     "(PUT /api/v1/secrets/NAME/ or the Secrets page) and reference it, e.g. "
