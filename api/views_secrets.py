@@ -41,7 +41,9 @@ SHAPE = ("created_by", "updated_by", "created_by_api_key", "updated_by_api_key")
 
 def _shown(organization, name: str) -> Secret:
     """The secret with what SecretSerializer reads (one query; ObjectNotFound otherwise)."""
-    row = vault.secrets_of(organization).select_related(*SHAPE).filter(name=name).first()
+    row = None
+    if vault.is_name(name):
+        row = vault.secrets_of(organization).select_related(*SHAPE).filter(name=name).first()
     if row is None:
         raise ObjectNotFound("No such secret.")
     return row

@@ -67,7 +67,7 @@ ROTATE_BATCH_SIZE = 500
 
 __all__ = [
     "DecryptionError", "InvalidSecret", "RotationResult", "decrypt", "decrypt_values", "delete_secret", "encrypt",
-    "existing_names", "get_secret", "reencrypt", "rotate_keys", "secrets_of", "set_secret", "validate_name",
+    "existing_names", "get_secret", "is_name", "reencrypt", "rotate_keys", "secrets_of", "set_secret", "validate_name",
     "validate_value",
 ]
 
@@ -172,11 +172,17 @@ def secrets_of(organization: Any) -> QuerySet[Secret]:
     return Secret.objects.for_organization(organization).defer("ciphertext").order_by("name")
 
 
+def is_name(name: Any) -> bool:
+    """True when ``name`` is a string a secret may be named (NAME_FORM). A read of any
+    other name answers "no such secret" without a query (a NUL in it could not even be sent)."""
+    return isinstance(name, str) and NAME_RE.match(name) is not None
+
+
 def get_secret(organization: Any, name: str) -> Secret:
     """The organization's secret ``name`` (ciphertext not loaded). Raises ObjectNotFound
     (a 404) when it has none of that name, whatever the name looks like."""
     row = None
-    if isinstance(name, str):
+    if is_name(name):
         row = secrets_of(organization).filter(name=name).select_related("updated_by", "created_by").first()
     if row is None:
         raise ObjectNotFound("No such secret.")
@@ -270,7 +276,7 @@ def delete_secret(*, actor: Actor, name: str) -> Secret:
     with transaction.atomic():
         _lock_organization_secrets(organization_id)
         row = (Secret.objects.for_organization(organization_id).filter(name=name).defer("ciphertext").first()
-               if isinstance(name, str) else None)
+               if is_name(name) else None)
         if row is None:
             raise ObjectNotFound("No such secret.")
         target = ("secret", str(row.pk))

@@ -384,3 +384,18 @@ def test_a_secret_deleted_after_apply_fails_the_attempt_for_good_naming_it(org):
     assert (task_run.state, task_run.attempt) == ("failed", 1)  # not retried: another attempt fails alike
     assert task_run.error.startswith("SecretUnavailable: secret TOKEN no longer exists (referenced at "
                                      "config.headers.Authorization)")
+
+
+def test_deeply_nested_values_are_resolved_and_redacted_without_recursion():
+    deep: object = "{{ secrets.X }} and sk_live_deep_value"
+    for _ in range(5000):
+        deep = {"a": [deep]}
+    assert [name for _path, name in find_references(deep, "c")] == ["X"]
+    redacted = redact(deep, ["sk_live_deep_value"])
+    for _ in range(5000):
+        redacted = redacted["a"][0]
+    assert redacted == "{{ secrets.X }} and [redacted]"
+    substituted = secret_refs._substitute(deep, {"X": "value"})
+    for _ in range(5000):
+        substituted = substituted["a"][0]
+    assert substituted == "value and sk_live_deep_value"

@@ -444,3 +444,13 @@ def test_the_page_of_another_organizations_secret_is_a_404(team, make_org):
         assert client.get(path).status_code == 404
         assert client.post(path, {"value": new_value()}).status_code == 404
     assert [(s.name, s.version) for s in secret_rows(other["org"])] == [("THEIRS", 1)]
+
+
+@pytest.mark.parametrize("name", ["NUL%00X", "%F0%9F%94%91", "a.b", "..", "%20"])
+def test_a_name_that_cannot_be_a_secret_is_a_404_for_reads_and_deletes_and_a_400_for_a_put(team, name):
+    client = api_client(team["owner"])
+    assert client.get(f"/api/v1/secrets/{name}/").status_code == 404
+    assert client.delete(f"/api/v1/secrets/{name}/").status_code == 404
+    response = put(client, name, {"value": new_value()})
+    assert response.status_code == 400 and "is not a secret name" in response.json()["errors"]["name"][0]
+    assert client_for(team["owner"]).get(f"/secrets/{name}/rotate/").status_code == 404
