@@ -110,7 +110,9 @@ class HttpHandler(TaskHandler):
         "One HTTP request (method, url, headers, json body, expected_status, timeout_seconds); "
         "output is {status, headers, body} with the body parsed as JSON when it is JSON. "
         "Loopback, private, link-local and other internal addresses are refused (each redirect "
-        "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable."
+        "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable. "
+        "Credentials come from the organization's secrets: {{ secrets.NAME }} in the url, a header value "
+        "or a json string (Authorization, Cookie and X-Api-Key take no literal value)."
     )
 
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
