@@ -316,6 +316,29 @@ def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True)))
 
 
+@functools.lru_cache(maxsize=256)
+def _forms(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(set().union(*(value_forms(v) for v in values)), key=len, reverse=True)) if values else ()
+
+
+def redact_tail(text: str, values: Iterable[str]) -> str:
+    """``text`` that was cut short, with what a cut through a value left at its end — the
+    longest end of ``text`` that begins a value (in any of its forms) — replaced by
+    ``[redacted]``. Whole values are ``redact``'s; call both on a cut text."""
+    forms = _forms(tuple(dict.fromkeys(v for v in values if isinstance(v, str) and v)))
+    # A cut through a character's UTF-8 bytes decodes to U+FFFD: the value ends before it.
+    core = text.rstrip("\ufffd")
+    longest = 0
+    for form in forms:
+        i = core.find(form[0], max(0, len(core) - len(form)))
+        while i != -1 and len(core) - i > longest:
+            if form.startswith(core[i:]):
+                longest = len(core) - i
+                break
+            i = core.find(form[0], i + 1)
+    return core[:len(core) - longest] + REDACTED if longest else text
+
+
 def redaction_pattern(values: Iterable[str]) -> re.Pattern[str] | None:
     """The compiled pattern ``redact`` uses for ``values`` (None when none is non-empty):
     for callers that redact many texts with the same values (a log filter)."""

@@ -212,6 +212,8 @@ class HttpHandler(TaskHandler):
                         del raw[MAX_BODY_BYTES:]
                         break
         text = raw.decode(response.encoding or "utf-8", errors="replace")
+        if truncated:  # the cut may go through a secret's value: the worker redacts only whole ones
+            text = secret_refs.redact_tail(text, context.secret_values)
         body: Any = text
         if not truncated and "json" in response.headers.get("content-type", ""):
             try:
@@ -221,7 +223,7 @@ class HttpHandler(TaskHandler):
         if response.status_code not in cfg["expected_status"]:
             raise HttpStatusError(
                 f"{cfg['method']} {cfg['url']} answered {response.status_code}, "
-                f"expected {cfg['expected_status']}: {text[:500]}"
+                f"expected {cfg['expected_status']}: {secret_refs.redact(text, context.secret_values)[:500]}"
             )
         return {
             "status": response.status_code,

@@ -167,6 +167,7 @@ def _execute(
     try:
         handler = get_handler(started.task_type)
         context.config, secret_values = secret_refs.resolve(started.organization_id, started.config)
+        context.secret_values = secret_values
         redaction = secret_refs.redaction_pattern(secret_values)
         with logs.redacting(redaction):
             output_json = encode_output(secret_refs.redact(handler.run(context), secret_values))
@@ -182,7 +183,7 @@ def _execute(
             )
     finally:
         hb.unregister(context)
-        context.config = started.config  # the values leave with the attempt
+        context.config, context.secret_values = started.config, []  # the values leave with the attempt
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
     if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for

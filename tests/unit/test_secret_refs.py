@@ -324,6 +324,7 @@ def scan_database(value: str) -> list[str]:
 def test_an_attempt_sends_the_values_and_records_nothing_of_them(org, settings, caplog):
     settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.INFO, logger="httpx")  # whatever level an earlier test left it at
     token, key = new_value(), 'q"uote\\d/+' + pysecrets.token_urlsafe(8)
     vault.set_secret(actor=owner_actor(org), name="TOKEN", value=token)
     vault.set_secret(actor=owner_actor(org), name="KEY", value=key)
@@ -399,3 +400,61 @@ def test_deeply_nested_values_are_resolved_and_redacted_without_recursion():
     for _ in range(5000):
         substituted = substituted["a"][0]
     assert substituted == "value and sk_live_deep_value"
+
+
+def test_what_a_cut_through_a_value_leaves_at_the_end_is_redacted_too():
+    value = "sk_live_0123456789"
+    assert secret_refs.redact_tail("token: sk_live_01", [value]) == "token: [redacted]"
+    assert secret_refs.redact_tail("token: s", [value]) == "token: [redacted]"
+    assert secret_refs.redact_tail("token: sk_live_0123456789", [value]) == "token: [redacted]"
+    assert secret_refs.redact_tail("nothing of it at the end", [value]) == "nothing of it at the end"
+    assert secret_refs.redact_tail("quoted \\\"pa", ['"pass"word']) == "quoted [redacted]"  # its JSON form
+    assert secret_refs.redact_tail("naïve: pässw\ufffd", ["pässwört"]) == "naïve: [redacted]"  # a cut mid-character
+    assert secret_refs.redact_tail("sk_live_01", []) == "sk_live_01"
+
+
+@pytest.mark.django_db
+def test_an_http_task_cuts_bodies_and_error_snippets_only_after_redacting(settings):
+    """The body is cut at MAX_BODY_BYTES and an error quotes 500 characters of it: a cut
+    through a value must not leave its first characters."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from engine.handlers.http import MAX_BODY_BYTES, HttpStatusError
+
+    value = "sk_live_" + pysecrets.token_urlsafe(24)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            status = 200 if self.path == "/big" else 401
+            filler = MAX_BODY_BYTES - 10 if self.path == "/big" else 490
+            body = ("x" * filler + value + "y" * 100).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    http = REGISTRY["http"]
+    try:
+        def context(path):
+            return TaskContext(task_run_id=None, workflow_run_id=None, organization_id=None, task_key="t", attempt=1,
+                               max_attempts=1, fencing_token=1, timeout_seconds=None,
+                               config=http.validate_config({"url": base + path}), input={}, upstream={},
+                               secret_values=[value])
+
+        out = http.run(context("/big"))
+        assert out["truncated"] and out["body"].endswith("x[redacted]") and value[:5] not in out["body"]
+        with pytest.raises(HttpStatusError) as caught:
+            http.run(context("/denied"))
+        assert value[:5] not in str(caught.value) and "x[redac" in str(caught.value)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
