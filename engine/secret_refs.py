@@ -21,7 +21,10 @@ The life of a reference:
   the attempt for good (``SecretUnavailable``, a PermanentTaskError).
 - **whatever the attempt leaves behind** (output, error, events, log lines): ``redact``
   replaces every occurrence of those values, in any string, by ``[redacted]`` before it is
-  recorded, so no value reaches the database or a log.
+  recorded, so no value reaches the database or a log (log lines: ``redaction_pattern``
+  with ``flowforge.logs.redacting``). A handler that cuts a text short redacts it first
+  and ``redact_tail``s the cut (the values are ``TaskContext.secret_values``): a cut
+  through a value would otherwise leave its first characters.
 
 Redaction covers each value as it is, percent-encoded as in a URL (every reserved
 character, ``+`` for spaces, and as httpx encodes a query or a path), and each of those as
