@@ -6,12 +6,13 @@ COPY pyproject.toml README.md ./
 COPY . .
 # tests/, bench/, .git, .venv and var/ stay out of the image (.dockerignore).
 # collectstatic runs with DEBUG off, which refuses a short or default SECRET_KEY, a missing
-# audit key and missing encryption keys: these throwaway keys exist for the build only (nothing
+# audit key and missing encryption or secret keys: these throwaway keys exist for the build only (nothing
 # is signed or encrypted then); every container gets the real ones from its environment.
 RUN pip install --no-cache-dir -e . && \
     DEBUG=false SECRET_KEY=image-build-only-throwaway-key-never-used-by-a-running-service-0123456789 \
     FLOWFORGE_AUDIT_KEYS="build:$(python -c 'import base64,secrets; print(base64.b64encode(secrets.token_bytes(32)).decode())')" \
     FLOWFORGE_ENCRYPTION_KEYS="$(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')" \
+    FLOWFORGE_SECRET_KEYS="$(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')" \
     python manage.py collectstatic --noinput
 EXPOSE 8000
 CMD ["gunicorn", "flowforge.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "gthread", "--threads", "32"]

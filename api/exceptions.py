@@ -12,9 +12,9 @@ ran, Django's own 500 page) are turned into the same shape by
 ``api.middleware.ApiProblemMiddleware``, which uses ``problem_response`` below.
 
 Service-layer errors are translated here, so views can let them propagate:
-tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError → 400
-naming its field, a refused start's InvalidStart → 400 naming its field, a missing (or
-another organization's) object → 404, a body over the limit → 413, an organization's
+tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError, a refused
+start's InvalidStart and a refused secret's InvalidSecret → 400 naming its field, a missing
+(or another organization's) object → 404, a body over the limit → 413, an organization's
 quota (tenancy.limits.QuotaExceeded) → 429 with Retry-After for the runs-per-minute
 quota, else 422, both with code ``quota_exceeded`` and the members ``limit``,
 ``allowed`` and ``used``. Like DRF, a handled error rolls the request's transaction back
@@ -50,6 +50,7 @@ from engine.triggers import TriggerError
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
+from tenancy.vault import InvalidSecret
 
 logger = logging.getLogger("api.errors")
 
@@ -149,7 +150,7 @@ def _translate(exc: Exception) -> Exception:
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
-    if isinstance(exc, TriggerError | InvalidStart):
+    if isinstance(exc, TriggerError | InvalidStart | InvalidSecret):
         return exceptions.ValidationError({exc.field: [exc.message]})
     if isinstance(exc, QuotaExceeded):
         return QuotaProblem(exc)

@@ -1,9 +1,10 @@
 """Routes of organization administration: API keys, members, invitations, triggers, audit events,
-the organization's limits."""
+the organization's limits, secrets."""
 
 from django.urls import path
 
 from api import views_org as views
+from api import views_secrets
 
 urlpatterns = [
     path("triggers/", views.TriggerListView.as_view(), name="trigger-list"),
@@ -18,4 +19,6 @@ urlpatterns = [
     path("api-keys/<uuid:pk>/revoke/", views.ApiKeyRevokeView.as_view(), name="apikey-revoke"),
     path("audit-events/", views.AuditEventListView.as_view(), name="auditevent-list"),
     path("org/limits/", views.OrganizationLimitsView.as_view(), name="org-limits"),
+    path("secrets/", views_secrets.SecretListView.as_view(), name="secret-list"),
+    path("secrets/<str:name>/", views_secrets.SecretDetailView.as_view(), name="secret-detail"),
 ]

@@ -41,10 +41,16 @@ from api.serializers import (
     json_depth_exceeds,
 )
 from engine.access import access_workflow
-from engine.definitions import DefinitionError, validate_document
+from engine.definitions import DefinitionError
 from engine.models import Task, TaskDependency, Workflow
 from engine.reporting import task_count
-from engine.services import ConfirmationRequired, apply_definition, archive_workflow, restore_workflow
+from engine.services import (
+    ConfirmationRequired,
+    apply_definition,
+    archive_workflow,
+    check_definition,
+    restore_workflow,
+)
 from tenancy.access import organization_id_of
 from tenancy.permissions import Action
 
@@ -160,8 +166,8 @@ class WorkflowValidateView(OrganizationAPIView):
     @extend_schema(
         operation_id="workflows_validate",
         summary="Validate a definition",
-        description="Check a definition document as POST /workflows/ would, and return its normalized form "
-        "(defaults filled in). Stores nothing.",
+        description="Check a definition document as POST /workflows/ would (secrets it references included), "
+        "and return its normalized form (defaults filled in). Stores nothing.",
         request=DefinitionDocumentSerializer,
         responses={200: ValidateResultSerializer, **DEFINITION_PROBLEM},
         examples=[OpenApiExample("definition", request_only=True, value=DEFINITION_EXAMPLE),
@@ -172,7 +178,7 @@ class WorkflowValidateView(OrganizationAPIView):
     )
     def post(self, request):
         try:
-            normalized = validate_document(_document(request))
+            normalized = check_definition(document=_document(request), organization=self.organization)
         except DefinitionError as exc:
             return _definition_problem(self, exc)
         return Response({"valid": True, "normalized": normalized})

@@ -15,7 +15,8 @@ from cryptography.fernet import Fernet
 def throwaway_production_keys() -> dict[str, str]:
     """Set, in this process's environment where unset, the keys a process with DEBUG off
     refuses to start without — SECRET_KEY (50+ random characters), FLOWFORGE_AUDIT_KEYS
-    ("bench:<base64 of 32 random bytes>", audit/keys.py's format) and FLOWFORGE_ENCRYPTION_KEYS
+    ("bench:<base64 of 32 random bytes>", audit/keys.py's format), FLOWFORGE_ENCRYPTION_KEYS and
+    FLOWFORGE_SECRET_KEYS
     (one Fernet key) — and return them. They are made per bench run and never kept: a bench
     database holds nothing worth signing or encrypting, and the processes a bench starts
     inherit the same keys (sessions made here verify there)."""
@@ -23,6 +24,7 @@ def throwaway_production_keys() -> dict[str, str]:
         "SECRET_KEY": secrets.token_urlsafe(50),
         "FLOWFORGE_AUDIT_KEYS": "bench:" + base64.b64encode(secrets.token_bytes(32)).decode(),
         "FLOWFORGE_ENCRYPTION_KEYS": Fernet.generate_key().decode(),
+        "FLOWFORGE_SECRET_KEYS": Fernet.generate_key().decode(),
     }
     return {name: os.environ.setdefault(name, value) for name, value in fresh.items()}
 

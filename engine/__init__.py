@@ -41,8 +41,11 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     limit_keys.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
-    handlers/ : egress.py
-        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys.
+    handlers/ : egress.py : secret_refs.py
+        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
+        secret references in task configs ({{ secrets.NAME }}): found and checked at
+        definition time, resolved when an attempt starts, and the values redacted from
+        what the attempt leaves behind (it reads tenancy.vault).
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).

@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from engine import secret_refs
 from engine.handlers import REGISTRY, ConfigError
 from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
 from engine.limit_keys import RENDERED_KEY_MAX as RENDERED_KEY_MAX  # re-exported
@@ -362,7 +363,7 @@ def dependency_limits() -> tuple[int, int]:
             int(getattr(settings, "FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW", 50_000)))
 
 
-def validate_document(doc: Any) -> dict[str, Any]:
+def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     """Validate a parsed definition and return its normalized form.
 
     Rejects, naming the task and the problem: a missing or malformed name, an
@@ -384,6 +385,14 @@ def validate_document(doc: Any) -> dict[str, Any]:
 
     Concurrency keys are returned (and so stored) with their placeholders written
     ``{{ input.<path> }}``.
+
+    Secret references (``{{ secrets.NAME }}``, engine.secret_refs) may stand in any string
+    of a task's config; a malformed one is refused naming its field path
+    (``tasks[fetch].config.headers.Authorization``). ``new`` (a definition about to be
+    stored; False when a stored version is re-validated, as restore does) adds the rules
+    for new definitions only (``TaskHandler.check_new_config``: an http task's credential
+    header must reference a secret, not hold a literal value). Whether each referenced
+    secret exists is not checked here (``engine.services.check_definition`` does).
 
     Time is linear in the size of the document (tasks + dependencies + configs): every
     membership test is a set or dict lookup, and the cycle search visits each edge once.
@@ -462,6 +471,14 @@ def validate_document(doc: Any) -> dict[str, Any]:
                 config = REGISTRY[type_name].validate_config(config)
             except ConfigError as exc:
                 errors.append({"path": f"{where}.config", "message": f"{type_name} task: {exc}"})
+            else:
+                if new:
+                    for field, message in REGISTRY[type_name].check_new_config(config):
+                        errors.append({"path": f"{where}.config.{field}", "message": message})
+        # Secret references ({{ secrets.NAME }}) in any string of any config: a malformed
+        # one is an error naming its field. Whether each name exists is the apply's check
+        # (engine.services: it needs the organization).
+        secret_refs.find_references(config, f"{where}.config", errors=errors)
         depends_on = raw.get("depends_on", [])
         if isinstance(depends_on, str):
             depends_on = [depends_on]

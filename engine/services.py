@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from audit import services as audit
-from engine import dispatch, metrics, relay, sql
+from engine import dispatch, metrics, relay, secret_refs, sql
 from engine.db import retry_transient
 from engine.definitions import DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
@@ -103,11 +103,29 @@ def archive_workflow(*, actor: Actor, workflow: Workflow, confirm: str | None) -
     return wf, cancelled
 
 
+def check_definition(*, document: Any, organization, new: bool = True) -> dict[str, Any]:
+    """``document`` validated (``engine.definitions.validate_document``, ``new`` as there)
+    and normalized, with every secret it references checked to exist in ``organization``.
+
+    Raises DefinitionError listing every problem; an unknown secret's entry names the
+    field that references it (``tasks[fetch].config.headers.Authorization``) and the name.
+    Writes nothing (one query for the secrets' names when the document references any).
+    """
+    normalized = validate_document(document, new=new)
+    problems = secret_refs.check_references(getattr(organization, "pk", organization),
+                                            secret_refs.definition_references(normalized))
+    if problems:
+        raise DefinitionError(problems)
+    return normalized
+
+
 def restore_workflow(*, actor: Actor, workflow: Workflow) -> Workflow:
     """Restore an archived (or draft) version to active after re-validating its
-    definition against today's task types. Raises Forbidden or DefinitionError."""
+    definition against today's task types and the organization's secrets (a rule for new
+    definitions only, such as the http task's refusal of literal credentials, is not
+    applied to a stored version). Raises Forbidden or DefinitionError."""
     require(actor.role, Action.WORKFLOW_EDIT)
-    validate_document(workflow.definition)
+    check_definition(document=workflow.definition, organization=actor.organization, new=False)
     with transaction.atomic():
         wf = Workflow.objects.for_organization(actor.organization).select_for_update().get(pk=workflow.pk)
         before = wf.state
@@ -149,7 +167,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
 
     Without an ``actor`` the system acts for ``organization`` (commands, bootstrap).
     Raises Forbidden when the actor's role may not edit workflows,
-    DefinitionError (storing nothing) when the document is invalid, and
+    DefinitionError (storing nothing) when the document is invalid or references a secret
+    the organization does not have (``check_definition``), and
     tenancy.limits.QuotaExceeded (``max_definition_bytes``, storing nothing) when the
     organization's stored definitions (the text of every version's definition) and this
     one would exceed its quota. Concurrent applies of one name are serialized by a
@@ -161,7 +180,7 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     require(actor.role, Action.WORKFLOW_EDIT)
     organization = actor.organization
     created_by = created_by or actor.user
-    normalized = validate_document(document)
+    normalized = check_definition(document=document, organization=organization)
     stored = strip_nul(normalized)
     concurrency = normalized.get("concurrency") or {}
     with transaction.atomic():
@@ -666,6 +685,7 @@ __all__ = [
     "WorkflowNotStartable",
     "apply_definition",
     "cancel_run",
+    "check_definition",
     "nudge_scheduler",
     "purge_expired_idempotency_keys",
     "resolve_workflow",

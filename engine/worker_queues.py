@@ -32,7 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections
 
-from engine import metrics, queue_hub
+from engine import metrics, queue_hub, secret_refs
 from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
@@ -172,19 +172,35 @@ def _require_known_queue(organization_id: uuid.UUID, queue: str) -> None:
 
 
 def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[str]]:
-    """The task input with its secret references resolved, and the values used."""
-    return value, []
+    """The task's input with its secret references (``{{ secrets.NAME }}``) resolved, and
+    the values used (``engine.secret_refs.resolve``, its field paths under config.input).
+    Raises SecretUnavailable when a referenced secret is gone."""
+    resolved, values = secret_refs.resolve(organization_id, {"input": value})
+    return resolved["input"], values
 
 
 def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
-    """Started attempts as the poll's answer shows them (docs/workers.md)."""
+    """Started attempts as the poll's answer shows them (docs/workers.md). An attempt whose
+    input references a secret that is gone is failed at once, not retried (its message
+    names the secret, never a value), and left out of the answer."""
     names = worker_queues.workflow_names([a.workflow_run_id for a in attempts])
-    return [_payload(a, names.get(a.workflow_run_id, "")) for a in attempts]
+    out = []
+    for a in attempts:
+        try:
+            task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
+        except secret_refs.SecretUnavailable as exc:
+            result = atomic_retry(lambda a=a, exc=exc: task_runs.fail_attempt(
+                task_run_id=a.task_run_id, fencing_token=a.fencing_token, error=str(exc), retryable=False),
+                connection_attempts=2)
+            publish_dispatches(list(result.dispatches))
+            continue
+        out.append(_payload(a, names.get(a.workflow_run_id, ""), task_input))
+    return out
 
 
-def _payload(a: StartedAttempt, workflow: str) -> dict[str, Any]:
-    """A started attempt as the poll's answer shows it (docs/workers.md)."""
-    task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
+def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any]:
+    """A started attempt as the poll's answer shows it (docs/workers.md), with its input
+    resolved (``task_input``)."""
     lease = lease_seconds()
     return {
         "task_run_id": str(a.task_run_id),
@@ -295,7 +311,7 @@ def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_t
     caller holds, each message redacted of the attempt's secret values. Returns how many
     were kept. Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held(organization_id, task_run_id, fencing_token)
-    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    values = _attempt_values(organization_id, gen.config)
     kept = worker_queues.append_logs(
         organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
         lines=[(level, _redact(message, values)) for level, message in lines],
@@ -318,8 +334,19 @@ def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, tok
 
 
 def _redact(value: Any, values: list[str]) -> Any:
-    """``value`` with every secret value in ``values`` redacted."""
-    return value
+    """``value`` (any JSON value, or a string) with every secret value in ``values`` and its
+    encoded forms redacted (``engine.secret_refs.redact``)."""
+    return secret_refs.redact(value, values)
+
+
+def _attempt_values(organization_id: uuid.UUID, config: dict[str, Any]) -> list[str]:
+    """The secret values the attempt's input resolves to now (what its worker was handed,
+    unless a secret was rotated meanwhile: then both could appear, and the current one is
+    redacted), [] when a referenced secret is gone."""
+    try:
+        return _resolve_input(organization_id, config.get("input") or {})[1]
+    except secret_refs.SecretUnavailable:
+        return []
 
 
 def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, output: Any) -> str:
@@ -330,7 +357,7 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
     (the refusal of a completion also leaves a ``stale_completion_rejected`` event), and
     ValueError for an output holding NaN or Infinity."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=True)
-    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    values = _attempt_values(organization_id, gen.config)
     _starts, results, dispatches = task_runs.start_and_complete_many(
         starts=[], successes=[SuccessRequest(task_run_id, fencing_token, _redact(output, values), gen.has_dependents)],
         worker_lease_seconds=lease_seconds(), dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
@@ -354,7 +381,7 @@ def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: i
     attempts remain, else failed (its descendants skipped, its run advanced). Returns
     (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
-    _input, values = _resolve_input(organization_id, gen.config.get("input") or {})
+    values = _attempt_values(organization_id, gen.config)
     result = atomic_retry(lambda: task_runs.fail_attempt(
         task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
     ), connection_attempts=2)

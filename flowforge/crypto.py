@@ -1,5 +1,6 @@
 """Encryption at rest for secrets the application must read back (TOTP secrets and
-recovery-code seeds today; organization secrets later).
+recovery-code seeds; organization secrets use the same helpers with their own keys,
+FLOWFORGE_SECRET_KEYS, in tenancy/vault.py).
 
 Fernet (AES-128-CBC + HMAC-SHA256, from ``cryptography``) under a MultiFernet of the
 keys in ``settings.FLOWFORGE_ENCRYPTION_KEYS``: the first key encrypts, every key
@@ -25,11 +26,6 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 GENERATE_KEY_COMMAND = 'python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"'
-MISSING_KEYS_MESSAGE = (
-    "FLOWFORGE_ENCRYPTION_KEYS is not set. With DEBUG off, set it to one or more Fernet keys, "
-    "comma-separated (the first encrypts, every one decrypts: put a new key first to rotate). "
-    f"Generate a key with: {GENERATE_KEY_COMMAND}"
-)
 # Mixed into SECRET_KEY for the development key, so it is not SECRET_KEY's own hash.
 _DEV_KEY_CONTEXT = b"flowforge.crypto development key v1\x00"
 
@@ -38,45 +34,64 @@ class DecryptionError(ValueError):
     """A value no configured key decrypts (not encrypted, corrupted, or encrypted under a key since dropped)."""
 
 
-def development_key(secret_key: str) -> str:
-    """A Fernet key derived from ``secret_key`` (SHA-256): for DEBUG only, never production."""
-    digest = hashlib.sha256(_DEV_KEY_CONTEXT + secret_key.encode()).digest()
+def development_key(secret_key: str, *, context: bytes = _DEV_KEY_CONTEXT) -> str:
+    """A Fernet key derived from ``secret_key`` (SHA-256 of ``context`` + the key): for
+    DEBUG only, never production. Each key ring passes its own ``context``, so two rings
+    derived from one SECRET_KEY do not share a key."""
+    digest = hashlib.sha256(context + secret_key.encode()).digest()
     return base64.urlsafe_b64encode(digest).decode()
 
 
-def keys_from_environment(raw: str, *, debug: bool, secret_key: str) -> list[str]:
-    """The Fernet keys of FLOWFORGE_ENCRYPTION_KEYS' value ``raw`` (comma-separated,
-    blanks ignored), first to last.
+def missing_keys_message(variable: str, purpose: str) -> str:
+    """What a process with DEBUG off says when ``variable`` holds no key (how to make one)."""
+    return (
+        f"{variable} is not set. With DEBUG off, set it to one or more Fernet keys ({purpose}), "
+        "comma-separated (the first encrypts, every one decrypts: put a new key first to rotate). "
+        f"Generate a key with: {GENERATE_KEY_COMMAND}"
+    )
 
-    Raises ImproperlyConfigured when a key is not a Fernet key (naming its position,
-    never its value), or when ``raw`` holds none and ``debug`` is False
-    (MISSING_KEYS_MESSAGE, which says how to generate one). With ``debug`` True and no
-    keys: ``[development_key(secret_key)]``.
+
+MISSING_KEYS_MESSAGE = missing_keys_message("FLOWFORGE_ENCRYPTION_KEYS", "TOTP secrets and recovery-code seeds")
+
+
+def keys_from_environment(raw: str, *, debug: bool, secret_key: str,
+                          variable: str = "FLOWFORGE_ENCRYPTION_KEYS",
+                          purpose: str = "TOTP secrets and recovery-code seeds",
+                          dev_context: bytes = _DEV_KEY_CONTEXT) -> list[str]:
+    """The Fernet keys of the environment variable ``variable``'s value ``raw``
+    (comma-separated, blanks ignored), first to last.
+
+    Raises ImproperlyConfigured naming ``variable`` when a key is not a Fernet key
+    (naming its position, never its value), or when ``raw`` holds none and ``debug`` is
+    False (``missing_keys_message(variable, purpose)``, which says how to generate one).
+    With ``debug`` True and no keys: ``[development_key(secret_key, context=dev_context)]``.
     """
     keys = [part.strip() for part in raw.split(",") if part.strip()]
     if not keys:
         if not debug:
-            raise ImproperlyConfigured(MISSING_KEYS_MESSAGE)
-        return [development_key(secret_key)]
+            raise ImproperlyConfigured(missing_keys_message(variable, purpose))
+        return [development_key(secret_key, context=dev_context)]
     for position, key in enumerate(keys, start=1):
         try:
             Fernet(key)
         except (ValueError, TypeError):
             raise ImproperlyConfigured(
-                f"FLOWFORGE_ENCRYPTION_KEYS: key {position} of {len(keys)} is not a Fernet key "
+                f"{variable}: key {position} of {len(keys)} is not a Fernet key "
                 f"(32 bytes, url-safe base64). Generate one with: {GENERATE_KEY_COMMAND}"
             ) from None
     return keys
 
 
-@functools.lru_cache(maxsize=4)
-def _multi(keys: tuple[str, ...]) -> MultiFernet:
+@functools.lru_cache(maxsize=8)
+def multi_fernet(keys: tuple[str, ...]) -> MultiFernet:
+    """The MultiFernet of ``keys`` (first encrypts, all decrypt), built once per key tuple.
+    Callers pass the tuple of their setting's current value, so a test's override of the
+    setting takes effect at once."""
     return MultiFernet([Fernet(key) for key in keys])
 
 
 def _fernet() -> MultiFernet:
-    # Keyed by the tuple, so a test's override of the setting takes effect at once.
-    return _multi(tuple(settings.FLOWFORGE_ENCRYPTION_KEYS))
+    return multi_fernet(tuple(settings.FLOWFORGE_ENCRYPTION_KEYS))
 
 
 def encrypt(text: str) -> str:

@@ -601,6 +601,21 @@ from flowforge.crypto import keys_from_environment as _encryption_keys  # noqa: 
 FLOWFORGE_ENCRYPTION_KEYS = _encryption_keys(
     os.environ.get("FLOWFORGE_ENCRYPTION_KEYS", ""), debug=DEBUG, secret_key=SECRET_KEY
 )
+# --- issue 18: organization secrets (tenancy/vault.py) --------------------------------------
+# Fernet keys encrypting the organizations' secrets (the values tasks reference as
+# {{ secrets.NAME }}), comma-separated: the first encrypts, all decrypt; after putting a new
+# key first, `manage.py rotate_secret_keys` re-encrypts every stored value under it. A key
+# ring of its own, apart from FLOWFORGE_ENCRYPTION_KEYS: values sent to tenant-chosen URLs
+# are never decrypted with the key that protects users' TOTP secrets. Required with DEBUG
+# off; with DEBUG on and none set, a development key is derived from SECRET_KEY.
+FLOWFORGE_SECRET_KEYS = _encryption_keys(
+    os.environ.get("FLOWFORGE_SECRET_KEYS", ""), debug=DEBUG, secret_key=SECRET_KEY,
+    variable="FLOWFORGE_SECRET_KEYS", purpose="the organizations' secrets",
+    dev_context=b"flowforge.vault development key v1\x00",
+)
+# Secrets one organization may hold, and the largest value (bytes of UTF-8).
+FLOWFORGE_MAX_SECRETS_PER_ORG = int(os.environ.get("FLOWFORGE_MAX_SECRETS_PER_ORG", "200"))
+FLOWFORGE_MAX_SECRET_BYTES = int(os.environ.get("FLOWFORGE_MAX_SECRET_BYTES", str(64 * 1024)))
 # allauth stores MFA secrets through this adapter's encrypt/decrypt hooks (tenancy/mfa.py).
 MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"
 # No EMAIL_HOST and DEBUG off: the console mailer redacts tokens in links (frontend/mail_backends.py),

@@ -275,3 +275,40 @@ class OrganizationSettingsForm(forms.Form):
 
     def clean_name(self) -> str:
         return self.cleaned_data["name"].strip()
+
+
+# --- secrets -------------------------------------------------------------------------------------
+
+
+class SecretValueInput(forms.Textarea):
+    """A textarea that never renders a value back: a form sent back with errors (or
+    shown again) must not put the secret into the page."""
+
+    def format_value(self, value: Any) -> None:
+        return None
+
+
+def _secret_value_field() -> forms.CharField:
+    return forms.CharField(
+        strip=False,  # the value as typed: a trailing space or newline may be part of it
+        widget=SecretValueInput(attrs={"rows": 3, "autocomplete": "off", "spellcheck": "false",
+                                       "class": "mono"}),
+        help_text="Stored encrypted and never shown again, to anyone. At least 4 characters.",
+    )
+
+
+class SecretCreateForm(forms.Form):
+    """Create a secret: its name and value (tenancy.vault checks both again)."""
+
+    name = forms.CharField(max_length=64, help_text="Letters, digits and _, not starting with a digit. "
+                           "Tasks reference it as {{ secrets.NAME }}.")
+    value = _secret_value_field()
+
+    def clean_name(self) -> str:
+        return self.cleaned_data["name"].strip()
+
+
+class SecretRotateForm(forms.Form):
+    """Replace a secret's value (its version goes up by one)."""
+
+    value = _secret_value_field()

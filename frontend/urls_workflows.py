@@ -1,8 +1,8 @@
-"""Routes of workflows, triggers, API keys and organization settings."""
+"""Routes of workflows, triggers, API keys, secrets and organization settings."""
 
 from django.urls import path
 
-from frontend.views import apikeys, settings, triggers, workflows
+from frontend.views import apikeys, secrets, settings, triggers, workflows
 
 urlpatterns: list = [
     path("workflows/", workflows.workflow_list, name="workflows"),
@@ -20,5 +20,8 @@ urlpatterns: list = [
     path("triggers/<uuid:trigger_id>/delete/", triggers.trigger_delete, name="trigger_delete"),
     path("api-keys/", apikeys.apikey_list, name="apikeys"),
     path("api-keys/<uuid:key_id>/revoke/", apikeys.apikey_revoke, name="apikey_revoke"),
+    path("secrets/", secrets.secret_list, name="secrets"),
+    path("secrets/<str:name>/rotate/", secrets.secret_rotate, name="secret_rotate"),
+    path("secrets/<str:name>/delete/", secrets.secret_delete, name="secret_delete"),
     path("settings/", settings.organization_settings, name="settings"),
 ]

@@ -257,3 +257,50 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"ffk_{self.prefix}_… ({self.name})"
+
+
+# A secret's name: how task configs reference it ({{ secrets.NAME }}). The same pattern
+# is the CHECK constraint secret_name_valid and engine.secret_refs' reference syntax.
+SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+class Secret(models.Model):
+    """A named secret value of one organization (issue 18), referenced from task configs
+    as ``{{ secrets.NAME }}`` and resolved only when an attempt starts.
+
+    ``ciphertext`` is a Fernet token under FLOWFORGE_SECRET_KEYS (tenancy.vault); the
+    value is never stored in clear and never returned by the API or the pages.
+    ``version`` starts at 1 and is bumped by every change of the value. The actor of the
+    first and of the last change: a user (``*_by``) or an API key (``*_by_api_key``).
+    Unique on (organization, name); tenancy.vault writes every change with its audit
+    record (name and version, never the value).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: uniq_secret_org_name leads with organization_id.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="secrets",
+                                     db_index=False)
+    name = models.CharField(max_length=64)
+    ciphertext = models.TextField()
+    version = models.IntegerField(default=1)
+    created_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by_api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL,
+                                           related_name="+")
+    updated_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    updated_by_api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL,
+                                           related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_secret"
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="uniq_secret_org_name"),
+            models.CheckConstraint(condition=models.Q(name__regex=SECRET_NAME_PATTERN), name="secret_name_valid"),
+            models.CheckConstraint(condition=models.Q(version__gte=1), name="secret_version_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"secret {self.name} of {self.organization_id} (v{self.version})"

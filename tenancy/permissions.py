@@ -8,6 +8,7 @@ the commands and the services all ask ``can`` / ``require``).
 | workflow.edit     |  yes  |  yes  |  yes   |   -    |  workflows and cron triggers
 | member.manage     |  yes  |  yes  |   -    |   -    |  invite, change roles, remove (owner role: owners only)
 | apikey.manage     |  yes  |  yes  |   -    |   -    |
+| secret.manage     |  yes  |  yes  |   -    |   -    |  create, rotate, delete secrets (values are never read back)
 | audit.read        |  yes  |  yes  |   -    |   -    |
 | org.manage        |  yes  |   -   |   -    |   -    |  rename, settings
 
@@ -29,6 +30,9 @@ class Action(StrEnum):
     WORKFLOW_EDIT = "workflow.edit"
     MEMBER_MANAGE = "member.manage"
     APIKEY_MANAGE = "apikey.manage"
+    #: Create, rotate and delete the organization's secrets. Their names and metadata are
+    #: READ; members reference them from definitions with WORKFLOW_EDIT; nobody reads a value.
+    SECRET_MANAGE = "secret.manage"
     AUDIT_READ = "audit.read"
     ORG_MANAGE = "org.manage"
     WORKER_SERVE = "worker.serve"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import secrets as _secrets
 
-SECRETS: set[str] = set()  # API key secrets and full keys, invitation tokens, passwords, TOTP secrets
+# API key secrets and full keys, invitation tokens, passwords, TOTP secrets, organization secrets' values
+SECRETS: set[str] = set()
 AUDIT_TEXTS: list[str] = []  # every audit record's metadata and free-text fields, as written
 _installed = False
 
@@ -54,6 +55,17 @@ def install() -> None:
         return value
 
     totp_auth.generate_totp_secret = generate_totp_secret
+
+    from tenancy import vault
+
+    original_validate_value = vault.validate_value
+
+    def validate_value(value):
+        checked = original_validate_value(value)  # every value set_secret stores passes here
+        SECRETS.add(checked)
+        return checked
+
+    vault.validate_value = validate_value
 
     def on_audit_saved(sender, instance, created, **kwargs):
         if created:

@@ -29,8 +29,12 @@ class TaskContext:
     """Everything a handler may read about the attempt it is running.
 
     ``input`` is the run's input document; ``upstream`` maps each dependency's task
-    key to its output; ``config`` is the task's validated config. ``lost`` is set by
-    the worker's heartbeat once this attempt's worker lease could not be extended.
+    key to its output; ``config`` is the task's validated config, its secret references
+    replaced by their values (engine.secret_refs), and ``secret_values`` those values: the
+    worker redacts them from what the attempt returns or raises, but a handler that cuts a
+    text short must redact it first (``secret_refs.redact``, ``redact_tail``), or a cut
+    through a value would leave part of it. ``lost`` is set by the worker's heartbeat once
+    this attempt's worker lease could not be extended.
     """
 
     task_run_id: uuid.UUID
@@ -45,6 +49,7 @@ class TaskContext:
     input: dict[str, Any]
     upstream: dict[str, Any]
     lost: threading.Event = dataclasses.field(default_factory=threading.Event)
+    secret_values: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def lease_lost(self) -> bool:
@@ -71,6 +76,13 @@ class TaskHandler:
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Return the normalized config, or raise ConfigError naming the bad field."""
         return dict(config)
+
+    def check_new_config(self, config: dict[str, Any]) -> list[tuple[str, str]]:
+        """Rules for configs of new definitions only, beyond ``validate_config``: a version
+        stored before a rule existed keeps working (it is restored and run without it).
+        ``config`` is the normalized config; returns [(field path inside the config,
+        message), ...], empty when it passes. The http type refuses literal credentials."""
+        return []
 
     def run(self, context: TaskContext) -> Any:
         """Run one attempt. The return value (JSON-shaped) is the task's output; an

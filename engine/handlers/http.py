@@ -9,7 +9,9 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from engine import egress
+# A module import (not ``from engine.secret_refs import ...``): secret_refs imports
+# engine.handlers.base, so whichever of the two is imported first, this works.
+from engine import egress, secret_refs
 from engine.handlers.base import (
     ConfigError,
     PermanentTaskError,
@@ -29,6 +31,12 @@ RESERVED_HEADERS = frozenset({
     "host", "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
     "te", "trailer", "transfer-encoding", "upgrade", "content-length",
 })
+
+
+# Headers that carry credentials: a new definition must take their value from a secret
+# ({{ secrets.NAME }}), never write it down, since definitions are readable by every role
+# (Proxy-Authorization is refused anyway, as a hop-by-hop header). Lower case.
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
 
 
 # RFC 9110's token: what a field name may be made of (no ':' pseudo-headers, no spaces).
@@ -64,13 +72,47 @@ def reserved_headers(headers: dict[str, str]) -> list[str]:
     return [name for name in headers if name.strip().lower() in RESERVED_HEADERS]
 
 
+def check_url(url: str, *, shown: str, numeric_host: bool = True) -> None:
+    """Raise ConfigError unless ``url`` is an absolute http(s) URL naming a host that
+    httpx parses, whose host, when numeric (and ``numeric_host``), the egress policy
+    allows. ``shown`` is how the URL is quoted in the error (the URL as written, or words
+    for one that holds secret values)."""
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port  # .port raises for a port outside 0-65535
+    except ValueError as exc:
+        raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"'url' must be an absolute http(s) URL, got {shown}")
+    if not host:
+        raise ConfigError(f"'url' must name a host, got {shown}")
+    # Only a numeric host is checked here (no DNS lookup in the web process); a host
+    # name is resolved and checked by the worker at connect time, every hop.
+    if numeric_host:
+        try:
+            egress.check_literal_host(unquote(host))
+        except egress.EgressDenied as exc:
+            raise ConfigError(f"'url': {exc}") from None
+    try:
+        httpx.URL(url)  # what the worker will parse: refuses control characters, bad hosts
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
+
+
+class ResolvedConfigError(PermanentTaskError):
+    """A config whose secret references were resolved is no longer valid (a secret's value
+    put a line break in a header, or made the URL something else than an http(s) URL)."""
+
+
 class HttpHandler(TaskHandler):
     type_name = "http"
     description = (
         "One HTTP request (method, url, headers, json body, expected_status, timeout_seconds); "
         "output is {status, headers, body} with the body parsed as JSON when it is JSON. "
         "Loopback, private, link-local and other internal addresses are refused (each redirect "
-        "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable."
+        "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable. "
+        "Credentials come from the organization's secrets: {{ secrets.NAME }} in the url, a header value "
+        "or a json string (Authorization, Cookie and X-Api-Key take no literal value)."
     )
 
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -78,26 +120,9 @@ class HttpHandler(TaskHandler):
         url = config.get("url")
         if not isinstance(url, str) or not url:
             raise ConfigError("'url' is required")
-        shown = _shown(url)
-        try:
-            parts = urlsplit(url)
-            host, _port = parts.hostname, parts.port  # .port raises for a port outside 0-65535
-        except ValueError as exc:
-            raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"'url' must be an absolute http(s) URL, got {shown}")
-        if not host:
-            raise ConfigError(f"'url' must name a host, got {shown}")
-        # Only a numeric host is checked here (no DNS lookup in the web process); a host
-        # name is resolved and checked by the worker at connect time, every hop.
-        try:
-            egress.check_literal_host(unquote(host))
-        except egress.EgressDenied as exc:
-            raise ConfigError(f"'url': {exc}") from None
-        try:
-            httpx.URL(url)  # what the worker will parse: refuses control characters, bad hosts
-        except httpx.InvalidURL as exc:
-            raise ConfigError(f"'url' is not a valid URL ({exc}), got {shown}") from None
+        # A reference ({{ secrets.NAME }}) is checked as a plain word where it stands: its
+        # value is known only when an attempt starts, and run() checks the URL again then.
+        check_url(secret_refs.with_placeholders(url), shown=_shown(url))
         method = str(config.get("method", "GET")).upper()
         if method not in METHODS:
             raise ConfigError(f"'method' must be one of {', '.join(sorted(METHODS))}, got {config.get('method')!r}")
@@ -137,10 +162,35 @@ class HttpHandler(TaskHandler):
                                                 maximum=24 * 3600)
         return out
 
+    def check_new_config(self, config: dict[str, Any]) -> list[tuple[str, str]]:
+        """New definitions may not write a credential header's value down
+        (CREDENTIAL_HEADERS: Authorization, Proxy-Authorization, Cookie, X-Api-Key, any
+        case): its value must reference a secret, e.g. ``"Bearer {{ secrets.API_TOKEN }}"``.
+        Every role reads definitions, so a literal credential there is readable by viewers.
+        Versions stored before this rule keep running as they are."""
+        problems = []
+        for name, value in (config.get("headers") or {}).items():
+            # A malformed reference is reported as such (engine.definitions), not as a literal.
+            if (name.strip().lower() in CREDENTIAL_HEADERS and not secret_refs.has_reference(value)
+                    and not secret_refs.mentions_reference(value)):
+                problems.append((f"headers.{name}", (
+                    f"{name} holds a literal credential: store it as a secret of the organization "
+                    "(PUT /api/v1/secrets/NAME/ or the Secrets page) and reference it, e.g. "
+                    '"Bearer {{ secrets.NAME }}"; definitions are readable by every role')))
+        return problems
+
     def run(self, context: TaskContext) -> Any:
+        # context.config has its secret references resolved (engine.worker.execute); what
+        # this attempt leaves behind is redacted there, before it is recorded.
         cfg = context.config
         headers = cfg.get("headers") or {}
-        # A definition stored before these headers were refused at validation.
+        try:
+            # The egress policy is applied when connecting (every hop), as for any URL.
+            check_url(cfg["url"], shown="the URL with its secret references resolved", numeric_host=False)
+        except ConfigError as exc:
+            raise ResolvedConfigError(str(exc)) from None
+        # A definition stored before these headers were refused at validation, or a
+        # secret's value that put a line break into a header.
         if (problem := malformed_header(headers)) is not None:
             raise ReservedHeaderError(problem)
         refused = reserved_headers(headers)
@@ -162,6 +212,8 @@ class HttpHandler(TaskHandler):
                         del raw[MAX_BODY_BYTES:]
                         break
         text = raw.decode(response.encoding or "utf-8", errors="replace")
+        if truncated:  # the cut may go through a secret's value: the worker redacts only whole ones
+            text = secret_refs.redact_tail(text, context.secret_values)
         body: Any = text
         if not truncated and "json" in response.headers.get("content-type", ""):
             try:
@@ -171,7 +223,7 @@ class HttpHandler(TaskHandler):
         if response.status_code not in cfg["expected_status"]:
             raise HttpStatusError(
                 f"{cfg['method']} {cfg['url']} answered {response.status_code}, "
-                f"expected {cfg['expected_status']}: {text[:500]}"
+                f"expected {cfg['expected_status']}: {secret_refs.redact(text, context.secret_values)[:500]}"
             )
         return {
             "status": response.status_code,

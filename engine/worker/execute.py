@@ -13,7 +13,12 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
     heartbeat.register ── every beat extends the lease; a lease that could not be
       │                   extended sets context.lost (context.lease_lost)
       ▼
-    handler.run(context) ──▶ output.encode_output (size and JSON checks) / error_text
+    secret_refs.resolve ── the config's {{ secrets.NAME }} replaced by their values (a
+      │                    secret deleted since: SecretUnavailable, the task fails for good)
+      ▼
+    handler.run(context) ──▶ secret_refs.redact ──▶ output.encode_output (size and JSON
+      │                      checks) / error_text: no value used reaches the completion,
+      │                      its events or a log line (logs.redacting)
       │
       ▼
     heartbeat.unregister
@@ -46,7 +51,7 @@ import uuid
 
 from django.conf import settings
 
-from engine import metrics
+from engine import metrics, secret_refs
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.repositories import types
@@ -155,20 +160,30 @@ def _execute(
     output_json = ""
     error = ""
     began = time.monotonic()
+    # The values of the secrets this attempt's config references: resolved here, at the
+    # start, and redacted from everything it leaves behind before that is recorded.
+    secret_values: list[str] = []
+    redaction = None
     try:
         handler = get_handler(started.task_type)
-        output_json = encode_output(handler.run(context))
+        context.config, secret_values = secret_refs.resolve(started.organization_id, started.config)
+        context.secret_values = secret_values
+        redaction = secret_refs.redaction_pattern(secret_values)
+        with logs.redacting(redaction):
+            output_json = encode_output(secret_refs.redact(handler.run(context), secret_values))
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)
-        error = error_text(exc)
-        log.info(
-            "task %s (run %s) attempt %s failed: %s",
-            started.task_key, started.workflow_run_id, started.attempt, error,
-            extra={"traceback": traceback.format_exc(limit=5)},
-        )
+        error = error_text(exc, redaction=redaction)
+        with logs.redacting(redaction):
+            log.info(
+                "task %s (run %s) attempt %s failed: %s",
+                started.task_key, started.workflow_run_id, started.attempt, error,
+                extra={"traceback": secret_refs.redact_text(traceback.format_exc(limit=5), redaction)},
+            )
     finally:
         hb.unregister(context)
+        context.config, context.secret_values = started.config, []  # the values leave with the attempt
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
     if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for

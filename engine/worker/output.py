@@ -7,11 +7,13 @@ completion (``types.SuccessRequest.output_json``) carries that text as it is.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.conf import settings
 
 from engine.handlers import PermanentTaskError
+from engine.secret_refs import REDACTED
 from flowforge.jsonb import strip_nul
 
 # Characters of a failed attempt's error kept (the task run's ``error`` and its event's
@@ -20,10 +22,14 @@ from flowforge.jsonb import strip_nul
 MAX_ERROR_CHARS = 4000
 
 
-def error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException, *, redaction: re.Pattern[str] | None = None) -> str:
     """``"<ExceptionType>: <message>"``, cut to MAX_ERROR_CHARS characters (an ellipsis and
-    how many characters were dropped mark a cut)."""
+    how many characters were dropped mark a cut). With ``redaction``
+    (``engine.secret_refs.redaction_pattern`` of the secret values the attempt used), each
+    match is replaced by ``[redacted]`` first, so a cut never leaves part of a value."""
     text = f"{type(exc).__name__}: {exc}"
+    if redaction is not None:
+        text = redaction.sub(REDACTED, text)
     if len(text) <= MAX_ERROR_CHARS:
         return text
     note = f"… ({len(text) - MAX_ERROR_CHARS + 60} more characters cut)"

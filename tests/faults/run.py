@@ -106,6 +106,7 @@ def _env(pg: PrivatePostgres, redis_url: str, dbname: str, report_dir: Path) -> 
     env.setdefault("FLOWFORGE_AUDIT_KEYS", generate_key_spec("faults"))  # DEBUG is off: the audit log needs a key
     # DEBUG off needs encryption keys (flowforge/crypto.py); a throwaway one for a throwaway database.
     env.setdefault("FLOWFORGE_ENCRYPTION_KEYS", Fernet.generate_key().decode())
+    env.setdefault("FLOWFORGE_SECRET_KEYS", Fernet.generate_key().decode())
     return env
 
 

@@ -3,7 +3,8 @@ test_sdk_workers.py): ``python tests/integration/sdk_worker_app.py URL KEY QUEUE
 
 Its handlers: ``resize`` (returns its input's width and the keys of its upstream
 outputs), ``upload`` (returns how many upstream outputs it got), ``echo`` (returns its
-input), and ``hang``: with MODE ``hang`` it sleeps until the process is killed, with
+input), ``leak`` and ``leak_fail`` (send their input's secret back in a log line and
+the output, or in a failure's error), and ``hang``: with MODE ``hang`` it sleeps until the process is killed, with
 MODE ``quick`` it returns at once. It serves until SIGTERM (the SDK drains) or SIGKILL.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from flowforge_sdk import Worker
+from flowforge_sdk import NonRetryableError, Worker
 
 
 def main(base: str, key: str, queue: str, mode: str) -> None:
@@ -30,6 +31,17 @@ def main(base: str, key: str, queue: str, mode: str) -> None:
     @worker.task("echo")
     def echo(ctx):
         return ctx.input
+
+    @worker.task("leak")
+    def leak(ctx):
+        # Everything a careless handler could send back: the resolved secret in its log line,
+        # its output; the server redacts both.
+        ctx.log(f"calling with token {ctx.input['token']}")
+        return {"echo": ctx.input, "note": f"used {ctx.input['token']}"}
+
+    @worker.task("leak_fail")
+    def leak_fail(ctx):
+        raise NonRetryableError(f"the API refused token {ctx.input['token']}")
 
     @worker.task("hang")
     def hang(ctx):

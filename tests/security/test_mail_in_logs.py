@@ -42,6 +42,7 @@ def production_mailers() -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMAIL_")}
     env.update(DEBUG="false", SECRET_KEY="a-production-secret-key-" + "y" * 50,
                FLOWFORGE_ENCRYPTION_KEYS=Fernet.generate_key().decode(), DJANGO_SETTINGS_MODULE="flowforge.settings",
+               FLOWFORGE_SECRET_KEYS=Fernet.generate_key().decode(),
                FLOWFORGE_AUDIT_KEYS=audit_keys.generate_key_spec("k1"))
     code = "import json, flowforge.settings as s; print(json.dumps(s.MAILERS))"
     out = subprocess.run([sys.executable, "-c", code], cwd=BASE_DIR, env=env, capture_output=True, text=True,

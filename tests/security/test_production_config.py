@@ -20,11 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DEV_DEFAULT = "dev-insecure-flowforge-secret-key-change-me-in-production"
 GOOD_KEY = "kX2v9Qz4Lm7Rt1Wy8Bn3Hc6Jd0Fs5Gp2Ae7Ui4Oo1Pl9Kj3Mh6Ng0Bv5Cx8Zq2W"
 HOW_TO = 'python -c "import secrets; print(secrets.token_urlsafe(50))"'
-# The other keys a process with DEBUG off refuses to start without (tests/security/test_audit_chain.py
-# and test_mfa_secrets.py test their refusals); here they are valid, so only SECRET_KEY decides.
+# The other keys a process with DEBUG off refuses to start without (tests/security/test_audit_chain.py,
+# test_mfa_secrets.py and below test their refusals); here they are valid, so only SECRET_KEY decides.
 OTHER_PRODUCTION_KEYS = {
     "FLOWFORGE_AUDIT_KEYS": "k1:" + base64.b64encode(bytes(range(32))).decode(),
     "FLOWFORGE_ENCRYPTION_KEYS": base64.urlsafe_b64encode(bytes(range(32, 64))).decode(),
+    "FLOWFORGE_SECRET_KEYS": base64.urlsafe_b64encode(bytes(range(64, 96))).decode(),
 }
 
 

@@ -29,7 +29,7 @@ from engine.models import (
 )
 from engine.services import start_run
 from engine.states import EventKind
-from tenancy.models import ApiKey, Invitation, Membership, User
+from tenancy.models import ApiKey, Invitation, Membership, Secret, User
 
 pytestmark = pytest.mark.django_db
 
@@ -699,6 +699,33 @@ def test_non_positive_run_timeout_violates_workflow_run_timeout_positive(chain):
     violation("workflow_run_timeout_positive", lambda: qs.update(run_timeout_seconds=0))
     violation("workflow_run_timeout_positive", lambda: qs.update(run_timeout_seconds=-5))
     assert Workflow.objects.unscoped().filter(pk=chain.pk).update(run_timeout_seconds=30) == 1
+
+
+def _secret(org, name: str, **kw) -> Secret:
+    return Secret(organization=org, name=name, ciphertext="gAAAAA-not-a-real-token", **kw)
+
+
+def test_a_second_secret_of_one_name_violates_uniq_secret_org_name(make_org):
+    a, b = make_org(), make_org()
+    Secret.objects.bulk_create([_secret(a, "API_TOKEN")])
+    violation("uniq_secret_org_name", lambda: Secret.objects.bulk_create([_secret(a, "API_TOKEN")]))
+    # Another organization has its own names.
+    Secret.objects.bulk_create([_secret(b, "API_TOKEN")])
+    assert Secret.objects.unscoped().filter(name="API_TOKEN").count() == 2
+
+
+def test_a_name_tasks_could_not_reference_violates_secret_name_valid(org):
+    (secret,) = Secret.objects.bulk_create([_secret(org, "OK_1")])
+    for bad in ("bad-name", "9LIVES", "", "TOKEN\n", "with space"):  # longer than 64: varchar(64)
+        violation("secret_name_valid", lambda bad=bad: Secret.objects.bulk_create([_secret(org, bad)]))
+    violation("secret_name_valid", lambda: Secret.objects.unscoped().filter(pk=secret.pk).update(name="a.b"))
+    assert Secret.objects.unscoped().get(pk=secret.pk).name == "OK_1"
+
+
+def test_a_version_below_one_violates_secret_version_positive(org):
+    (secret,) = Secret.objects.bulk_create([_secret(org, "V")])
+    violation("secret_version_positive", lambda: Secret.objects.unscoped().filter(pk=secret.pk).update(version=0))
+    assert Secret.objects.unscoped().get(pk=secret.pk).version == 1
 
 
 # --- coverage -----------------------------------------------------------------------------------

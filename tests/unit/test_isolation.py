@@ -29,8 +29,9 @@ from engine.services import apply_definition, start_run
 from engine.triggers import create_trigger
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key
-from tenancy.models import ApiKey, Invitation, KeyRole, Membership, Role, User
+from tenancy.models import ApiKey, Invitation, KeyRole, Membership, Role, Secret, User
 from tenancy.services import create_organization, invite_member
+from tenancy.vault import set_secret
 
 # Namespaces whose patterns are tenant surfaces.
 NAMESPACES = ("api", "frontend")
@@ -79,11 +80,16 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:worker-logs": {"pk": "worker_task_run"},
     "api:worker-complete": {"pk": "worker_task_run"},
     "api:worker-fail": {"pk": "worker_task_run"},
+    "frontend:secret_rotate": {"name": "secret"},
+    "frontend:secret_delete": {"name": "secret"},
 }
 
 # Patterns whose parameter is not an object id, with the reason they are exempt.
 EXEMPT: dict[str, str] = {
     "frontend:invitation_accept": "the parameter is a secret token, checked against the invited address, not an id",
+    "api:secret-detail": "the parameter is a name in the caller's own organization, not an id: a PUT creates the "
+    "caller's secret of that name; a GET or DELETE of another organization's name answers 404 like a missing one "
+    "(tests/unit/test_secrets.py::test_another_organizations_secret_answers_like_a_missing_one)",
 }
 
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -117,6 +123,7 @@ class TenantData:
             "trigger": str(trigger_of(self).pk),
             "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.worker_run).pk),
             "worker_run": str(self.worker_run.pk),
+            "secret": secret_of(self),
         }
 
 
@@ -128,6 +135,15 @@ def trigger_of(tenant: TenantData) -> ScheduledTrigger:
     actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
     return create_trigger(actor=actor, data={"name": f"{tenant.org.slug} nightly", "cron_expression": "0 2 * * *",
                                              "workflow_name": tenant.workflow.name, "timezone": "UTC"})
+
+
+def secret_of(tenant: TenantData) -> str:
+    """The name of the tenant's secret (created on first use): a name only this tenant has."""
+    name = tenant.org.slug.replace("-", "_").upper() + "_TOKEN"
+    if not Secret.objects.for_organization(tenant.org).filter(name=name).exists():
+        actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+        set_secret(actor=actor, name=name, value=f"{tenant.org.slug}-secret-value")
+    return name
 
 
 def build_tenant(slug: str) -> TenantData:
@@ -249,6 +265,7 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
     assert Membership.objects.for_organization(b.org).filter(pk=b.membership.pk, role=Role.MEMBER).exists()
     assert Invitation.objects.for_organization(b.org).get(pk=b.invitation.pk).revoked_at is None
     assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
+    assert Secret.objects.for_organization(b.org).get(name=b_ids["secret"]).version == 1
 
 
 @pytest.mark.django_db

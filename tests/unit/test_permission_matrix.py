@@ -22,6 +22,7 @@ EXPECTED = {
     Action.WORKFLOW_EDIT: {Role.OWNER, Role.ADMIN, Role.MEMBER},
     Action.MEMBER_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.APIKEY_MANAGE: {Role.OWNER, Role.ADMIN},
+    Action.SECRET_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.AUDIT_READ: {Role.OWNER, Role.ADMIN},
     Action.ORG_MANAGE: {Role.OWNER},
     # An API key of the worker role only (tests/unit/test_worker_api.py): no member role.
@@ -78,6 +79,14 @@ def do_apikey_manage(org, actor):
     revoke_api_key(actor=actor, api_key=key)
 
 
+def do_secret_manage(org, actor):
+    from tenancy.vault import delete_secret, set_secret
+
+    set_secret(actor=actor, name=f"MATRIX_{next(_n)}", value="matrix-value")
+    set_secret(actor=actor, name="MATRIX_SHARED", value="matrix-value")
+    delete_secret(actor=actor, name="MATRIX_SHARED")
+
+
 def do_audit_read(org, actor):
     from tenancy.permissions import require
 
@@ -100,6 +109,7 @@ PERFORM = {
     Action.WORKFLOW_EDIT: do_workflow_edit,
     Action.MEMBER_MANAGE: do_member_manage,
     Action.APIKEY_MANAGE: do_apikey_manage,
+    Action.SECRET_MANAGE: do_secret_manage,
     Action.AUDIT_READ: do_audit_read,
     Action.ORG_MANAGE: do_org_manage,
     Action.WORKER_SERVE: lambda org, actor: do_require(actor, Action.WORKER_SERVE),
@@ -131,3 +141,7 @@ def test_api_keys_of_each_role_over_http(org, role):
     assert client.post(f"/api/v1/runs/{run.pk}/cancel/").status_code == expected_cancel
     expected_keys = 200 if role in EXPECTED[Action.APIKEY_MANAGE] else 403
     assert client.get("/api/v1/api-keys/").status_code == expected_keys
+    assert client.get("/api/v1/secrets/").status_code == 200  # names: every role reads them
+    expected_secret = 201 if role in EXPECTED[Action.SECRET_MANAGE] else 403
+    assert client.put("/api/v1/secrets/FROM_KEY/", {"value": "matrix-value"},
+                      content_type="application/json").status_code == expected_secret

@@ -367,3 +367,50 @@ def test_a_poll_of_a_queue_no_task_names_is_400_naming_queue_and_records_no_work
     wf.state = "archived"
     wf.save(update_fields=["state"])
     assert a.poll("images").status_code == 200
+
+
+SECRET_DAG = [{"key": "call", "type": "worker", "config": {"queue": "images", "name": "call",
+                                                          "input": {"auth": "Bearer {{ secrets.CDN_TOKEN }}"}}}]
+
+
+@pytest.mark.django_db
+def test_a_worker_tasks_secret_reference_is_resolved_in_the_poll_and_redacted_from_what_comes_back(a):
+    from tenancy.vault import set_secret
+
+    set_secret(actor=a.owner, name="CDN_TOKEN", value="tok-" + "x" * 20)
+    run = a.start(SECRET_DAG, name="with-secret")
+    (task,) = a.poll().json()["tasks"]
+    assert task["input"] == {"auth": "Bearer tok-" + "x" * 20}  # resolved for the worker only
+    tr = task_run(run, "call")
+    assert tr.task.config["input"] == {"auth": "Bearer {{ secrets.CDN_TOKEN }}"}  # stored as written
+    tid = task["task_run_id"]
+    a.post(f"worker/tasks/{tid}/logs/", {"fencing_token": 1, "lines": [{"message": "sent tok-" + "x" * 20}]})
+    done = a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": {"echo": "tok-" + "x" * 20}})
+    assert done.status_code == 200, done.content
+    tr.refresh_from_db()
+    assert tr.output == {"echo": "[redacted]"}
+    assert list(TaskLog.objects.for_organization(a.org).filter(task_run=tr).values_list("message", flat=True)) == [
+        "sent [redacted]"]
+
+
+@pytest.mark.django_db
+def test_a_worker_task_whose_secret_was_deleted_fails_at_its_poll_without_retry(a):
+    from tenancy.vault import delete_secret, set_secret
+
+    set_secret(actor=a.owner, name="CDN_TOKEN", value="tok-" + "y" * 20)
+    run = a.start(SECRET_DAG, name="with-secret")
+    delete_secret(actor=a.owner, name="CDN_TOKEN")
+    assert a.poll().json()["tasks"] == []
+    tr = task_run(run, "call")
+    assert tr.state == "failed"
+    assert "secret CDN_TOKEN no longer exists (referenced at config.input.auth)" in tr.error
+
+
+@pytest.mark.django_db
+def test_a_worker_task_referencing_an_unknown_secret_is_refused_at_apply(a):
+    from engine.definitions import DefinitionError
+
+    with pytest.raises(DefinitionError) as info:
+        apply_definition(organization=a.org, document={"name": "bad-secret", "tasks": SECRET_DAG})
+    assert any("CDN_TOKEN" in e["message"] and e["path"].startswith("tasks[call].config.input")
+               for e in info.value.errors), info.value.errors
