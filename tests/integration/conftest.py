@@ -12,6 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 from django.conf import settings
@@ -108,3 +109,23 @@ def wait_for_run_terminal(run, *, timeout: float = 60.0) -> str:
 
 
 __all__ = ["flush_broker", "wait_for_run_terminal", "uuid"]
+
+
+def start_web(stack) -> str:
+    """Start gunicorn (``Stack.start_web``, as make run does) on a free port of loopback and
+    return its base URL once ``/healthz`` answers 200."""
+    from flowforge.stack import wait_until
+    from tests.faults.servers import free_port
+
+    port = free_port()
+    stack.start_web(bind=f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30, what="gunicorn")
+    return base

@@ -14,11 +14,10 @@ import pytest
 
 from engine.models import TaskRun, TaskRunEvent
 from engine.services import apply_definition, start_run
-from flowforge.stack import wait_until
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key, revoke_api_key
 from tenancy.models import KeyRole, Membership, Role
-from tests.faults.servers import free_port
+from tests.integration.conftest import start_web
 from tests.unit.test_api_auth import actor_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -28,18 +27,7 @@ ONE = [{"key": "job", "type": "worker", "config": {"queue": "jobs"}}]
 
 @pytest.fixture
 def web(stack):
-    port = free_port()
-    stack.start_web(bind=f"127.0.0.1:{port}")
-    base = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30, what="gunicorn")
-    return base
+    return start_web(stack)
 
 
 def worker_key(org):

@@ -20,8 +20,7 @@ from flowforge.stack import wait_until
 from tenancy.actors import Actor
 from tenancy.apikeys import create_api_key
 from tenancy.models import KeyRole, Membership, Role
-from tests.faults.servers import free_port
-from tests.integration.conftest import wait_for_run_terminal
+from tests.integration.conftest import start_web, wait_for_run_terminal
 from tests.unit.test_api_auth import actor_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -51,19 +50,8 @@ MIXED = [
 
 @pytest.fixture
 def web(stack):
-    port = free_port()
-    stack.env["FLOWFORGE_WORKER_LEASE_SECONDS"] = "3"
-    stack.start_web(bind=f"127.0.0.1:{port}")
-    base = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30, what="gunicorn")
-    return base
+    stack.env["FLOWFORGE_WORKER_LEASE_SECONDS"] = "3"  # a killed worker's task comes back in seconds
+    return start_web(stack)
 
 
 def worker_key(org) -> str:

@@ -7,24 +7,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from flowforge.stack import wait_until
-from tests.faults.servers import free_port
+from tests.integration.conftest import start_web
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def test_gunicorn_serves_css_js_htmx_and_swagger_assets(stack):
-    port = free_port()
-    stack.start_web(bind=f"127.0.0.1:{port}")
-    base = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=30, what="gunicorn")
+    base = start_web(stack)
     login = httpx.get(f"{base}/accounts/login/")
     assert login.status_code == 200
     for path, ctype in [
