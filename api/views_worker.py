@@ -10,6 +10,8 @@ validated whole before anything is written; an error answers with nothing change
 from __future__ import annotations
 
 import json
+import select
+import socket
 import uuid
 from typing import Any
 
@@ -143,6 +145,28 @@ class LogsSerializer(TokenSerializer):
     lines = LogLineSerializer(many=True, allow_empty=False, max_length=MAX_LOG_LINES)
 
 
+def _client_connected(request):
+    """A check that the poll's client is still connected: False once the peer closed the
+    socket (gunicorn exposes it as ``gunicorn.socket``; elsewhere always True). Peeks, so
+    nothing the client sent is consumed."""
+    sock = request.META.get("gunicorn.socket")
+    if sock is None:
+        return lambda: True
+
+    def connected() -> bool:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:
+                return True
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+
+    return connected
+
+
 def _validated(serializer_class, request) -> dict:
     s = serializer_class(data=request.data)
     s.is_valid(raise_exception=True)
@@ -238,6 +262,7 @@ class WorkerPollView(_WorkerView):
                 max_tasks=data["max_tasks"], wait_seconds=data["wait_seconds"],
                 worker=worker_queues.WorkerInfo(id=w["id"], name=w["name"], host=w["host"], sdk=w["sdk"],
                                                 concurrency=w["concurrency"]),
+                still_wanted=_client_connected(request),
             )
         except worker_queues.PollCapacity as exc:
             raise PollCapacityProblem(exc.retry_after) from exc

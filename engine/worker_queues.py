@@ -26,7 +26,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
@@ -229,7 +229,7 @@ def _claim(organization_id: uuid.UUID, queue: str, limit: int, owner: str) -> li
 
 def poll(
     *, organization_id: uuid.UUID, api_key_id: uuid.UUID | None, queue: str, max_tasks: int,
-    wait_seconds: float, worker: WorkerInfo,
+    wait_seconds: float, worker: WorkerInfo, still_wanted: Callable[[], bool] = lambda: True,
 ) -> list[dict[str, Any]]:
     """Up to ``max_tasks`` task runs of ``queue`` claimed and started for ``worker``, each
     as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
@@ -257,6 +257,11 @@ def poll(
         with queue_hub.hub().wait_for(organization_id, queue) as waiting:
             deadline = began + wait_seconds
             while True:
+                if not still_wanted():
+                    # The client went away while this poll waited (killed, or cut off by a
+                    # proxy): a claim now would start tasks nobody will run, each costing an
+                    # attempt when its lease runs out.
+                    return []
                 started = _claim(organization_id, queue, max_tasks, owner)
                 if started:
                     metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)

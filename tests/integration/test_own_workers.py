@@ -113,3 +113,17 @@ def test_a_revoked_worker_key_gets_401_on_its_next_call(web, org):
     response = poll(web, key)
     assert response.status_code == 401
     assert response.json()["code"] in {"authentication_failed", "not_authenticated"}
+
+
+def test_a_poll_whose_client_went_away_claims_nothing(web, org):
+    (_row, key), _owner = worker_key(org)
+    wf = apply_definition(organization=org, document={"name": "w1", "tasks": ONE})
+    with pytest.raises(httpx.ReadTimeout):  # the worker gives up on its poll (killed, or a proxy cut it)
+        httpx.post(f"{web}/api/v1/worker/poll/", json={"queue": "jobs", "wait_seconds": 10, "worker": {"id": "gone"}},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=1.0)
+    run = start_run(workflow=wf, actor=Actor.system(org))
+    time.sleep(2.0)  # the abandoned poll was woken by the task's commit meanwhile
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    assert (tr.state, tr.fencing_token) == ("ready", 0)  # not started for a client that is gone
+    (task,) = poll(web, key, worker_id="present").json()["tasks"]
+    assert task["task_run_id"] == str(tr.pk)
