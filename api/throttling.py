@@ -88,6 +88,13 @@ class ApiRateThrottle(BaseThrottle):
     FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG per organization (0 disables either).
     When one refuses, ``request.throttle_detail`` names it (api.base.OrganizationAPIView.throttled)."""
 
+    #: The counters' namespace, and the settings of the two limits.
+    scope = "api-rate"
+    caller_setting = "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE"
+    organization_setting = "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG"
+    #: What the 429's detail calls the budget.
+    what = "rate limit"
+
     def __init__(self) -> None:
         self.retry_after: float = 0.0
 
@@ -98,19 +105,20 @@ class ApiRateThrottle(BaseThrottle):
         at = now()
         window = int(at // WINDOW_SECONDS)
         self.retry_after = (window + 1) * WINDOW_SECONDS - at
-        limit = settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE
+        limit = getattr(settings, self.caller_setting)
         if limit > 0:
-            count = _count(f"api-rate:{ident}:{window}")
+            count = _count(f"{self.scope}:{ident}:{window}")
             if count is not None and count > limit:
                 who = "this API key's" if ":key:" in ident else "your"
-                request.throttle_detail = f"Request was throttled: {who} rate limit of {limit} requests per minute is spent."
+                request.throttle_detail = (f"Request was throttled: {who} {self.what} of {limit} requests per minute "
+                                           "is spent.")
                 return False
-        org_limit = getattr(settings, "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", 0)
+        org_limit = getattr(settings, self.organization_setting, 0)
         org = organization_ident(request)
         if org_limit > 0 and org is not None:
-            count = _count(f"api-rate:org:{org}:{window}")
+            count = _count(f"{self.scope}:org:{org}:{window}")
             if count is not None and count > org_limit:
-                request.throttle_detail = (f"Request was throttled: the organization's rate limit of {org_limit} "
+                request.throttle_detail = (f"Request was throttled: the organization's {self.what} of {org_limit} "
                                            "requests per minute (all its API keys and users together) is spent.")
                 return False
         return True
@@ -118,6 +126,19 @@ class ApiRateThrottle(BaseThrottle):
     def wait(self) -> float:
         """Whole seconds until the window ends (at least 1): the ``Retry-After`` value."""
         return max(1, math.ceil(self.retry_after))
+
+
+class WorkerLeaseThrottle(ApiRateThrottle):
+    """The budget of a worker's calls on the tasks it holds (heartbeat, complete, fail):
+    FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE per key and
+    FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE_PER_ORG per organization, apart from the API's
+    budget, so a worker's polls and log lines cannot spend what its heartbeats need (a
+    refused heartbeat costs the task its lease)."""
+
+    scope = "worker-lease-rate"
+    caller_setting = "FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE"
+    organization_setting = "FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE_PER_ORG"
+    what = "limit of calls on held tasks"
 
 
 def failed_key_wait(ip: str | None) -> float | None:

@@ -23,11 +23,14 @@ from api.base import OrganizationAPIView
 from api.exceptions import FieldTooLarge
 from api.schema import invalid, problem, problem_example
 from api.serializers import storable_json_problem
+from api.throttling import WorkerLeaseThrottle
 from api.serializers_org import StrictBooleanField, TextField
 from api.views_runs import OwnTransactions
 from engine import worker_queues
 from engine.handlers.worker import QUEUE_NAME_FORM, valid_queue_name
 from engine.models import TaskLog
+from flowforge.jsonb import strip_nul
+from tenancy import apikeys
 from tenancy.permissions import Action
 
 #: Bytes of JSON text a completion's output may hold.
@@ -114,7 +117,10 @@ class TokenSerializer(serializers.Serializer):
 
 class CompleteSerializer(TokenSerializer):
     output = serializers.JSONField(required=False, allow_null=True, default=None,
-                                   help_text=f"Any JSON value, at most {MAX_OUTPUT_BYTES} bytes of JSON text.")
+                                   help_text=f"Any JSON value, at most {MAX_OUTPUT_BYTES} bytes of compact "
+                                             "UTF-8 JSON text. NUL characters in its strings are removed and "
+                                             "unpaired surrogates become U+FFFD (PostgreSQL's jsonb cannot "
+                                             "store them), as in a run's input.")
 
     def validate_output(self, value: Any) -> Any:
         problem = storable_json_problem(value)
@@ -123,12 +129,16 @@ class CompleteSerializer(TokenSerializer):
         return value
 
 
-def _check_output_size(value: Any) -> None:
-    """Raise FieldTooLarge (413 naming ``output``) for an output over MAX_OUTPUT_BYTES of JSON
-    text (checked after validation: a serializer turns any error it raises into a 400)."""
-    size = len(json.dumps(value, ensure_ascii=False).encode())
+def _check_output_size(value: Any) -> Any:
+    """``value`` as it is stored (flowforge.jsonb.strip_nul: NUL characters removed and
+    unpaired surrogates made U+FFFD, as for a run's input), or FieldTooLarge (413 naming
+    ``output``) when that is over MAX_OUTPUT_BYTES of compact UTF-8 JSON text (checked
+    after validation: a serializer turns any error it raises into a 400)."""
+    value = strip_nul(value)
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > MAX_OUTPUT_BYTES:
         raise FieldTooLarge({"output": [f"is {size} bytes of JSON text; at most {MAX_OUTPUT_BYTES}"]})
+    return value
 
 
 class FailSerializer(TokenSerializer):
@@ -184,6 +194,19 @@ class _WorkerView(OwnTransactions, OrganizationAPIView):
     def _api_key_id(self) -> uuid.UUID | None:
         key = getattr(self.actor, "api_key", None)
         return getattr(key, "id", None)
+
+    def _still_wanted(self, request):
+        """What a long poll checks before each claim after its first: the client is still
+        connected (``_client_connected``) and the worker key still authenticates with the
+        same role (``apikeys.still_valid``: a key revoked, expired or capped lower while
+        the poll waited is handed no task, and so none of its resolved secrets)."""
+        connected = _client_connected(request)
+        key = getattr(self.actor, "api_key", None)
+
+        def wanted() -> bool:
+            return connected() and (key is None or apikeys.still_valid(key))
+
+        return wanted
 
     def _call(self, fn, **kwargs):
         """``fn(**kwargs)`` with the engine's refusals as API errors (404, 409)."""
@@ -262,7 +285,7 @@ class WorkerPollView(_WorkerView):
                 max_tasks=data["max_tasks"], wait_seconds=data["wait_seconds"],
                 worker=worker_queues.WorkerInfo(id=w["id"], name=w["name"], host=w["host"], sdk=w["sdk"],
                                                 concurrency=w["concurrency"]),
-                still_wanted=_client_connected(request),
+                still_wanted=self._still_wanted(request),
             )
         except worker_queues.PollCapacity as exc:
             raise PollCapacityProblem(exc.retry_after) from exc
@@ -273,6 +296,8 @@ class WorkerPollView(_WorkerView):
 
 class WorkerHeartbeatView(_WorkerView):
     """POST /worker/tasks/{id}/heartbeat: extend the lease of the generation the worker holds."""
+
+    throttle_classes = [WorkerLeaseThrottle]
 
     @extend_schema(operation_id="worker_heartbeat", request=TokenSerializer,
                    responses={200: inline_serializer("WorkerHeartbeatResult", {"lease_seconds": serializers.FloatField()}), **REFUSED},
@@ -300,20 +325,24 @@ class WorkerLogsView(_WorkerView):
 class WorkerCompleteView(_WorkerView):
     """POST /worker/tasks/{id}/complete: the generation the worker holds succeeded."""
 
+    throttle_classes = [WorkerLeaseThrottle]
+
     @extend_schema(operation_id="worker_complete", request=CompleteSerializer,
                    responses={200: inline_serializer("WorkerCompleteResult", {"state": serializers.CharField()}), **REFUSED},
                    examples=_examples({"fencing_token": 1, "output": {"thumbnail": "s3://bucket/a.png"}},
                                       {"state": "succeeded"}))
     def post(self, request, pk):
         data = _validated(CompleteSerializer, request)
-        _check_output_size(data["output"])
+        output = _check_output_size(data["output"])
         state = self._call(worker_queues.complete, task_run_id=pk, fencing_token=data["fencing_token"],
-                           output=data["output"])
+                           output=output)
         return Response({"state": state})
 
 
 class WorkerFailView(_WorkerView):
     """POST /worker/tasks/{id}/fail: the generation the worker holds failed."""
+
+    throttle_classes = [WorkerLeaseThrottle]
 
     @extend_schema(operation_id="worker_fail", request=FailSerializer,
                    responses={200: inline_serializer("WorkerFailResult", {

@@ -68,10 +68,12 @@ def sweep_runs() -> None:
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows,
-    workers not seen for a week and abandoned live subscriptions."""
+    workers not seen for a week, the secret values kept for worker task generations no
+    longer running, and abandoned live subscriptions."""
     services.purge_expired_idempotency_keys()
     services.purge_old_rate_limit_buckets()
     services.purge_forgotten_workers()
+    services.purge_finished_attempt_secrets()
     live.purge_expired()
 
 

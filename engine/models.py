@@ -754,3 +754,26 @@ class TaskLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.level}: {self.message[:40]}"
+
+
+class AttemptSecrets(models.Model):
+    """The secret values one generation of a worker task run was handed at its poll,
+    encrypted (tenancy.vault, bound to the organization and the generation): what its log
+    lines, output and error are redacted of, even after the secret was rotated or deleted
+    while the worker held it (issue 18). One row per task run, replaced by the next
+    generation's; only for an input that references a secret. Rows of generations no
+    longer running are deleted by the clock (``attempt_secrets_purge_batch``)."""
+
+    task_run = models.OneToOneField(TaskRun, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    fencing_token = models.BigIntegerField()
+    values_encrypted = models.TextField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_attemptsecrets"
+
+    def __str__(self) -> str:
+        return f"secrets handed to {self.task_run_id}/{self.fencing_token}"

@@ -27,7 +27,8 @@ The life of a reference:
   through a value would otherwise leave its first characters.
 
 Redaction covers each value as it is, percent-encoded as in a URL (every reserved
-character, ``+`` for spaces, and as httpx encodes a query or a path), and each of those as
+character, ``+`` for spaces, ``/`` left alone as ``urllib.parse.quote`` does by default,
+and as httpx encodes a query or a path), and each of those as
 it appears inside JSON text (escaped quotes, backslashes, non-ASCII): ``value_forms``. A
 value a task or a remote server transforms otherwise (base64, hashed, cut in parts, one
 character at a time) is not recognized; tenancy.vault refuses values shorter than 4
@@ -281,6 +282,29 @@ def resolve(organization_id: Any, obj: Any) -> tuple[Any, list[str]]:
     return _substitute(obj, values), [values[name] for name in names]
 
 
+def current_values(organization_id: Any, obj: Any) -> list[str]:
+    """The current values of the secrets ``obj`` references that still exist and decrypt
+    (each once, in the order first referenced): what ``redact`` should also be given for
+    what an attempt left behind when the values it was handed are not known. Never raises
+    for a secret that is gone or a malformed reference (those are left out): a missing
+    secret must not switch the redaction of the others off. At most one query per name
+    when some value does not decrypt, else one."""
+    refs = find_references(obj, "config", errors=[])
+    names = list(dict.fromkeys(name for _path, name in refs))
+    if not names:
+        return []
+    try:
+        values = vault.decrypt_values(organization_id, names)
+    except DecryptionError:
+        values = {}
+        for name in names:
+            try:
+                values.update(vault.decrypt_values(organization_id, [name]))
+            except DecryptionError:
+                continue
+    return [values[name] for name in names if name in values]
+
+
 # --- redaction -----------------------------------------------------------------------------------
 
 
@@ -297,8 +321,9 @@ def value_forms(value: str) -> set[str]:
     without ``\\uXXXX``). Empty for an empty value."""
     if not value:
         return set()
-    bases = {value, quote(value, safe=""), quote_plus(value, safe=""), quote(value, safe=_URL_QUERY_SAFE),
-             quote(value, safe=_URL_PATH_SAFE)}
+    # quote(value) keeps its default safe "/": what a Python worker most often writes.
+    bases = {value, quote(value, safe=""), quote(value), quote_plus(value, safe=""),
+             quote(value, safe=_URL_QUERY_SAFE), quote(value, safe=_URL_PATH_SAFE)}
     forms = set(bases)
     for base in bases:
         forms.add(json.dumps(base)[1:-1])

@@ -609,6 +609,13 @@ def purge_forgotten_workers(*, batch_size: int = 5000, max_batches: int = 200) -
     return _delete_in_batches("worker_connection_purge_batch", batch_size=batch_size, max_batches=max_batches)
 
 
+def purge_finished_attempt_secrets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete the secret values kept for worker task generations that are no longer
+    running (``attempt_secrets_purge_batch``), in batches. Returns how many rows were
+    deleted. For the clock; a system sweep over every organization."""
+    return _delete_in_batches("attempt_secrets_purge_batch", batch_size=batch_size, max_batches=max_batches)
+
+
 def purge_old_rate_limit_buckets(*, batch_size: int = 5000, max_batches: int = 200) -> int:
     """Delete idle rate-limit buckets (``rate_limit_bucket_purge_batch``: whose last window
     opened more than two minutes ago, longer than any window), in batches of

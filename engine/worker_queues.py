@@ -21,6 +21,7 @@ or of the shared workers, is NotAWorkerTask (404), the same answer as no task ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import threading
@@ -38,6 +39,8 @@ from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
 from engine.repositories import events, task_runs, worker_queues
 from engine.repositories.types import StartedAttempt, SuccessRequest
+from flowforge.crypto import DecryptionError
+from tenancy import vault
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +190,9 @@ def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
     out = []
     for a in attempts:
         try:
-            task_input, _values = _resolve_input(a.organization_id, a.config.get("input") or {})
+            task_input, values = _resolve_input(a.organization_id, a.config.get("input") or {})
+            if values:
+                _keep_handed_values(a, values)
         except secret_refs.SecretUnavailable as exc:
             result = atomic_retry(lambda a=a, exc=exc: task_runs.fail_attempt(
                 task_run_id=a.task_run_id, fencing_token=a.fencing_token, error=str(exc), retryable=False),
@@ -196,6 +201,21 @@ def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
             continue
         out.append(_payload(a, names.get(a.workflow_run_id, ""), task_input))
     return out
+
+
+def _handout_name(task_run_id: uuid.UUID, fencing_token: int) -> str:
+    """What the handed-out values are encrypted bound to (tenancy.vault's ``name``): the
+    generation, so a row cannot be read as another's."""
+    return f"attempt:{task_run_id}:{fencing_token}"
+
+
+def _keep_handed_values(a: StartedAttempt, values: list[str]) -> None:
+    """Keep, encrypted, the secret values handed to generation ``a`` (core_attemptsecrets):
+    its log lines, output and error are redacted of them even if a secret is rotated or
+    deleted while the worker holds it."""
+    sealed = vault.encrypt(a.organization_id, _handout_name(a.task_run_id, a.fencing_token), json.dumps(values))
+    worker_queues.put_attempt_secrets(organization_id=a.organization_id, task_run_id=a.task_run_id,
+                                      fencing_token=a.fencing_token, values_encrypted=sealed)
 
 
 def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any]:
@@ -235,7 +255,9 @@ def poll(
     as its answer's dict (docs/workers.md), waiting up to ``wait_seconds`` for the first
     when none is ready; [] when the wait ran out. Raises UnknownQueue when no task of the
     organization waits on ``queue``, and PollCapacity when the process may
-    not hold another long poll and nothing was ready. Must not run in a transaction (each
+    not hold another long poll and nothing was ready. ``still_wanted`` is asked before
+    each claim after the first (the first claim acts on the request's own authentication):
+    False ends the poll with []. Must not run in a transaction (each
     claim commits at once, and a waiting poll holds no transaction open)."""
     owner = f"worker:{worker.id}"
     wait_seconds = min(wait_seconds, float(settings.FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS))
@@ -256,12 +278,15 @@ def poll(
         # Registered before the first claim: a task that turns ready after it is announced.
         with queue_hub.hub().wait_for(organization_id, queue) as waiting:
             deadline = began + wait_seconds
+            woken = False
             while True:
-                if not still_wanted():
+                if woken and not still_wanted():
                     # The client went away while this poll waited (killed, or cut off by a
-                    # proxy): a claim now would start tasks nobody will run, each costing an
-                    # attempt when its lease runs out.
+                    # proxy), or its key was revoked: a claim now would start tasks nobody
+                    # will run (each costing an attempt when its lease runs out), or hand
+                    # secrets to a key that no longer may have them.
                     return []
+                woken = True
                 started = _claim(organization_id, queue, max_tasks, owner)
                 if started:
                     metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)
@@ -301,13 +326,14 @@ def _held(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int) -> wor
 def heartbeat(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int) -> float:
     """Extend the lease of the generation ``fencing_token`` the caller holds by
     FLOWFORGE_WORKER_LEASE_SECONDS (never past the attempt's timeout). Returns the seconds
-    the lease now runs. Raises NotAWorkerTask or WorkerCallRefused."""
+    the lease now runs (less than the setting once the timeout is nearer; rounded to
+    milliseconds). Raises NotAWorkerTask or WorkerCallRefused."""
     _held(organization_id, task_run_id, fencing_token)
-    extended = task_runs.heartbeat_many(leases=[(task_run_id, fencing_token)], lease_seconds=lease_seconds())
+    extended = task_runs.extend_leases(leases=[(task_run_id, fencing_token)], lease_seconds=lease_seconds())
     if task_run_id not in extended:  # lost between the read and the update
         gen = _held(organization_id, task_run_id, fencing_token)
         raise WorkerCallRefused(gen.refusal(fencing_token) or "lease_expired", fencing_token)
-    return lease_seconds()
+    return round(extended[task_run_id], 3)
 
 
 def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
@@ -316,7 +342,7 @@ def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_t
     caller holds, each message redacted of the attempt's secret values. Returns how many
     were kept. Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held(organization_id, task_run_id, fencing_token)
-    values = _attempt_values(organization_id, gen.config)
+    values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
     kept = worker_queues.append_logs(
         organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
         lines=[(level, _redact(message, values)) for level, message in lines],
@@ -344,14 +370,31 @@ def _redact(value: Any, values: list[str]) -> Any:
     return secret_refs.redact(value, values)
 
 
-def _attempt_values(organization_id: uuid.UUID, config: dict[str, Any]) -> list[str]:
-    """The secret values the attempt's input resolves to now (what its worker was handed,
-    unless a secret was rotated meanwhile: then both could appear, and the current one is
-    redacted), [] when a referenced secret is gone."""
-    try:
-        return _resolve_input(organization_id, config.get("input") or {})[1]
-    except secret_refs.SecretUnavailable:
+def _attempt_values(organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
+                    config: dict[str, Any]) -> list[str]:
+    """The secret values to redact from what generation ``fencing_token`` leaves behind:
+    those it was handed at its poll (core_attemptsecrets), and the current values of the
+    secrets its input references (a value rotated in since is redacted too; a secret
+    deleted since is still redacted by its handed-out value). [] for an input without
+    references (no query beyond the config's scan)."""
+    task_input = config.get("input") or {}
+    if not secret_refs.mentions_reference(json.dumps(task_input)):
         return []
+    values = secret_refs.current_values(organization_id, {"input": task_input})
+    sealed = worker_queues.attempt_secrets(organization_id=organization_id, task_run_id=task_run_id,
+                                           fencing_token=fencing_token)
+    if sealed is not None:
+        try:
+            handed = json.loads(vault.decrypt(sealed, organization_id=organization_id,
+                                              name=_handout_name(task_run_id, fencing_token)))
+        except DecryptionError:
+            # Its key left FLOWFORGE_SECRET_KEYS while the worker held the task: the current
+            # values are all that is left to redact with.
+            log.warning("the secret values handed to task run %s (generation %s) no longer decrypt",
+                        task_run_id, fencing_token)
+            handed = []
+        values = list(dict.fromkeys([*handed, *values]))
+    return values
 
 
 def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, output: Any) -> str:
@@ -362,7 +405,7 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
     (the refusal of a completion also leaves a ``stale_completion_rejected`` event), and
     ValueError for an output holding NaN or Infinity."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=True)
-    values = _attempt_values(organization_id, gen.config)
+    values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
     _starts, results, dispatches = task_runs.start_and_complete_many(
         starts=[], successes=[SuccessRequest(task_run_id, fencing_token, _redact(output, values), gen.has_dependents)],
         worker_lease_seconds=lease_seconds(), dispatch_lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
@@ -386,7 +429,7 @@ def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: i
     attempts remain, else failed (its descendants skipped, its run advanced). Returns
     (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
-    values = _attempt_values(organization_id, gen.config)
+    values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
     result = atomic_retry(lambda: task_runs.fail_attempt(
         task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
     ), connection_attempts=2)

@@ -280,6 +280,12 @@ FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIM
 # 16), by default four keys' worth; past it, 429 naming the organization's budget. 0 disables it.
 FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = int(os.environ.get(
     "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", str(4 * FLOWFORGE_API_RATE_LIMIT_PER_MINUTE)))
+# A worker's calls on the tasks it holds (heartbeat, complete, fail) have their own budget
+# (api.throttling.WorkerLeaseThrottle): polls and log lines cannot spend what its
+# heartbeats need. 0 disables either.
+FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE = int(os.environ.get("FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE", "6000"))
+FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE_PER_ORG = int(os.environ.get(
+    "FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE_PER_ORG", str(4 * FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE)))
 # Failed API key authentications per client address per minute; past it, 429 without
 # verifying (each failure costs an Argon2 check). 0 disables the limit.
 FLOWFORGE_API_KEY_FAILURES_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_KEY_FAILURES_PER_MINUTE", "30"))

@@ -308,6 +308,19 @@ def _authenticated(*, key_id, prefix, name, role, organization_id, creator_id,
     )
 
 
+
+def still_valid(key: AuthenticatedKey) -> bool:
+    """Whether ``key``, authenticated earlier in this request, would still authenticate
+    with the same effective role now: not revoked, not expired, its creator still an
+    active member whose role does not cap it lower. For a request that outlives its
+    authentication (a worker's long poll, up to 30 s) to re-check before it acts again.
+    One query; reads no cache (a revocation takes effect at once)."""
+    if key.expires_at is not None and key.expires_at <= timezone.now():
+        return False
+    grant = cap_to_grantor(key.role, organization_id=key.organization.pk, grantor_id=key.created_by.pk,
+                           unrevoked_key_id=key.id)
+    return grant is not None and grant.role == key.effective_role
+
 # last_used_at is kept to this many seconds: the conditional UPDATE below, and on the
 # cache-hit path a marker in the cache, read in the hit's one MGET.
 LAST_USED_RESOLUTION_SECONDS = 60
@@ -511,5 +524,6 @@ __all__ = [
     "create_api_key",
     "parse_key",
     "revoke_api_key",
+    "still_valid",
     "touch_last_used",
 ]

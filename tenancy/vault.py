@@ -141,16 +141,24 @@ def validate_name(name: Any) -> str:
     return name
 
 
+# Values whose redaction would blank ordinary text (JSON's literals appear in most outputs).
+_COMMON_WORDS = frozenset({"true", "false", "null", "none", "undefined"})
+
+
 def validate_value(value: Any) -> str:
-    """``value`` when it may be stored: a string of MIN_VALUE_CHARS characters up to
-    FLOWFORGE_MAX_SECRET_BYTES bytes of UTF-8, without NUL or unpaired surrogates. Raises
+    """``value`` when it may be stored: a string of MIN_VALUE_CHARS characters (besides
+    spaces around it) up to FLOWFORGE_MAX_SECRET_BYTES bytes of UTF-8, not a common word
+    (``true``, ``null``, ...), without NUL or unpaired surrogates. Raises
     InvalidSecret("value", ...) naming the rule, never the value."""
     if not isinstance(value, str):
         raise InvalidSecret("value", "must be a string")
-    if len(value) < MIN_VALUE_CHARS:
-        raise InvalidSecret("value", f"must be at least {MIN_VALUE_CHARS} characters: every value a task uses is "
-                            "redacted from its output, errors and logs, and a shorter one would blank every "
-                            "occurrence of those characters there")
+    if len(value.strip()) < MIN_VALUE_CHARS:
+        raise InvalidSecret("value", f"must be at least {MIN_VALUE_CHARS} characters, not counting spaces around "
+                            "it: every value a task uses is redacted from its output, errors and logs, and a "
+                            "shorter one would blank every occurrence of those characters there")
+    if value.strip().lower() in _COMMON_WORDS:
+        raise InvalidSecret("value", "must not be a JSON literal or a word as common: it would be redacted from "
+                            "every output, error and log line of the tasks that use it")
     if "\x00" in value:
         raise InvalidSecret("value", "must not contain NUL characters")
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import httpx
 
@@ -37,6 +37,23 @@ RESERVED_HEADERS = frozenset({
 # ({{ secrets.NAME }}), never write it down, since definitions are readable by every role
 # (Proxy-Authorization is refused anyway, as a hop-by-hop header). Lower case.
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie", "x-api-key"})
+
+
+# Other header names and query parameter names that carry a credential (X-Auth-Token,
+# X-Access-Token, api_key, access_token, client_secret, password, sig, ...): the same rule.
+_CREDENTIAL_NAME = re.compile(r"auth|token|secret|passw|api[-_]?key|credential|signature|session|^sig$|^key$",
+                              re.IGNORECASE)
+
+
+def _is_credential_name(name: str) -> bool:
+    name = name.strip()
+    return name.lower() in CREDENTIAL_HEADERS or _CREDENTIAL_NAME.search(name) is not None
+
+
+def _literal(value: str) -> bool:
+    """True when ``value`` is written down, not taken from a secret (a malformed reference
+    is engine.definitions' to report, not a literal)."""
+    return bool(value) and not secret_refs.has_reference(value) and not secret_refs.mentions_reference(value)
 
 
 # RFC 9110's token: what a field name may be made of (no ':' pseudo-headers, no spaces).
@@ -112,7 +129,8 @@ class HttpHandler(TaskHandler):
         "Loopback, private, link-local and other internal addresses are refused (each redirect "
         "hop too) unless the deployment allows them; Host and hop-by-hop headers are not settable. "
         "Credentials come from the organization's secrets: {{ secrets.NAME }} in the url, a header value "
-        "or a json string (Authorization, Cookie and X-Api-Key take no literal value)."
+        "or a json string (Authorization, Cookie, X-Api-Key and other credential headers, a URL's password "
+        "and credential query parameters take no literal value)."
     )
 
     def validate_config(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -163,20 +181,40 @@ class HttpHandler(TaskHandler):
         return out
 
     def check_new_config(self, config: dict[str, Any]) -> list[tuple[str, str]]:
-        """New definitions may not write a credential header's value down
-        (CREDENTIAL_HEADERS: Authorization, Proxy-Authorization, Cookie, X-Api-Key, any
-        case): its value must reference a secret, e.g. ``"Bearer {{ secrets.API_TOKEN }}"``.
+        """New definitions may not write a credential down: a credential header's value
+        (CREDENTIAL_HEADERS: Authorization, Proxy-Authorization, Cookie, X-Api-Key, and any
+        header named like one: X-Auth-Token, X-Access-Token, ..., any case), the URL's
+        password (``user:password@``) or a query parameter named like one (``api_key``,
+        ``access_token``, ``key``, ``sig``, ...) must reference a secret, e.g.
+        ``"Bearer {{ secrets.API_TOKEN }}"``. Returns [(field path, message), ...].
         Every role reads definitions, so a literal credential there is readable by viewers.
         Versions stored before this rule keep running as they are."""
+        store = ("store it as a secret of the organization (PUT /api/v1/secrets/NAME/ or the Secrets page) "
+                 "and reference it")
         problems = []
         for name, value in (config.get("headers") or {}).items():
-            # A malformed reference is reported as such (engine.definitions), not as a literal.
-            if (name.strip().lower() in CREDENTIAL_HEADERS and not secret_refs.has_reference(value)
-                    and not secret_refs.mentions_reference(value)):
+            if _is_credential_name(name) and isinstance(value, str) and _literal(value):
                 problems.append((f"headers.{name}", (
-                    f"{name} holds a literal credential: store it as a secret of the organization "
-                    "(PUT /api/v1/secrets/NAME/ or the Secrets page) and reference it, e.g. "
+                    f"{name} holds a literal credential: {store}, e.g. "
                     '"Bearer {{ secrets.NAME }}"; definitions are readable by every role')))
+        url = config.get("url")
+        if isinstance(url, str):
+            try:
+                parts = urlsplit(url)
+            except ValueError:
+                return problems  # validate_config reports a malformed URL
+            netloc = parts.netloc
+            if "@" in netloc:
+                userinfo = netloc.rsplit("@", 1)[0]
+                if ":" in userinfo and _literal(userinfo.split(":", 1)[1]):
+                    problems.append(("url", f"the URL holds a literal password (user:password@): {store}, e.g. "
+                                            '"https://user:{{ secrets.NAME }}@host/"; definitions are readable '
+                                            "by every role"))
+            for name, value in parse_qsl(parts.query, keep_blank_values=True):
+                if _is_credential_name(name) and _literal(value):
+                    problems.append(("url", f"the URL's query parameter {name!r} holds a literal credential: "
+                                            f"{store}, e.g. \"?{name}={{{{ secrets.NAME }}}}\"; definitions are "
+                                            "readable by every role"))
         return problems
 
     def run(self, context: TaskContext) -> Any:

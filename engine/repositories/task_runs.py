@@ -368,14 +368,21 @@ def heartbeat_many(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: fl
     moved to a newer generation, and their worker no longer owns them.
     May be called outside a transaction (autocommit).
     """
+    return set(extend_leases(leases=leases, lease_seconds=lease_seconds))
+
+
+def extend_leases(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> dict[uuid.UUID, float]:
+    """``heartbeat_many``, answering {task_run_id: seconds the extended lease now runs}
+    (less than ``lease_seconds`` when the attempt's timeout comes first); an id left out
+    was not extended."""
     pairs = list(leases)
     if not pairs:
-        return set()
+        return {}
     rows = fetch(
         queries["task_run_heartbeat_many"],
         {"ids": [p[0] for p in pairs], "tokens": [p[1] for p in pairs], "lease": float(lease_seconds)},
     )
-    return {r[0] for r in rows}
+    return {r[0]: max(0.0, float(r[1])) for r in rows}
 
 
 # --- Failures, and what follows them ----------------------------------------------------------

@@ -116,6 +116,22 @@ def append_logs(
     return len(rows)
 
 
+def put_attempt_secrets(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
+                        values_encrypted: str) -> None:
+    """Keep the secret values (encrypted by the caller) handed to generation
+    ``fencing_token`` of the task run, replacing an earlier generation's
+    (``attempt_secrets_put``)."""
+    fetch(queries["attempt_secrets_put"], {"id": task_run_id, "org": organization_id, "token": fencing_token,
+                                           "values": values_encrypted})
+
+
+def attempt_secrets(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int) -> str | None:
+    """The encrypted secret values handed to generation ``fencing_token`` of the task run,
+    None when none were (``attempt_secrets_get``)."""
+    rows = fetch(queries["attempt_secrets_get"], {"id": task_run_id, "org": organization_id, "token": fencing_token})
+    return rows[0][0] if rows else None
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueSummary:
     """One queue of an organization (``worker_queue_summary``): its ready task runs, the

@@ -545,7 +545,7 @@ SELECT count(*) FROM promoted;
 
 
 -- name: task_run_heartbeat_many
--- Extend the worker leases of running generations (ids, tokens) by lease seconds, never past started_at + timeout_seconds; core_taskrun_pkey.
+-- Extend the worker leases of running generations (ids, tokens) by lease seconds, never past started_at + timeout_seconds; returns each extended id with the seconds its lease now runs; core_taskrun_pkey.
 UPDATE core_taskrun t
 SET lease_expires_at = LEAST(
     clock_timestamp() + make_interval(secs => %(lease)s),
@@ -558,7 +558,7 @@ SET lease_expires_at = LEAST(
 FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
 WHERE t.id = a.id AND t.fencing_token = a.token AND (t.state || '') = 'running' AND k.id = t.task_id
   AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
-RETURNING t.id;
+RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - clock_timestamp())::float8;
 
 
 -- name: task_run_fail_attempt

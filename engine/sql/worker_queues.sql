@@ -77,6 +77,31 @@ ORDER BY l.n
 RETURNING 1;
 
 
+-- name: attempt_secrets_put
+-- Keep the encrypted secret values handed to generation token of the organization's task run id, replacing an earlier generation's; core_attemptsecrets_pkey.
+INSERT INTO core_attemptsecrets (task_run_id, organization_id, fencing_token, values_encrypted, created_at)
+VALUES (%(id)s, %(org)s, %(token)s, %(values)s, clock_timestamp())
+ON CONFLICT (task_run_id) DO UPDATE
+SET fencing_token = EXCLUDED.fencing_token, values_encrypted = EXCLUDED.values_encrypted,
+    created_at = EXCLUDED.created_at;
+
+
+-- name: attempt_secrets_get
+-- The encrypted secret values handed to generation token of the organization's task run id (no row: none were); core_attemptsecrets_pkey.
+SELECT s.values_encrypted FROM core_attemptsecrets s
+WHERE s.task_run_id = %(id)s AND s.organization_id = %(org)s AND s.fencing_token = %(token)s;
+
+
+-- name: attempt_secrets_purge_batch
+-- Delete up to limit rows of generations that are no longer running (finished, retried, cancelled, or their lease ran out and another took over); core_attemptsecrets_pkey, core_taskrun_pkey.
+DELETE FROM core_attemptsecrets WHERE task_run_id IN (
+    SELECT s.task_run_id FROM core_attemptsecrets s
+    WHERE NOT EXISTS (SELECT 1 FROM core_taskrun t
+                      WHERE t.id = s.task_run_id AND t.state = 'running' AND t.started_fencing_token = s.fencing_token)
+    LIMIT %(limit)s
+);
+
+
 -- name: worker_queue_summary
 -- A page of the organization's queues (named by a task or polled by a worker) after the name after ('' for the first), by name, at most limit: ready task runs, the oldest one's ready_at and its age in seconds, running ones, and the live workers (seen polling since cutoff seconds ago, or holding a running task run of the queue whose lease is current: the held part, as in worker_list and worker_queue_live); idx_taskrun_ready_claim, idx_taskrun_running_org, uniq_worker_org_queue_id.
 WITH held AS (

@@ -2,7 +2,8 @@
 database's commit notifications (issue 18, docs/workers.md): a waiting long poll is woken
 by the commit of the task it receives; two workers polling for one task start it once;
 another organization's worker never receives it, even polling the same queue name; a
-revoked worker key gets 401 on its next call."""
+revoked worker key gets 401 on its next call, and a key revoked while its poll waits is
+handed nothing."""
 
 from __future__ import annotations
 
@@ -127,3 +128,24 @@ def test_a_poll_whose_client_went_away_claims_nothing(web, org):
     assert (tr.state, tr.fencing_token) == ("ready", 0)  # not started for a client that is gone
     (task,) = poll(web, key, worker_id="present").json()["tasks"]
     assert task["task_run_id"] == str(tr.pk)
+
+
+def test_a_key_revoked_while_its_poll_waits_is_handed_no_task(web, org):
+    (row, key), owner = worker_key(org)
+    wf = apply_definition(organization=org, document={"name": "w1", "tasks": ONE})
+    assert poll(web, key).json()["tasks"] == []  # warm: the key is in the authentication cache
+    got: dict = {}
+
+    def waiting_poll():
+        got["response"] = poll(web, key, wait=5)
+
+    t = threading.Thread(target=waiting_poll)
+    t.start()
+    time.sleep(1.0)  # the poll is waiting by now
+    revoke_api_key(actor=owner, api_key=row)
+    run = start_run(workflow=wf, actor=Actor.system(org))  # wakes the waiting poll
+    t.join(30)
+    assert got["response"].status_code == 200
+    assert got["response"].json()["tasks"] == []
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    assert (tr.state, tr.fencing_token) == ("ready", 0)  # nothing started, no input handed out

@@ -130,6 +130,8 @@ def test_redact_recognizes_json_escaped_and_url_encoded_forms_and_replaces_longe
     assert quoted not in redact(body_text, [quoted]) and "[redacted]" in redact(body_text, [quoted])
     assert json.dumps(quoted, ensure_ascii=True)[1:-1] not in redact(json.dumps(quoted), [quoted])
     assert redact(url_text, [quoted]) == "https://x/?k=[redacted] and [redacted]"
+    # urllib.parse.quote's default leaves "/" alone: quote(v) is recognized too.
+    assert redact("a=pa%22ss%5Cw%C3%B6rd/%2B%26%3D", [quoted]) == "a=[redacted]"
     assert redact("tokenABCD1234", ["tokenABCD", "tokenABCD1234"]) == "[redacted]"
     assert redact({"pin": 987654, "other": 12}, ["987654"]) == {"pin": "[redacted]", "other": 12}
 
@@ -207,7 +209,8 @@ def test_a_known_reference_is_stored_as_written_and_shown_to_viewers_without_the
 
 @pytest.mark.parametrize("headers", [
     {"Authorization": "Bearer sk_live_123"}, {"authorization": "Basic dXNlcjpwYXNz"}, {"Cookie": "session=abc"},
-    {"X-Api-Key": "k-123"}, {"x-api-key": "k-123"},
+    {"X-Api-Key": "k-123"}, {"x-api-key": "k-123"}, {"X-Auth-Token": "t-123"}, {"X-Access-Token": "t-123"},
+    {"X-Client-Secret": "s-123"},
 ])
 def test_an_http_task_refuses_a_literal_credential_header_in_a_new_definition(headers):
     with pytest.raises(DefinitionError) as caught:
@@ -217,6 +220,26 @@ def test_an_http_task_refuses_a_literal_credential_header_in_a_new_definition(he
     assert error["path"] == f"tasks[fetch].config.headers.{name}"
     assert "literal credential: store it as a secret" in error["message"]
     assert "{{ secrets.NAME }}" in error["message"]
+
+
+@pytest.mark.parametrize("url, named", [
+    ("https://deploy:hunter22@api.example.com/v1", "literal password (user:password@)"),
+    ("https://api.example.com/v1?api_key=k-123", "query parameter 'api_key'"),
+    ("https://api.example.com/v1?q=x&access_token=t-1", "query parameter 'access_token'"),
+    ("https://maps.example.com/v1?key=AIza123", "query parameter 'key'"),
+])
+def test_an_http_task_refuses_a_literal_password_or_credential_query_parameter_in_its_url(url, named):
+    with pytest.raises(DefinitionError) as caught:
+        validate_document({"name": "calls", "tasks": [http_task(url=url)]})
+    (error,) = caught.value.errors
+    assert error["path"] == "tasks[fetch].config.url"
+    assert named in error["message"] and "store it as a secret" in error["message"]
+
+
+def test_a_url_taking_its_credentials_from_secrets_or_holding_none_passes():
+    for url in ("https://deploy:{{ secrets.PW }}@api.example.com/v1", "https://deploy@api.example.com/v1",
+                "https://api.example.com/v1?api_key={{ secrets.K }}&page=2&q=token"):
+        assert validate_document({"name": "calls", "tasks": [http_task(url=url)]})["tasks"][0]["config"]["url"] == url
 
 
 def test_proxy_authorization_stays_refused_as_a_hop_by_hop_header():

@@ -178,6 +178,10 @@ def test_names_of_64_characters_and_underscores_are_accepted(team):
 @pytest.mark.parametrize("value, message", [
     ("abc", "must be at least 4 characters"),
     ("", "must be at least 4 characters"),
+    ("    ", "must be at least 4 characters, not counting spaces"),
+    ("  ab  ", "must be at least 4 characters, not counting spaces"),
+    ("true", "must not be a JSON literal"),
+    (" Null ", "must not be a JSON literal"),
     ("ab\x00cd", "must not contain NUL"),
     ("ab\ud800cd", "unpaired surrogate"),
     (1234, "must be a string"),

@@ -284,6 +284,50 @@ def test_an_oversized_output_is_413_naming_it_and_the_task_keeps_running(a, monk
 
 
 @pytest.mark.django_db
+def test_an_output_holding_nul_or_an_unpaired_surrogate_is_stored_as_a_runs_input_would_be(a):
+    run = a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]
+    raw = '{"fencing_token": 1, "output": {"nul": "a\\u0000b", "lone": "x\\ud800y", "k\\u0000": 1}}'
+    done = a.client.post(f"/api/v1/worker/tasks/{tid}/complete/", raw, content_type="application/json",
+                         headers=bearer(a.worker_key))
+    assert done.status_code == 200, done.content
+    assert task_run(run).output == {"nul": "ab", "lone": "x\ufffdy", "k": 1}
+
+
+@pytest.mark.django_db
+def test_a_heartbeat_near_the_attempts_timeout_answers_the_shorter_lease_it_granted(a):
+    run = a.start([{"key": "resize", "type": "worker", "config": {"queue": "images"}, "timeout_seconds": 5}])
+    task = a.poll().json()["tasks"][0]
+    assert task["lease_seconds"] == 5  # FLOWFORGE_WORKER_LEASE_SECONDS is 60: the timeout comes first
+    answer = a.post(f"worker/tasks/{task['task_run_id']}/heartbeat/", {"fencing_token": 1}).json()
+    tr = task_run(run)
+    left = (tr.started_at + dt.timedelta(seconds=5) - tr.lease_expires_at).total_seconds()
+    assert abs(left) < 0.01  # the lease was extended to the timeout, no further
+    assert 3.0 < answer["lease_seconds"] <= 5.0
+
+
+@pytest.mark.django_db
+def test_heartbeats_and_completions_have_a_budget_apart_from_polls_and_log_lines(a, settings, monkeypatch):
+    from api import throttling
+
+    monkeypatch.setattr(throttling, "now", lambda: 1_900_000_000 + 10.0)  # one window throughout
+    settings.FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = 2
+    settings.FLOWFORGE_WORKER_LEASE_CALLS_PER_MINUTE = 3
+    run = a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]  # API call 1
+    line = {"fencing_token": 1, "lines": [{"message": "working"}]}
+    assert a.post(f"worker/tasks/{tid}/logs/", line).status_code == 200  # API call 2
+    spent = assert_problem(a.post(f"worker/tasks/{tid}/logs/", line), 429)
+    assert "this API key's rate limit of 2 requests per minute is spent" in spent["detail"]
+    # The API's budget is spent, and the lease calls still have theirs: the task is not lost.
+    assert [a.post(f"worker/tasks/{tid}/heartbeat/", {"fencing_token": 1}).status_code for _ in range(2)] == [200, 200]
+    assert a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": 1}).status_code == 200
+    assert task_run(run).state == "succeeded"
+    over = assert_problem(a.post(f"worker/tasks/{tid}/heartbeat/", {"fencing_token": 1}), 429)
+    assert "limit of calls on held tasks of 3 requests per minute is spent" in over["detail"]
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("config, message", [
     ({}, "'queue' is required"),
     ({"queue": "has space"}, "not a queue name"),
@@ -391,6 +435,56 @@ def test_a_worker_tasks_secret_reference_is_resolved_in_the_poll_and_redacted_fr
     assert tr.output == {"echo": "[redacted]"}
     assert list(TaskLog.objects.for_organization(a.org).filter(task_run=tr).values_list("message", flat=True)) == [
         "sent [redacted]"]
+
+
+TWO_SECRET_DAG = [{"key": "call", "type": "worker", "config": {
+    "queue": "images", "name": "call",
+    "input": {"auth": "Bearer {{ secrets.CDN_TOKEN }}", "db": "{{ secrets.DB_PASSWORD }}"}}}]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("change", ["rotated", "deleted"])
+def test_a_secret_rotated_or_deleted_while_a_worker_holds_it_is_still_redacted_by_the_value_handed_out(a, change):
+    from tenancy.vault import delete_secret, set_secret
+
+    old, other = "tok-old-" + "x" * 16, "pw-" + "z" * 16
+    set_secret(actor=a.owner, name="CDN_TOKEN", value=old)
+    set_secret(actor=a.owner, name="DB_PASSWORD", value=other)
+    run = a.start(TWO_SECRET_DAG, name="with-secrets")
+    (task,) = a.poll().json()["tasks"]
+    assert task["input"] == {"auth": f"Bearer {old}", "db": other}
+    if change == "rotated":
+        set_secret(actor=a.owner, name="CDN_TOKEN", value="tok-new-" + "y" * 16)
+    else:
+        delete_secret(actor=a.owner, name="CDN_TOKEN")
+    tid = task["task_run_id"]
+    logged = a.post(f"worker/tasks/{tid}/logs/", {"fencing_token": 1, "lines": [{"message": f"used {old} {other}"}]})
+    assert logged.status_code == 200, logged.content
+    done = a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": {"old": old, "other": other}})
+    assert done.status_code == 200, done.content
+    tr = task_run(run, "call")
+    # The handed-out value, and the other secret's, are redacted whatever became of the first.
+    assert tr.output == {"old": "[redacted]", "other": "[redacted]"}
+    assert list(TaskLog.objects.for_organization(a.org).filter(task_run=tr).values_list("message", flat=True)) == [
+        "used [redacted] [redacted]"]
+
+
+@pytest.mark.django_db
+def test_the_handed_out_values_of_a_generation_no_longer_running_are_purged(a):
+    from engine.models import AttemptSecrets
+    from engine.services import purge_finished_attempt_secrets
+    from tenancy.vault import set_secret
+
+    set_secret(actor=a.owner, name="CDN_TOKEN", value="tok-" + "p" * 20)
+    a.start(SECRET_DAG, name="with-secret")
+    a.start(SECRET_DAG, name="with-secret")
+    first, second = a.poll(max_tasks=2).json()["tasks"]
+    kept = AttemptSecrets.objects.for_organization(a.org)
+    assert kept.count() == 2
+    assert "tok-" + "p" * 20 not in kept.first().values_encrypted  # encrypted at rest
+    a.post(f"worker/tasks/{first['task_run_id']}/complete/", {"fencing_token": 1, "output": None})
+    assert purge_finished_attempt_secrets() == 1
+    assert [str(r.task_run_id) for r in kept] == [second["task_run_id"]]  # still held: kept
 
 
 @pytest.mark.django_db
