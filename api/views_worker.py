@@ -15,6 +15,7 @@ import socket
 import uuid
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
@@ -291,7 +292,9 @@ class WorkerPollView(_WorkerView):
             raise PollCapacityProblem(exc.retry_after) from exc
         except worker_queues.UnknownQueue as exc:
             raise serializers.ValidationError({"queue": [str(exc)]}) from exc
-        return Response({"tasks": tasks, "wait_seconds": data["wait_seconds"]})
+        # The wait this server allowed (FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS may cut the one asked).
+        waited = min(data["wait_seconds"], float(settings.FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS))
+        return Response({"tasks": tasks, "wait_seconds": waited})
 
 
 class WorkerHeartbeatView(_WorkerView):

@@ -288,9 +288,11 @@ def poll(
                     return []
                 woken = True
                 started = _claim(organization_id, queue, max_tasks, owner)
-                if started:
+                # Attempts whose secret is gone failed at hand-out: without another, wait on.
+                payloads = _payloads(started) if started else []
+                if payloads:
                     metrics.observe("flowforge_worker_poll_wait_seconds", time.monotonic() - began)
-                    return _payloads(started)
+                    return payloads
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return []
@@ -355,12 +357,15 @@ def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_t
 def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int,
                          *, succeeded: bool) -> worker_queues.WorkerGeneration:
     """``_held``, and a refused completion recorded on the task run as a
-    ``stale_completion_rejected`` event (its own transaction) before the refusal is raised."""
+    ``stale_completion_rejected`` event naming the refusal's code (its own transaction;
+    once per generation and outcome, however often the worker replays it) before the
+    refusal is raised."""
     try:
         return _held(organization_id, task_run_id, token)
-    except WorkerCallRefused:
+    except WorkerCallRefused as refused:
         atomic_retry(lambda: events.append_stale_completion(
-            task_run_id=task_run_id, fencing_token=token, succeeded=succeeded), connection_attempts=2)
+            task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=refused.code, once=True),
+            connection_attempts=2)
         raise
 
 

@@ -80,10 +80,19 @@ def append_ignored_start(*, task_run_id: uuid.UUID, fencing_token: int) -> None:
     )
 
 
-def append_stale_completion(*, task_run_id: uuid.UUID, fencing_token: int, succeeded: bool) -> None:
+def append_stale_completion(*, task_run_id: uuid.UUID, fencing_token: int, succeeded: bool,
+                            reason: str | None = None, once: bool = False) -> None:
     """Record a completion of generation ``fencing_token`` that matched nothing (the row
-    moved to another generation or state) as ``stale_completion_rejected``. Nothing is
-    recorded for a task run that is gone."""
+    moved to another generation or state) as ``stale_completion_rejected``, with
+    ``reason`` (the refusal's code, e.g. ``lease_expired``) in its detail when given.
+    Nothing is recorded for a task run that is gone, nor with ``once`` when an event
+    already records this generation's refused completion of the same outcome
+    (``event_stale_completion_recorded``: a worker replaying a refused call, or a hostile
+    one, cannot grow the run's history)."""
+    outcome = "succeeded" if succeeded else "failed"
+    if once and fetch(queries["event_stale_completion_recorded"],
+                      {"id": task_run_id, "token": fencing_token, "outcome": outcome})[0][0]:
+        return
     current = fetch(queries["task_run_get_generation"], {"id": task_run_id})
     if not current:
         return
@@ -99,6 +108,7 @@ def append_stale_completion(*, task_run_id: uuid.UUID, fencing_token: int, succe
             "completion_fencing_token": fencing_token,
             "current_fencing_token": token,
             "state": state,
-            "outcome": "succeeded" if succeeded else "failed",
+            "outcome": outcome,
+            **({"reason": reason} if reason else {}),
         },
     )

@@ -53,3 +53,10 @@ WITH req AS (
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT e.id, e.waited FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id;
+
+
+-- name: event_stale_completion_recorded
+-- Whether a stale_completion_rejected event of the task run id already records a completion of generation token with outcome (a worker replaying a refused call records it once); idx_event_taskrun_created.
+SELECT EXISTS (SELECT 1 FROM core_taskrunevent e
+               WHERE e.task_run_id = %(id)s AND e.kind = 'stale_completion_rejected' AND e.fencing_token = %(token)s
+                 AND e.detail->>'outcome' = %(outcome)s);

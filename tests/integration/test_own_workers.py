@@ -149,3 +149,19 @@ def test_a_key_revoked_while_its_poll_waits_is_handed_no_task(web, org):
     assert got["response"].json()["tasks"] == []
     tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
     assert (tr.state, tr.fencing_token) == ("ready", 0)  # nothing started, no input handed out
+
+
+def test_a_waiting_poll_whose_claim_failed_for_a_gone_secret_goes_on_to_the_next_task(web, org):
+    from tenancy.vault import delete_secret, set_secret
+
+    (_row, key), owner = worker_key(org)
+    set_secret(actor=owner, name="CDN_TOKEN", value="tok-" + "w" * 20)
+    doomed = start(org, [{"key": "job", "type": "worker",
+                          "config": {"queue": "jobs", "input": {"auth": "{{ secrets.CDN_TOKEN }}"}}}], name="secret")
+    delete_secret(actor=owner, name="CDN_TOKEN")
+    plain = start(org)
+    # One task per claim: the doomed one (older) is claimed first and failed at hand-out;
+    # the poll goes on to the next instead of answering [] early.
+    tasks = poll(web, key, wait=5).json()["tasks"]
+    assert [t["task_run_id"] for t in tasks] == [str(TaskRun.objects.for_organization(org).get(workflow_run=plain).pk)]
+    assert TaskRun.objects.for_organization(org).get(workflow_run=doomed).state == "failed"

@@ -129,6 +129,15 @@ def test_a_stale_or_replayed_completion_gets_409_and_an_event_and_changes_nothin
     assert assert_problem(replay, 409)["code"] == "stale_fencing_token"
     tr.refresh_from_db()
     assert (tr.state, tr.output) == ("succeeded", 1)
+    # Replayed again and again (and as failures): one event per generation and outcome,
+    # each naming why it was refused; the run's history does not grow with the replays.
+    for _ in range(5):
+        assert a.post(url, {"fencing_token": 1, "output": 3}).status_code == 409
+        assert a.post(f"worker/tasks/{task['task_run_id']}/fail/", {"fencing_token": 1, "error": "x"}).status_code == 409
+    rejected = [(e.fencing_token, e.detail["outcome"], e.detail.get("reason")) for e in TaskRunEvent.objects
+                .for_organization(a.org).filter(task_run=tr, kind="stale_completion_rejected").order_by("seq")]
+    assert rejected == [(7, "succeeded", "stale_fencing_token"), (1, "succeeded", "stale_fencing_token"),
+                        (1, "failed", "stale_fencing_token")]
 
 
 @pytest.mark.django_db
