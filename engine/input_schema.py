@@ -85,6 +85,10 @@ _SCHEMA_MAP_KEYWORDS = ("properties", "patternProperties", "$defs", "dependentSc
 _SCHEMA_LIST_KEYWORDS = ("allOf", "anyOf", "oneOf", "prefixItems")
 _SCHEMA_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "items", "contains", "propertyNames",
                     "not", "if", "then", "else", "unevaluatedItems")
+# What may stand beside a $ref that ``InputSchema.resolve`` follows: annotations (kept, the
+# referring schema's win) and definitions.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
+_BESIDE_A_REFERENCE = _ANNOTATIONS | {"$ref", "$defs", "$schema", "$id", "$anchor"}
 _RE2_OPTIONS = re2.Options()
 _RE2_OPTIONS.log_errors = False  # a refused pattern is our error to report, not a line on stderr
 _RE2_OPTIONS.never_capture = True
@@ -341,16 +345,16 @@ class InputSchema:
 
     def resolve(self, subschema: Any, *, hops: int = 8) -> Any:
         """``subschema`` with a ``$ref`` standing alone (besides annotations such as title,
-        description, default) replaced by its target, followed at most ``hops`` times; the
+        description, default, and ``$defs``) replaced by its target, followed at most ``hops`` times; the
         referring schema's annotations win. For presenters (the start form) and defaults;
         anything unresolvable is returned as it is."""
         annotations: dict[str, Any] = {}
         for _ in range(hops):
             if not isinstance(subschema, dict) or not isinstance(subschema.get("$ref"), str):
                 break
-            if set(subschema) - {"$ref", "title", "description", "default", "examples", "$comment"}:
+            if set(subschema) - _BESIDE_A_REFERENCE:
                 break
-            annotations = {k: v for k, v in subschema.items() if k != "$ref"} | annotations
+            annotations = {k: v for k, v in subschema.items() if k in _ANNOTATIONS} | annotations
             try:
                 subschema = self.lookup(subschema["$ref"])
             except Unresolvable:
@@ -613,6 +617,9 @@ def check_input(schema_text: str | None, value: dict[str, Any], *,
     except (ValidationBudgetExceeded, RecursionError):
         return value, [{"path": "", "keyword": "budget", "message": "validating this input against the input "
                         f"schema needs more than {MAX_VALIDATION_STEPS} steps; send a smaller input"}]
+    except Unresolvable as exc:  # not for a checked schema (check_schema resolves every reference)
+        return value, [{"path": "", "keyword": "$ref", "message": f"the input schema's reference {exc.ref!r} "
+                        "points to nothing"}]
 
 
 def summary(violations: list[Violation], *, limit: int = 5) -> str:
