@@ -16,7 +16,9 @@ field per property, server-rendered:
 
 Titles label the fields (else the property's name), descriptions are their help text,
 required properties are marked, defaults are the initial values. A blank field is left
-out of the input (so the schema's default applies, or its ``required`` names it).
+out of the input (so the schema's default applies, or its ``required`` names it), and so
+is an optional fieldset in which nothing was filled in (a checkbox left as it was shown
+does not count).
 
 The form only turns the fields into a JSON object: the rules are the schema's, applied by
 ``engine.services.start_run``, whose violations ``add_violations`` puts next to the field
@@ -190,18 +192,28 @@ def _walk(nodes: list[InputNode]):
 
 
 def _collect(nodes: list[InputNode], cleaned: dict[str, Any]) -> dict[str, Any]:
+    return _collect_given(nodes, cleaned)[0]
+
+
+def _collect_given(nodes: list[InputNode], cleaned: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(the object these nodes make, whether anything in it was given). A checkbox left at
+    its initial state does not count as given: it always sends a value, and an optional
+    fieldset holding one must still be left out when nothing else in it was filled in."""
     out: dict[str, Any] = {}
+    given = False
     for node in nodes:
         if node.is_fieldset:
-            value = _collect(node.children, cleaned)
-            if value or node.required:
+            value, inner = _collect_given(node.children, cleaned)
+            if inner or node.required:
                 out[node.key] = value
+                given = True
             continue
         value = cleaned.get(node.name, _MISSING)
         if value is _MISSING or value is None or value == "":
             continue
         out[node.key] = value
-    return out
+        given = given or not node.checkbox or value != bool(node.bound.initial)
+    return out, given
 
 
 class _Layout:
