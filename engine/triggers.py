@@ -182,15 +182,16 @@ def _check_input_starts(actor: Actor, *, workflow_name: str | None, run_input: d
     if latest is None:
         return
     definition, version, schema_text = latest
-    try:
-        render_definition_keys(definition, strip_nul(run_input))
-    except ValueError as exc:
-        raise TriggerError("input", f"no run could start with it: {exc}") from None
-    _, violations = input_schema.check_input(schema_text, strip_nul(run_input),
-                                             organization_id=actor.organization.pk)
+    # As start_run does it: the schema (its defaults filled in) first, then the keys.
+    filled, violations = input_schema.check_input(schema_text, strip_nul(run_input),
+                                                  organization_id=actor.organization.pk)
     if violations:
         raise TriggerError("input", f"does not match the input schema of {workflow_name} v{version}: "
                            f"{input_schema.summary(violations)}", violations=violations)
+    try:
+        render_definition_keys(definition, filled)
+    except ValueError as exc:
+        raise TriggerError("input", f"no run could start with it: {exc}") from None
 
 
 @dataclasses.dataclass(frozen=True)

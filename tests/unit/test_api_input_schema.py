@@ -250,3 +250,15 @@ def test_the_trigger_list_checks_every_input_in_a_constant_number_of_queries(api
     for i in range(1, 6):
         create_trigger(actor=Actor.system(api.org), data=trigger_body(name=f"t{i}"))
     assert queries() == few
+
+
+def test_a_concurrency_key_may_use_a_field_the_schema_defaults(api):
+    org = api.org
+    apply_definition(organization=org, document={
+        "name": "etl", "input_schema": {"properties": {"region": {"type": "string", "default": "eu"}}},
+        "tasks": [{"key": "extract", "type": "noop", "concurrency": {"key": "r-{{ input.region }}", "limit": 1}}]})
+    trigger = create_trigger(actor=Actor.system(org), data=trigger_body(input={}))
+    created = start(api, {"workflow": "etl", "input": {}})
+    assert created.status_code == 201, created.content
+    assert created.json()["task_runs"][0]["concurrency_key"] == "r-eu"
+    assert process_trigger(trigger.pk, trigger.next_fire_at + dt.timedelta(seconds=1)) == 1
