@@ -22,8 +22,8 @@ input both come from a possibly hostile member:
 - **A work budget.** Each keyword evaluation costs one step plus one per 256 characters
   of the value it looks at (what jsonschema may copy into a message), a reference
   REFERENCE_STEPS more; a validation over MAX_VALIDATION_STEPS stops with
-  ValidationBudgetExceeded (a schema of nested ``anyOf`` through references is exponential). ``uniqueItems`` is computed in
-  O(n log n) (jsonschema's fallback for objects is quadratic).
+  ValidationBudgetExceeded (``anyOf`` nested through references is exponential).
+  ``uniqueItems`` hashes the items (jsonschema's fallback for objects compares every pair).
 - **Bounded answers.** At most MAX_VIOLATIONS_LISTED violations, each message at most
   MAX_MESSAGE_CHARS characters.
 
@@ -35,7 +35,7 @@ other formats are annotations.
 root, and of every object value present or defaulted, following local ``$ref``s, at most
 DEFAULTS_MAX_DEPTH levels) that the input lacks is filled with a copy of its ``default``;
 the run's stored input holds them. ``check_schema`` validates each such default against
-its property's schema, so a default can never make an input invalid.
+its property's own schema (the input as a whole is validated after they are filled in).
 """
 
 from __future__ import annotations
