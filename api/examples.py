@@ -24,11 +24,15 @@ DEFINITION_EXAMPLE = {
          "position": {"x": 200, "y": 0}},
     ],
     "concurrency": {"max_running_tasks": 4},
+    "input_schema": {"type": "object", "properties": {
+        "date": {"type": "string", "format": "date", "title": "Day to load"},
+        "source": {"enum": ["eu", "us"], "default": "eu"}}, "required": ["date"]},
 }
 WORKFLOW_EXAMPLE = {
     "id": "0b7c1f43-5a4e-4f7e-9a51-6f1b2f7f3d10", "name": "etl", "version": 2, "state": "active",
     "description": "Nightly extract and load.", "created_at": "2026-01-05T09:30:00.123456Z",
     "concurrency": {"max_running_tasks": 4, "max_running_runs": None, "policy": "queue"},
+    "input_schema": DEFINITION_EXAMPLE["input_schema"],
     "tasks": [
         {"id": "5d6d3b5e-8e47-4a51-8f0c-0d6f1c2a9b01", "key": "extract", "type": "http",
          "config": {"url": "https://example.com/data.json", "method": "GET"}, "depends_on": [],

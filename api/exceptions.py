@@ -13,7 +13,9 @@ ran, Django's own 500 page) are turned into the same shape by
 
 Service-layer errors are translated here, so views can let them propagate:
 tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError, a refused
-start's InvalidStart and a refused secret's InvalidSecret → 400 naming its field, a missing
+start's InvalidStart and a refused secret's InvalidSecret → 400 naming its field (an input
+that a workflow's input schema refuses: one ``errors.input`` entry per violation, and
+``violations``, a list of {"path": JSON pointer, "message", "keyword"}), a missing
 (or another organization's) object → 404, a body over the limit → 413, an organization's
 quota (tenancy.limits.QuotaExceeded) → 429 with Retry-After for the runs-per-minute
 quota, else 422, both with code ``quota_exceeded`` and the members ``limit``,
@@ -151,6 +153,10 @@ def _translate(exc: Exception) -> Exception:
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
     if isinstance(exc, TriggerError | InvalidStart | InvalidSecret):
+        violations = getattr(exc, "violations", None)
+        if violations:  # an input a workflow's input_schema refuses: one entry per violation
+            return exceptions.ValidationError({exc.field: [f"{v['path'] or '(input)'}: {v['message']}"
+                                                           for v in violations]})
         return exceptions.ValidationError({exc.field: [exc.message]})
     if isinstance(exc, QuotaExceeded):
         return QuotaProblem(exc)
@@ -240,6 +246,9 @@ def _rollback_flags() -> list:
 def problem_exception_handler(exc: Exception, context: dict):
     """DRF exception handler producing problem+json, for every exception (an
     unexpected one becomes a logged 500 problem, see ``_unexpected``)."""
+    # An input refused by a workflow's input_schema (engine.services.InvalidInput, or a
+    # trigger's TriggerError on input) also lists its violations as objects.
+    violations = getattr(exc, "violations", None) if isinstance(exc, TriggerError | InvalidStart) else None
     exc = _translate(exc)
     if isinstance(exc, exceptions.NotAuthenticated):
         # Credentials were sent, only in a scheme no class accepts: say so, not "not provided".
@@ -265,6 +274,8 @@ def problem_exception_handler(exc: Exception, context: dict):
                              else "A field is over its size limit; see errors." if isinstance(exc, FieldTooLarge)
                              else "The request is invalid; see errors.")
         problem["errors"] = data if isinstance(data, dict) else {"non_field_errors": data}
+        if violations:
+            problem["violations"] = violations
     elif isinstance(data, dict) and "detail" in data:
         problem["detail"] = str(data["detail"])
         if isinstance(exc, QuotaProblem):

@@ -81,6 +81,15 @@ class FieldErrorsField(serializers.DictField):
     pass
 
 
+class InputViolationSerializer(serializers.Serializer):
+    """One way a run input breaks its workflow's input schema."""
+
+    path = serializers.CharField(help_text="A JSON pointer into the input (`/customer/id`; empty for the whole "
+                                 "input); a missing required property's own pointer.")
+    message = serializers.CharField(help_text="What is wrong.")
+    keyword = serializers.CharField(help_text="The schema keyword that failed (`required`, `type`, `enum`, ...).")
+
+
 @extend_schema_serializer(component_name="Problem")
 class ProblemSerializer(serializers.Serializer):
     """An RFC 9457 problem document (``application/problem+json``)."""
@@ -101,17 +110,24 @@ class ProblemSerializer(serializers.Serializer):
     used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only).")
     retry_after_seconds = serializers.FloatField(required=False, help_text="Seconds until the request fits the "
                                                  "quota again (429 `quota_exceeded` only).")
+    violations = InputViolationSerializer(many=True, required=False, help_text="An input that the workflow's "
+                                          "input schema refuses (400 on `input` only): every violation found, "
+                                          "at most 50 (then one entry with keyword `truncated`).")
 
 
 def problem_example(status: int, detail: str, code: str, *, name: str | None = None,
-                    errors: dict | None = None, summary: str | None = None) -> OpenApiExample:
-    """An example problem document for ``status``."""
+                    errors: dict | None = None, summary: str | None = None,
+                    violations: list | None = None) -> OpenApiExample:
+    """An example problem document for ``status`` (``violations``: an input refused by
+    a workflow's input schema)."""
     from http import HTTPStatus
 
     value = {"type": PROBLEM_TYPE, "title": HTTPStatus(status).phrase, "status": status, "detail": detail,
              "code": code}
     if errors is not None:
         value["errors"] = errors
+    if violations is not None:
+        value["violations"] = violations
     return OpenApiExample(name or f"{code}", value=value, summary=summary, response_only=True,
                           status_codes=[str(status)], media_type=PROBLEM_CONTENT_TYPE)
 

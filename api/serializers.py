@@ -218,13 +218,21 @@ class WorkflowDetailSerializer(serializers.ModelSerializer):
     """
 
     concurrency = serializers.SerializerMethodField()
+    input_schema = serializers.SerializerMethodField(
+        help_text="The JSON Schema (Draft 2020-12) every run input of this version must satisfy, properties in "
+        "the order written; null when the version declares none (any JSON object is accepted).")
     tasks = serializers.SerializerMethodField()
     edges = serializers.SerializerMethodField()
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "version", "state", "description", "created_at", "concurrency", "tasks", "edges"]
+        fields = ["id", "name", "version", "state", "description", "created_at", "concurrency", "input_schema",
+                  "tasks", "edges"]
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_input_schema(self, workflow) -> dict[str, Any] | None:
+        return json.loads(workflow.input_schema_json) if workflow.input_schema_json else None
 
     @extend_schema_field(WorkflowConcurrencySerializer(allow_null=True))
     def get_concurrency(self, workflow) -> dict[str, Any] | None:
@@ -273,6 +281,11 @@ class DefinitionDocumentSerializer(serializers.Serializer):
     name = serializers.CharField()
     description = serializers.CharField(required=False)
     tasks = serializers.ListField(child=serializers.DictField())
+    input_schema = serializers.DictField(
+        required=False, help_text="A JSON Schema (Draft 2020-12) for the run input: every start (API, web form, "
+        "trigger, retry) is validated against it, and its properties' defaults are filled in. References must "
+        "stay inside the schema ('#/$defs/...'); at most 64 KiB and 32 levels; patterns run on RE2. See "
+        "docs/api.md, \"Run input schemas\".")
 
 
 # --- runs ---------------------------------------------------------------------------------------

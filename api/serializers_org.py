@@ -124,14 +124,41 @@ class TriggerSerializer(serializers.ModelSerializer):
     """
 
     input = JSONObjectField(read_only=True)
+    input_rejected = serializers.SerializerMethodField(
+        help_text="Null, or why every firing will fail: the input schema of the workflow's latest active "
+        "`version` refuses this trigger's input (`message`, and each of the `violations` with its JSON pointer "
+        "`path`). Fix the input (PATCH) or the workflow.")
     next_fire_times = serializers.SerializerMethodField()
     created_by = serializers.SerializerMethodField()
 
     class Meta:
         model = ScheduledTrigger
-        fields = ["id", "name", "workflow_name", "cron_expression", "timezone", "input", "catch_up", "enabled",
-                  "priority", "next_fire_at", "next_fire_times", "last_fired_at", "created_by", "created_at"]
+        fields = ["id", "name", "workflow_name", "cron_expression", "timezone", "input", "input_rejected",
+                  "catch_up", "enabled", "priority", "next_fire_at", "next_fire_times", "last_fired_at",
+                  "created_by", "created_at"]
         read_only_fields = fields
+
+    def _rejections(self) -> dict:
+        """{trigger id: InputRejection} of the serialized triggers: one query for a list
+        (engine.triggers.input_rejections), computed once per serializer."""
+        root = self.parent if isinstance(self.parent, serializers.ListSerializer) else self
+        cached = getattr(root, "_input_rejections", None)
+        if cached is None:
+            rows = root.instance if isinstance(root, serializers.ListSerializer) else [self.instance]
+            rows = list(rows or [])
+            cached = triggers.input_rejections(rows[0].organization_id, rows) if rows else {}
+            root._input_rejections = cached
+        return cached
+
+    @extend_schema_field({"type": "object", "nullable": True, "properties": {
+        "version": {"type": "integer"}, "message": {"type": "string"},
+        "violations": {"type": "array", "items": {"type": "object", "properties": {
+            "path": {"type": "string"}, "message": {"type": "string"}, "keyword": {"type": "string"}}}}}})
+    def get_input_rejected(self, trigger) -> dict[str, Any] | None:
+        found = self._rejections().get(trigger.pk)
+        if found is None:
+            return None
+        return {"version": found.version, "message": found.message(), "violations": found.violations}
 
     @extend_schema_field({"type": "array", "items": {"type": "string", "format": "date-time"},
                           "maxItems": PREVIEW_COUNT})

@@ -77,6 +77,7 @@ TRIGGER_EXAMPLE = {
     "cron_expression": "30 2 * * *",
     "timezone": "Europe/Berlin",
     "input": {"region": "eu"},
+    "input_rejected": None,
     "catch_up": "latest",
     "enabled": True,
     "priority": 0,

@@ -176,7 +176,9 @@ class RunListView(OwnTransactions, OrganizationAPIView):
         "(-10 to 10, default 0) orders the run's task runs within the organization's share. Over the "
         "organization's runs-per-minute quota (max_runs_per_minute, every channel counted) the start is a 429 "
         "`quota_exceeded` with `Retry-After`. A workflow with a run limit (`concurrency.max_running_runs`) "
-        "queues the run (state `pending`), cancels it, or cancels its oldest runs, as its policy says.",
+        "queues the run (state `pending`), cancels it, or cancels its oldest runs, as its policy says. A "
+        "version with an `input_schema` validates `input` against it (JSON Schema 2020-12) after filling in "
+        "its properties' defaults; the run stores the input with those defaults.",
         parameters=[OpenApiParameter(idempotency.HEADER, str, OpenApiParameter.HEADER,
                                      description="1 to 200 visible ASCII characters chosen by the client "
                                      "(a UUID is a good choice).")],
@@ -186,10 +188,16 @@ class RunListView(OwnTransactions, OrganizationAPIView):
             200: OpenApiResponse(RunSerializer, description="A repeat of an earlier start with the same "
                                  "Idempotency-Key and body: the first run."),
             **problem(400, "Invalid body: `workflow` names no workflow of the organization, `input` is not a JSON "
-                      "object (or holds NaN/Infinity, or lacks a field a task's concurrency key needs), "
-                      "`priority` is not a whole number from -10 to 10, or the Idempotency-Key is malformed.",
+                      "object (or holds NaN/Infinity, or lacks a field a task's concurrency key needs, or breaks "
+                      "the version's `input_schema`: then `errors.input` has one entry per violation and "
+                      "`violations` lists each as {path: JSON pointer into the input, message, keyword}; "
+                      "nothing is stored), `priority` is not a whole number from -10 to 10, or the "
+                      "Idempotency-Key is malformed.",
                       problem_example(400, "The request is invalid; see errors.", "invalid", errors={
-                          "workflow": ["no workflow 'etl' in organization 'acme'"]})),
+                          "input": ["/date: a value is required", "/source: 'mars' is not one of ['eu', 'us']"]},
+                          violations=[{"path": "/date", "message": "a value is required", "keyword": "required"},
+                                      {"path": "/source", "message": "'mars' is not one of ['eu', 'us']",
+                                       "keyword": "enum"}])),
             **problem(409, "The workflow is a draft or archived, or the Idempotency-Key was used with another body.",
                       problem_example(409, "workflow etl v2 is archived; only active workflows can start runs",
                                       "conflict")),

@@ -38,9 +38,12 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (live_hub) and of the worker queues' long polls (queue_hub); output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
-    limit_keys.py
+    limit_keys.py | input_schema.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
+        input_schema: a workflow's run input JSON Schema, checked at definition time and
+        applied (defaults, then validation) at every start, fenced for a shared deployment
+        (no remote references, RE2 patterns, a work budget).
     handlers/ : egress.py : secret_refs.py
         task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
         secret references in task configs ({{ secrets.NAME }}): found and checked at

@@ -10,7 +10,12 @@ A document is JSON (or YAML) of the shape::
                 "priority": 0,
                 "concurrency": {"key": "customer-{{ input.customer_id }}", "limit": 2},
                 "rate_limit": {"key": "github", "per_second": 10}}],
-     "concurrency": {"max_running_tasks": 10, "max_running_runs": 2, "policy": "queue"}}
+     "concurrency": {"max_running_tasks": 10, "max_running_runs": 2, "policy": "queue"},
+     "input_schema": {"type": "object", "properties": {"customer_id": {"type": "string"}},
+                      "required": ["customer_id"]}}
+
+``input_schema`` (issue 19, docs/api.md "Run input schemas"): a JSON Schema (Draft 2020-12)
+every run input of the version must satisfy, checked here by ``engine.input_schema``.
 
 Scheduling fields (issue 16; docs/api.md "Scheduling fields"): a task's ``priority``
 (PRIORITY_MIN..PRIORITY_MAX, added to its run's), ``concurrency`` (a named key of the
@@ -35,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from engine import input_schema as input_schemas
 from engine import secret_refs
 from engine.handlers import REGISTRY, ConfigError
 from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
@@ -51,7 +57,7 @@ TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
     "position", "edge_labels", "priority", "concurrency", "rate_limit",
 }
-DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency"}
+DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency", "input_schema"}
 # Priorities of tasks and runs: engine.models.PRIORITY_MIN/MAX, the CHECK constraints'
 # range (tests/unit/test_scheduling_definitions.py checks they agree; this module is
 # imported without the app registry, by parse-only callers).
@@ -380,7 +386,10 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     per_minute, an unknown field in any of these objects, one key with two limits in one
     document (placeholders compared in their one written form: ``{{input.x}}`` is
     ``{{ input.x }}``), a run-limit policy other than queue, cancel_newest or
-    cancel_oldest, or cancel_* without max_running_runs). Raises DefinitionError with
+    cancel_oldest, or cancel_* without max_running_runs), and an ``input_schema`` that
+    ``engine.input_schema.check_schema`` refuses (not Draft 2020-12, over its size or depth,
+    a reference leaving the document, a pattern RE2 cannot run, a default its own schema
+    refuses; each named by its path, ``input_schema.properties.x.type``). Raises DefinitionError with
     the problems found (at most MAX_ERRORS_LISTED of them, then how many more).
 
     Concurrency keys are returned (and so stored) with their placeholders written
@@ -431,6 +440,11 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
         raise DefinitionError(errors)
 
     workflow_concurrency = _workflow_concurrency(errors, doc.get("concurrency"))
+    # The run input's JSON Schema (issue 19; engine.input_schema): problems named by their
+    # path in it (input_schema.properties.x.type). Stored as written.
+    schema = doc.get("input_schema")
+    if schema is not None:
+        errors.extend(input_schemas.check_schema(schema))
     normalized: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     # key (placeholders normalized, so two spellings of one key meet) -> (first task, its limit)
@@ -608,4 +622,6 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
         out["timeout_seconds"] = run_timeout
     if workflow_concurrency is not None:
         out["concurrency"] = workflow_concurrency
+    if schema is not None:
+        out["input_schema"] = schema
     return strip_nul(out)

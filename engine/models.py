@@ -81,6 +81,11 @@ class Workflow(models.Model):
     state = models.CharField(max_length=20, choices=WorkflowState.choices, default=WorkflowState.ACTIVE)
     # The document this version was created from, normalized; kept for diffs and export.
     definition = models.JSONField(default=dict)
+    # The definition's input_schema (issue 19, engine.input_schema) as JSON text, or NULL
+    # without one: text, not jsonb, because jsonb reorders an object's keys and the start
+    # form shows the properties in the order the schema lists them. Every start validates
+    # its input against it.
+    input_schema_json = models.TextField(null=True, blank=True)
     # Bound on a whole run, in seconds; the stuck-run sweep fails a run that exceeds it.
     run_timeout_seconds = models.FloatField(null=True, blank=True)
     # Concurrency limits (definition's "concurrency"), counted across every version of the

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from audit import services as audit
-from engine import dispatch, metrics, relay, secret_refs, sql
+from engine import dispatch, input_schema, metrics, relay, secret_refs, sql, triggers
 from engine.db import retry_transient
 from engine.definitions import DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
@@ -62,6 +62,33 @@ class InvalidStart(ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}")
+
+
+class InvalidInput(InvalidStart):
+    """The run input breaks the workflow version's ``input_schema`` (issue 19).
+    ``violations`` lists each as {"path": JSON pointer into the input, "message",
+    "keyword"} (``engine.input_schema.Violation``); ``field`` is ``input`` and ``message``
+    names the version and summarizes the first few. Nothing was stored."""
+
+    def __init__(self, violations: list[input_schema.Violation], *, workflow: Workflow):
+        self.violations = violations
+        count = len(violations)
+        super().__init__("input", f"does not match the input schema of {workflow.name} v{workflow.version} "
+                         f"({count} violation{'s' if count != 1 else ''}): {input_schema.summary(violations)}")
+
+
+def checked_input(workflow: Workflow, run_input: dict[str, Any]) -> dict[str, Any]:
+    """``run_input`` checked against ``workflow``'s input schema, with the schema's
+    defaults filled in (``engine.input_schema``): what a run of it stores. The input as
+    given (no copy) when the version has no schema. Raises InvalidInput listing every
+    violation (at most ``input_schema.MAX_VIOLATIONS_LISTED``)."""
+    if not workflow.input_schema_json:
+        return run_input
+    filled, violations = input_schema.check_input(workflow.input_schema_json, run_input,
+                                                  organization_id=workflow.organization_id)
+    if violations:
+        raise InvalidInput(violations, workflow=workflow)
+    return filled
 
 
 # The start quota's window (tenancy.limits max_runs_per_minute).
@@ -123,7 +150,8 @@ def restore_workflow(*, actor: Actor, workflow: Workflow) -> Workflow:
     """Restore an archived (or draft) version to active after re-validating its
     definition against today's task types and the organization's secrets (a rule for new
     definitions only, such as the http task's refusal of literal credentials, is not
-    applied to a stored version). Raises Forbidden or DefinitionError."""
+    applied to a stored version). Raises Forbidden or DefinitionError. Records
+    ``workflow.restored`` and, as ``apply_definition`` does, ``trigger.input_rejected``."""
     require(actor.role, Action.WORKFLOW_EDIT)
     check_definition(document=workflow.definition, organization=actor.organization, new=False)
     with transaction.atomic():
@@ -134,6 +162,7 @@ def restore_workflow(*, actor: Actor, workflow: Workflow) -> Workflow:
             wf.save(update_fields=["state"])
             audit.record("workflow.restored", actor=actor, target=wf, metadata={
                 "name": wf.name, "version": wf.version, "state": {"before": before, "after": wf.state}})
+            triggers.record_rejected_inputs(actor=actor, workflow=wf)
     return wf
 
 
@@ -174,7 +203,10 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     one would exceed its quota. Concurrent applies of one name are serialized by a
     transaction-scoped advisory lock, so each gets its own version number; concurrent
     applies of one organization by another, taken first, so two cannot both fit in the
-    last bytes of the quota. Records ``workflow.version_created``.
+    last bytes of the quota. Records ``workflow.version_created``, and for an active version
+    ``trigger.input_rejected`` on each cron trigger of the name whose input its
+    ``input_schema`` refuses (``triggers.record_rejected_inputs``: the version is stored
+    anyway, and the trigger's firings fail, saying why, until its input is fixed).
     """
     actor = _actor(actor, organization)
     require(actor.role, Action.WORKFLOW_EDIT)
@@ -217,6 +249,9 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             run_limit_policy=concurrency.get("policy", RunLimitPolicy.QUEUE),
             state=state,
             definition=stored,
+            # Its input schema as written (key order kept: the start form follows it).
+            input_schema_json=(json.dumps(stored["input_schema"], ensure_ascii=False, separators=(",", ":"))
+                               if "input_schema" in stored else None),
             created_by=created_by,
         )
         tasks = Task.objects.bulk_create(
@@ -267,6 +302,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             metadata={"name": workflow.name, "version": workflow.version, "state": workflow.state,
                       "tasks": len(tasks), "channel": str(CHANNEL_SOURCES.get(actor.channel, TriggerSource.CLI))},
         )
+        if workflow.state == WorkflowState.ACTIVE:
+            triggers.record_rejected_inputs(actor=actor, workflow=workflow)
     return workflow
 
 
@@ -345,8 +382,13 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     the workflow is not the actor's organization's, WorkflowNotStartable for a draft
     or archived workflow, InvalidStart (a ValueError; ``field`` ``priority`` or
     ``input``) for a priority out of range or not a whole number and for an input that
-    cannot fill a concurrency key's placeholder, ValueError when ``run_input`` is not a
+    cannot fill a concurrency key's placeholder, InvalidInput (an InvalidStart) listing
+    each violation of the version's ``input_schema``, ValueError when ``run_input`` is not a
     JSON object, and QuotaExceeded; nothing is stored when it raises.
+
+    With an ``input_schema`` the stored run input is the one given with the schema's
+    defaults filled in (``checked_input``); every channel (API, web form, trigger firing,
+    idempotent start, retry) passes through here.
     """
     # (The workflow's organization is read only without an actor: a query saved per start.)
     actor = actor if actor is not None else _actor(None, workflow.organization)
@@ -367,6 +409,9 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         raise WorkflowNotStartable(
             f"workflow {workflow.name} v{workflow.version} is {workflow.state}; only active workflows can start runs"
         )
+    if workflow.input_schema_json:
+        # What is stored (NULs stripped), with the schema's defaults: the run input.
+        run_input = checked_input(workflow, strip_nul(run_input))
     keys = concurrency_keys(workflow, strip_nul(run_input))
     org_id = workflow.organization_id
     if claim_roots is None:
@@ -688,11 +733,13 @@ __all__ = [
     "IDEMPOTENCY_TTL_SECONDS",
     "DefinitionError",
     "IdempotencyConflict",
+    "InvalidInput",
     "InvalidStart",
     "WorkflowNotStartable",
     "apply_definition",
     "cancel_run",
     "check_definition",
+    "checked_input",
     "nudge_scheduler",
     "purge_expired_idempotency_keys",
     "resolve_workflow",

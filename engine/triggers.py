@@ -8,6 +8,7 @@ of the expression in the trigger's zone; the clock's tick fires due triggers.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from typing import Any
@@ -18,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
+from engine import input_schema
 from engine.limit_keys import render_definition_keys
 from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
 from flowforge.jsonb import strip_nul
@@ -29,12 +31,14 @@ NAME_MAX = 200
 
 
 class TriggerError(ValueError):
-    """A trigger was refused. ``field`` names the offending field."""
+    """A trigger was refused. ``field`` names the offending field; ``violations`` (for an
+    ``input`` its workflow's input schema refuses) lists each as ``input_schema.Violation``."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, *, violations: list[input_schema.Violation] | None = None):
         self.field = field
         super().__init__(f"{field}: {message}")
         self.message = message
+        self.violations = violations
 
 
 def validate_cron(expression: str) -> str:
@@ -160,25 +164,105 @@ def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: Schedu
 
 def _check_input_starts(actor: Actor, *, workflow_name: str | None, run_input: dict[str, Any]) -> None:
     """Refuse (TriggerError naming ``input``) an input with which no firing could start a
-    run: one that cannot fill a concurrency key of the workflow version the firings run
-    (the name's latest active one, as engine.cron picks it), rendered as start_run renders
-    it (``limit_keys.render_definition_keys``). Without an active version there is
-    nothing to check against (each firing fails, saying so, until there is one)."""
+    run of the workflow version the firings run (the name's latest active one, as
+    engine.cron picks it): one that cannot fill a concurrency key, rendered as start_run
+    renders it (``limit_keys.render_definition_keys``), or one its ``input_schema``
+    refuses (the error's ``violations`` list each; defaults are filled in at each firing,
+    not stored on the trigger). Without an active version there is nothing to check
+    against (each firing fails, saying so, until there is one)."""
     if not workflow_name:
         return
-    definition = (
+    latest = (
         Workflow.objects.for_organization(actor.organization)
         .filter(name=workflow_name, state=WorkflowState.ACTIVE)
         .order_by("-version")
-        .values_list("definition", flat=True)
+        .values_list("definition", "version", "input_schema_json")
         .first()
     )
-    if definition is None:
+    if latest is None:
         return
+    definition, version, schema_text = latest
+    # As start_run does it: the schema (its defaults filled in) first, then the keys.
+    filled, violations = input_schema.check_input(schema_text, strip_nul(run_input),
+                                                  organization_id=actor.organization.pk)
+    if violations:
+        raise TriggerError("input", f"does not match the input schema of {workflow_name} v{version}: "
+                           f"{input_schema.summary(violations)}", violations=violations)
     try:
-        render_definition_keys(definition, strip_nul(run_input))
+        render_definition_keys(definition, filled)
     except ValueError as exc:
         raise TriggerError("input", f"no run could start with it: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRejection:
+    """A trigger whose input the latest active version of its workflow refuses: every
+    firing will fail until the input (or the schema) changes."""
+
+    workflow_name: str
+    version: int
+    violations: list[input_schema.Violation]
+
+    def message(self) -> str:
+        return (f"its input does not match the input schema of {self.workflow_name} v{self.version}: "
+                f"{input_schema.summary(self.violations)}")
+
+
+def input_rejections(organization, trigger_list) -> dict[Any, InputRejection]:
+    """{trigger id: InputRejection} for the triggers of ``trigger_list`` whose input the
+    latest active version of their workflow refuses (its ``input_schema``); the others are
+    absent. One query (the latest active version of each name), whatever their number."""
+    trigger_list = list(trigger_list)
+    names = {t.workflow_name for t in trigger_list}
+    if not names:
+        return {}
+    latest = {
+        name: (version, text)
+        for name, version, text in Workflow.objects.for_organization(organization)
+        .filter(name__in=names, state=WorkflowState.ACTIVE)
+        .order_by("name", "-version")
+        .distinct("name")
+        .values_list("name", "version", "input_schema_json")
+    }
+    out: dict[Any, InputRejection] = {}
+    for trigger in trigger_list:
+        version, text = latest.get(trigger.workflow_name, (None, None))
+        if not text:
+            continue
+        _, violations = input_schema.check_input(text, strip_nul(trigger.input or {}),
+                                                 organization_id=getattr(organization, "pk", organization))
+        if violations:
+            out[trigger.pk] = InputRejection(trigger.workflow_name, version, violations)
+    return out
+
+
+def record_rejected_inputs(*, actor: Actor, workflow: Workflow) -> int:
+    """After ``workflow`` became active (a new version, a restore): for each cron trigger of
+    its name whose input it refuses, when it is the version their firings run (the latest
+    active one), record ``trigger.input_rejected`` (target the trigger; metadata the
+    version and each violation's path and keyword, never the input's values) in the
+    caller's transaction. Returns how many were recorded. The triggers are not changed:
+    each firing fails and records why on its TriggerFiring, and the trigger's API and
+    page show the rejection, until its input is fixed."""
+    if not workflow.input_schema_json:
+        return 0
+    newest = (Workflow.objects.for_organization(actor.organization)
+              .filter(name=workflow.name, state=WorkflowState.ACTIVE)
+              .order_by("-version").values_list("pk", flat=True).first())
+    if newest != workflow.pk:
+        return 0
+    affected = ScheduledTrigger.objects.for_organization(actor.organization).filter(
+        workflow_name=workflow.name).order_by("name")
+    rejected = input_rejections(actor.organization, affected)
+    for trigger in affected:
+        found = rejected.get(trigger.pk)
+        if found is None:
+            continue
+        audit.record("trigger.input_rejected", actor=actor, target=trigger, metadata={
+            "name": trigger.name, "workflow": workflow.name, "version": workflow.version,
+            "violations": [{"path": v["path"], "keyword": v["keyword"]} for v in found.violations[:20]],
+            "violation_count": len(found.violations)})
+    return len(rejected)
 
 
 def _schedule_fields(trigger: ScheduledTrigger) -> list[str]:
@@ -204,7 +288,8 @@ def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
     """Create a trigger from ``data`` (name, workflow_name, cron_expression, timezone,
     input, catch_up, enabled, priority: of the runs it starts, a whole number -10..10,
     default 0). Raises Forbidden or TriggerError (naming the field; ``input`` when it
-    cannot fill a concurrency key of the workflow's latest active version)."""
+    cannot fill a concurrency key of the workflow's latest active version or its
+    ``input_schema`` refuses it, the latter with ``violations``)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=False, current=None)
     creator = actor.user or getattr(actor.api_key, "created_by", None)  # a key acts for its creator
@@ -222,7 +307,8 @@ def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
 def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, Any]) -> ScheduledTrigger:
     """Change some fields of ``trigger``; a schedule change recomputes next_fire_at. A
     change of ``input`` or ``workflow_name`` is refused (TriggerError naming ``input``)
-    when the two together cannot fill a concurrency key, as ``create_trigger``.
+    when the two together cannot fill a concurrency key or break the input schema, as
+    ``create_trigger``.
     Records ``trigger.changed`` (or paused/resumed when only ``enabled`` flips)."""
     require(actor.role, Action.WORKFLOW_EDIT)
     fields = _clean(actor, data, partial=True, current=trigger)

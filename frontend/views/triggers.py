@@ -22,7 +22,15 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from engine.access import access_trigger
 from engine.models import ScheduledTrigger, Workflow
-from engine.triggers import TriggerError, create_trigger, delete_trigger, preview, set_enabled, update_trigger
+from engine.triggers import (
+    TriggerError,
+    create_trigger,
+    delete_trigger,
+    input_rejections,
+    preview,
+    set_enabled,
+    update_trigger,
+)
 from frontend.cron_words import describe_cron
 from frontend.forms_workflows import TriggerForm
 from frontend.organization import organization_required
@@ -54,6 +62,8 @@ class TriggerRow:
     next_fire: str
     last_fired: str
     workflow_id: uuid.UUID | None
+    # Why every firing will fail: the latest active version's input schema refuses the input.
+    input_rejected: str = ""
 
 
 def _local(when: dt.datetime | None, zone: str) -> dt.datetime | None:
@@ -76,9 +86,12 @@ def when_text(when: dt.datetime | None) -> str:
 @require_GET
 @organization_required
 def trigger_list(request: HttpRequest) -> HttpResponse:
-    """Every trigger of the organization (two queries whatever their number)."""
+    """Every trigger of the organization, each flagged when its workflow's input schema
+    refuses its input (three queries whatever their number)."""
     org = request.membership.organization
     latest = _latest_versions(org)
+    trigger_list = list(ScheduledTrigger.objects.for_organization(org).order_by("name"))
+    rejected = input_rejections(org, trigger_list)
     rows = [
         TriggerRow(
             trigger=t,
@@ -86,8 +99,9 @@ def trigger_list(request: HttpRequest) -> HttpResponse:
             next_fire=when_text(_local(t.next_fire_at, t.timezone)) if t.enabled else "",
             last_fired=when_text(_local(t.last_fired_at, t.timezone)),
             workflow_id=latest.get(t.workflow_name),
+            input_rejected=rejected[t.pk].message() if t.pk in rejected else "",
         )
-        for t in ScheduledTrigger.objects.for_organization(org).order_by("name")
+        for t in trigger_list
     ]
     context = {
         "organization": org,

@@ -14,6 +14,7 @@ import difflib
 import json
 import uuid
 
+from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Subquery
@@ -25,10 +26,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from engine.access import access_workflow
 from engine.definitions import DefinitionError
 from engine.handlers import REGISTRY
-from engine.models import Workflow, WorkflowRun, WorkflowState
+from engine.models import ScheduledTrigger, Workflow, WorkflowRun, WorkflowState
 from engine.reporting import task_count
 from engine.services import (
     ConfirmationRequired,
+    InvalidInput,
     InvalidStart,
     WorkflowNotStartable,
     apply_definition,
@@ -36,8 +38,10 @@ from engine.services import (
     restore_workflow,
     start_run,
 )
+from engine.triggers import input_rejections
+from frontend import input_form
 from frontend.dag import load_graph, render_dag_svg
-from frontend.forms_workflows import ArchiveForm, DefinitionForm, StartRunForm
+from frontend.forms_workflows import ArchiveForm, DefinitionForm
 from frontend.organization import organization_required
 from frontend.presenters.scheduling import task_settings, workflow_settings
 from tenancy.limits import QuotaExceeded
@@ -150,6 +154,7 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
                 messages.success(
                     request, f"Saved {workflow.name} version {workflow.version} ({workflow.state})."
                 )
+                _warn_rejected_triggers(request, workflow)
                 return redirect("frontend:workflow_detail", workflow_id=workflow.pk)
         status = 400
     else:
@@ -157,11 +162,30 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
         from_id = request.GET.get("from")
         if from_id:
             base = access_workflow(org, from_id)  # a 404 for a malformed, missing or foreign id
-            initial["definition"] = _yaml_text(base.definition)
+            document = dict(base.definition)
+            if base.input_schema_json:  # its properties in the order written (jsonb sorts keys)
+                document["input_schema"] = json.loads(base.input_schema_json)
+            initial["definition"] = _yaml_text(document)
         form = DefinitionForm(initial=initial)
         status = 200
     context = {"form": form, "base": base, "task_types": sorted(REGISTRY)}
     return render(request, "frontend/workflows/new.html", context, status=status)
+
+
+def _warn_rejected_triggers(request: HttpRequest, workflow: Workflow) -> None:
+    """A warning for each cron trigger whose input the version just saved refuses (its
+    firings will fail until the input is fixed; the trigger list shows it too)."""
+    if workflow.state != WorkflowState.ACTIVE or not workflow.input_schema_json:
+        return
+    org = request.membership.organization
+    affected = list(ScheduledTrigger.objects.for_organization(org).filter(workflow_name=workflow.name)
+                    .order_by("name"))
+    rejected = input_rejections(org, affected)
+    for trigger in affected:
+        found = rejected.get(trigger.pk)
+        if found is not None:
+            messages.warning(request, f"Trigger {trigger.name}: {found.message()}. Its firings will fail until its "
+                             "input is changed.")
 
 
 # --- one version --------------------------------------------------------------------------------
@@ -214,7 +238,7 @@ def _render_detail(
     request: HttpRequest,
     workflow: Workflow,
     *,
-    start_form: StartRunForm | None = None,
+    start_form: forms.Form | None = None,
     archive_form: ArchiveForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
@@ -265,7 +289,8 @@ def _render_detail(
         "recent_runs": recent_runs,
         "can_run": can_run,
         "can_edit": can_edit,
-        "start_form": (start_form or StartRunForm()) if can_run else None,
+        # Generated from the version's input schema when it has one (frontend.input_form).
+        "start_form": (start_form or input_form.start_form(workflow)) if can_run else None,
         "archive_form": (archive_form or ArchiveForm()) if can_edit else None,
         "is_active": workflow.state == WorkflowState.ACTIVE,
     }
@@ -281,18 +306,22 @@ def workflow_detail(request: HttpRequest, workflow_id: uuid.UUID) -> HttpRespons
 @require_POST
 @organization_required
 def workflow_start(request: HttpRequest, workflow_id: uuid.UUID) -> HttpResponse:
-    """Start a run with the JSON input of the form, then go to the run's page."""
+    """Start a run with the input of the form (the fields generated from the version's
+    input schema, or its JSON textarea), then go to the run's page; a refused input is
+    shown next to its fields."""
     workflow = _workflow_or_404(request, workflow_id)
     authorize(request.actor.role, Action.RUN_OPERATE)
-    form = StartRunForm(request.POST)
+    form = input_form.start_form(workflow, request.POST)
     if form.is_valid():
         try:
-            run = start_run(workflow=workflow, run_input=form.cleaned_data["input"], actor=request.actor,
+            run = start_run(workflow=workflow, run_input=input_form.input_of(form), actor=request.actor,
                             priority=form.cleaned_data.get("priority") or 0, claim_roots=True)
         except Forbidden as exc:
             raise PermissionDenied(str(exc)) from None
         except (WorkflowNotStartable, QuotaExceeded) as exc:
             form.add_error(None, str(exc))
+        except InvalidInput as exc:  # the input schema refused it: each violation at its field
+            input_form.add_violations(form, exc.violations)
         except InvalidStart as exc:  # a priority out of range, an input a concurrency key cannot use
             form.add_error(exc.field if exc.field in form.fields else None, exc.message)
         except ValueError as exc:  # not storable JSON (e.g. a NaN)

@@ -131,3 +131,15 @@ def test_names_and_empty_workflows_are_checked() -> None:
         Workflow("no spaces please")
     with pytest.raises(DefinitionError, match="tasks: a workflow needs at least one task"):
         Workflow("empty").to_document()
+
+
+def test_an_input_schema_is_written_as_given_and_must_be_json() -> None:
+    schema = {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}, "required": ["day"]}
+    wf = Workflow("orders", input_schema=schema)
+    wf.task("load", "noop")
+    assert wf.to_document() == {"name": "orders", "tasks": [{"key": "load", "type": "noop"}], "input_schema": schema}
+    bad = Workflow("orders", input_schema={"default": float("nan")})
+    bad.task("load", "noop")
+    with pytest.raises(DefinitionError) as excinfo:
+        bad.to_document()
+    assert excinfo.value.errors[0]["path"] == "input_schema"

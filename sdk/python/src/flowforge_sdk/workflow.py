@@ -59,11 +59,14 @@ class Workflow:
     version of its name.
 
     ``timeout_seconds`` bounds a whole run; ``concurrency`` is the workflow's
-    ``{"max_running_tasks", "max_running_runs", "policy"}`` block (docs/api.md).
+    ``{"max_running_tasks", "max_running_runs", "policy"}`` block (docs/api.md);
+    ``input_schema`` is a JSON Schema (Draft 2020-12) every run input must satisfy (the
+    server checks it: docs/api.md, "Run input schemas").
     """
 
     def __init__(self, name: str, *, description: str = "", timeout_seconds: float | None = None,
-                 concurrency: Mapping[str, Any] | None = None) -> None:
+                 concurrency: Mapping[str, Any] | None = None,
+                 input_schema: Mapping[str, Any] | None = None) -> None:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise DefinitionError([{"path": "name", "message": f"{name!r}: use 1-200 letters, digits, '_', '-' or "
                                     "'.', starting with a letter or digit"}])
@@ -71,6 +74,7 @@ class Workflow:
         self.description = description
         self.timeout_seconds = timeout_seconds
         self.concurrency = dict(concurrency) if concurrency is not None else None
+        self.input_schema = dict(input_schema) if input_schema is not None else None
         self._tasks: dict[str, dict[str, Any]] = {}
         self._refs: dict[str, TaskRef] = {}
 
@@ -247,7 +251,8 @@ class Workflow:
 
     def to_document(self) -> dict[str, Any]:
         """The definition document (a new dict each time): ``name``, ``description`` when
-        set, ``tasks`` in the order added, ``timeout_seconds`` and ``concurrency`` when set.
+        set, ``tasks`` in the order added, ``timeout_seconds``, ``concurrency`` and
+        ``input_schema`` when set.
 
         Raises DefinitionError when the workflow has no task, a dependency names no task
         of the workflow, the dependencies form a cycle, or a value is not JSON."""
@@ -271,6 +276,9 @@ class Workflow:
             doc["timeout_seconds"] = self.timeout_seconds
         if self.concurrency is not None:
             doc["concurrency"] = dict(self.concurrency)
+        if self.input_schema is not None:
+            _json("input_schema", self.input_schema)
+            doc["input_schema"] = dict(self.input_schema)
         for task in doc["tasks"]:
             _json(f"tasks[{task['key']}]", task)
         return doc
