@@ -10,6 +10,7 @@ validated whole before anything is written; an error answers with nothing change
 from __future__ import annotations
 
 import json
+import logging
 import select
 import socket
 import uuid
@@ -29,6 +30,8 @@ from engine import worker_queues
 from engine.handlers.worker import QUEUE_NAME_FORM, valid_queue_name
 from engine.models import TaskLog
 from tenancy.permissions import Action
+
+logger = logging.getLogger(__name__)
 
 #: Bytes of JSON text a completion's output may hold.
 MAX_OUTPUT_BYTES = 1024 * 1024
@@ -125,8 +128,9 @@ class CompleteSerializer(TokenSerializer):
 
 def _check_output_size(value: Any) -> None:
     """Raise FieldTooLarge (413 naming ``output``) for an output over MAX_OUTPUT_BYTES of JSON
-    text (checked after validation: a serializer turns any error it raises into a 400)."""
-    size = len(json.dumps(value, ensure_ascii=False).encode())
+    text, measured as compact UTF-8 JSON (separators "," and ":", as docs/workers.md says and
+    the SDK sends it); checked after validation: a serializer turns any error it raises into a 400."""
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > MAX_OUTPUT_BYTES:
         raise FieldTooLarge({"output": [f"is {size} bytes of JSON text; at most {MAX_OUTPUT_BYTES}"]})
 
@@ -265,10 +269,21 @@ class WorkerPollView(_WorkerView):
                 still_wanted=_client_connected(request),
             )
         except worker_queues.PollCapacity as exc:
+            logger.warning("poll of queue %r by worker %s refused: this process holds as many waiting polls as it "
+                           "may; the worker is asked to retry after %s s", data["queue"], w["id"], exc.retry_after)
             raise PollCapacityProblem(exc.retry_after) from exc
         except worker_queues.UnknownQueue as exc:
             raise serializers.ValidationError({"queue": [str(exc)]}) from exc
         return Response({"tasks": tasks, "wait_seconds": data["wait_seconds"]})
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(exc, PollCapacityProblem):
+            # Logged once in post(), at WARNING: routine under load. Django's request log would
+            # add an ERROR "Service Unavailable" line (twice under DEBUG: its console handler's
+            # and the root's).
+            response._has_been_logged = True
+        return response
 
 
 class WorkerHeartbeatView(_WorkerView):
