@@ -10,6 +10,7 @@ validated whole before anything is written; an error answers with nothing change
 from __future__ import annotations
 
 import json
+import logging
 import select
 import socket
 import uuid
@@ -33,6 +34,8 @@ from engine.models import TaskLog
 from flowforge.jsonb import strip_nul
 from tenancy import apikeys
 from tenancy.permissions import Action
+
+logger = logging.getLogger(__name__)
 
 #: Bytes of JSON text a completion's output may hold.
 MAX_OUTPUT_BYTES = 1024 * 1024
@@ -289,12 +292,23 @@ class WorkerPollView(_WorkerView):
                 still_wanted=self._still_wanted(request),
             )
         except worker_queues.PollCapacity as exc:
+            logger.warning("poll of queue %r by worker %s refused: this process holds as many waiting polls as it "
+                           "may; the worker is asked to retry after %s s", data["queue"], w["id"], exc.retry_after)
             raise PollCapacityProblem(exc.retry_after) from exc
         except worker_queues.UnknownQueue as exc:
             raise serializers.ValidationError({"queue": [str(exc)]}) from exc
         # The wait this server allowed (FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS may cut the one asked).
         waited = min(data["wait_seconds"], float(settings.FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS))
         return Response({"tasks": tasks, "wait_seconds": waited})
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(exc, PollCapacityProblem):
+            # Logged once in post(), at WARNING: routine under load. Django's request log would
+            # add an ERROR "Service Unavailable" line (twice under DEBUG: its console handler's
+            # and the root's).
+            response._has_been_logged = True
+        return response
 
 
 class WorkerHeartbeatView(_WorkerView):

@@ -221,7 +221,7 @@ def _keep_handed_values(a: StartedAttempt, values: list[str]) -> None:
 def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any]:
     """A started attempt as the poll's answer shows it (docs/workers.md), with its input
     resolved (``task_input``)."""
-    lease = lease_seconds()
+    lease = min(lease_seconds(), a.timeout_seconds) if a.timeout_seconds else lease_seconds()
     return {
         "task_run_id": str(a.task_run_id),
         "fencing_token": a.fencing_token,
@@ -236,7 +236,8 @@ def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any
         "run_input": a.run_input,
         "upstream": a.upstream,
         "timeout_seconds": a.timeout_seconds,
-        "lease_seconds": min(lease, a.timeout_seconds) if a.timeout_seconds else lease,
+        "lease_seconds": lease,
+        # A third of the lease granted (shorter than the setting's when the timeout is nearer).
         "heartbeat_interval_seconds": round(lease / 3, 3),
     }
 

@@ -1,5 +1,6 @@
 """A worker process of the Python SDK for the integration tests (tests/integration/
-test_sdk_workers.py): ``python tests/integration/sdk_worker_app.py URL KEY QUEUE MODE``.
+test_sdk_workers.py): ``python tests/integration/sdk_worker_app.py URL KEY QUEUE MODE [POLL_WAIT]``
+(POLL_WAIT: the seconds a poll may wait for work, 5 by default).
 
 Its handlers: ``resize`` (returns its input's width and the keys of its upstream
 outputs), ``upload`` (returns how many upstream outputs it got), ``echo`` (returns its
@@ -16,8 +17,9 @@ import time
 from flowforge_sdk import NonRetryableError, Worker
 
 
-def main(base: str, key: str, queue: str, mode: str) -> None:
-    worker = Worker(base, queue, api_key=key, concurrency=4, worker_name=f"it-{mode}", poll_wait_seconds=5)
+def main(base: str, key: str, queue: str, mode: str, poll_wait: str = "5") -> None:
+    worker = Worker(base, queue, api_key=key, concurrency=4, worker_name=f"it-{mode}",
+                    poll_wait_seconds=float(poll_wait))
 
     @worker.task("resize")
     def resize(ctx):
@@ -54,4 +56,4 @@ def main(base: str, key: str, queue: str, mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

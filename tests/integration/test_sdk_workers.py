@@ -2,19 +2,22 @@
 "Done when"): an SDK worker process serves the worker tasks of a 10-task DAG whose
 built-in tasks run in the shared Dramatiq workers, to success; an SDK worker SIGKILLed
 mid-task loses its lease and another worker completes a new generation, while the killed
-worker's late completion, replayed by the test, is refused and recorded."""
+worker's late completion, replayed by the test, is refused and recorded; an idle SDK worker
+stops within about a second of its SIGTERM, mid long poll, and the poll it cut off claims
+nothing."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from engine.models import TaskLog, TaskRun, TaskRunEvent
+from engine.models import TaskLog, TaskRun, TaskRunEvent, WorkerConnection
 from engine.services import apply_definition, start_run
 from flowforge.stack import wait_until
 from tenancy.actors import Actor
@@ -59,8 +62,8 @@ def worker_key(org) -> str:
     return create_api_key(actor=owner, name="sdk workers", role=KeyRole.WORKER)[1]
 
 
-def sdk_worker(stack, base, key, queue, mode, name):
-    return stack.start(name, [sys.executable, APP, base, key, queue, mode])
+def sdk_worker(stack, base, key, queue, mode, name, poll_wait=5):
+    return stack.start(name, [sys.executable, APP, base, key, queue, mode, str(poll_wait)])
 
 
 def test_an_sdk_worker_runs_the_worker_tasks_of_a_mixed_dag_to_success(stack, web, org):
@@ -127,3 +130,22 @@ def test_a_killed_sdk_worker_loses_its_lease_and_its_late_completion_is_refused(
     assert TaskRunEvent.objects.for_organization(org).filter(
         task_run=tr, kind="stale_completion_rejected", fencing_token=first_token).exists()
     assert rescuer.alive()
+
+
+def test_an_idle_sdk_worker_stops_promptly_on_sigterm_and_its_cut_off_poll_claims_nothing(stack, web, org):
+    key = worker_key(org)
+    wf = apply_definition(organization=org, document={"name": "idle", "tasks": [
+        {"key": "job", "type": "worker", "config": {"queue": "idle", "name": "echo"}}]})
+    idle = sdk_worker(stack, web, key, "idle", "quick", "sdk-idle", poll_wait=30)
+    wait_until(lambda: WorkerConnection.objects.for_organization(org).filter(queue="idle").exists(), timeout=30,
+               what="the worker to poll")
+    time.sleep(1.5)  # its poll waits on the server, for up to 30 s
+    signalled = time.monotonic()
+    os.kill(idle.popen.pid, signal.SIGTERM)
+    time.sleep(0.3)  # the worker is stopping; its poll's connection is half-closed, not yet cut
+    run = start_run(workflow=wf, actor=Actor.system(org))  # wakes the waiting poll
+    assert idle.popen.wait(10) == 0
+    assert time.monotonic() - signalled < 5, idle.log_path.read_text()
+    time.sleep(1.0)
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    assert (tr.state, tr.fencing_token) == ("ready", 0)  # not started for the stopping worker

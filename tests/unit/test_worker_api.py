@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 import uuid
 
@@ -308,6 +309,7 @@ def test_a_heartbeat_near_the_attempts_timeout_answers_the_shorter_lease_it_gran
     run = a.start([{"key": "resize", "type": "worker", "config": {"queue": "images"}, "timeout_seconds": 5}])
     task = a.poll().json()["tasks"][0]
     assert task["lease_seconds"] == 5  # FLOWFORGE_WORKER_LEASE_SECONDS is 60: the timeout comes first
+    assert task["heartbeat_interval_seconds"] == round(5 / 3, 3)  # paced by the lease granted
     answer = a.post(f"worker/tasks/{task['task_run_id']}/heartbeat/", {"fencing_token": 1}).json()
     tr = task_run(run)
     left = (tr.started_at + dt.timedelta(seconds=5) - tr.lease_expires_at).total_seconds()
@@ -337,6 +339,19 @@ def test_heartbeats_and_completions_have_a_budget_apart_from_polls_and_log_lines
 
 
 @pytest.mark.django_db
+def test_the_output_limit_counts_compact_utf8_json_text(a, monkeypatch):
+    output = {"name": "café", "sizes": [1, 2]}  # {"name":"café","sizes":[1,2]}: 30 bytes ("é" is 2)
+    a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]
+    monkeypatch.setattr(views_worker, "MAX_OUTPUT_BYTES", 29)
+    body = assert_problem(a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": output}), 413)
+    assert body["errors"] == {"output": ["is 30 bytes of JSON text; at most 29"]}
+    monkeypatch.setattr(views_worker, "MAX_OUTPUT_BYTES", 30)  # not 34, its size with ", " and ": "
+    assert a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": output}).json() == {
+        "state": "succeeded"}
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("config, message", [
     ({}, "'queue' is required"),
     ({"queue": "has space"}, "not a queue name"),
@@ -356,13 +371,18 @@ def test_a_worker_task_definition_is_checked_at_apply_time(a, config, message):
 
 
 @pytest.mark.django_db
-def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready_task(a, settings):
+def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready_task(a, settings, caplog):
     settings.FLOWFORGE_WORKER_POLLS_PER_PROCESS = 0
     apply_definition(organization=a.org, document={"name": "thumbs", "tasks": WORKER_DAG})
+    caplog.set_level(logging.INFO)
     response = a.poll(wait=10)
     body = assert_problem(response, 503)
     assert body["code"] == "poll_capacity"
     assert response["Retry-After"] == "2"
+    # Routine under load: one WARNING saying when the worker comes back, not Django's ERROR line.
+    said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [("api.views_worker", logging.WARNING, "poll of queue 'images' by worker w-1 refused: this "
+                     "process holds as many waiting polls as it may; the worker is asked to retry after 2 s")]
     run = a.start()
     (task,) = a.poll(wait=10).json()["tasks"]  # something ready: handed out without waiting
     assert task["task_run_id"] == str(task_run(run).pk)

@@ -1,13 +1,18 @@
 """The SDK's example: a worker with two handlers, and a workflow built in code that mixes
 its worker tasks with built-in noop and sleep tasks.
 
+From the repository's folder, after ``make install``:
+
     export FLOWFORGE_URL=http://127.0.0.1:8000
     export FLOWFORGE_API_KEY=ffk_...      # member key: applies the workflow, starts a run
     export FLOWFORGE_WORKER_KEY=ffk_...   # worker key: polls the queue "sdk-example"
 
-    python examples/worker.py             # apply, start a run, serve it with the worker, print the result
-    python examples/worker.py --worker    # only the worker, until Ctrl-C (or: python -m flowforge_sdk.worker worker:build_worker)
-    python examples/worker.py --start     # only apply and start a run, and wait for it (a worker must be running)
+    .venv/bin/python sdk/python/examples/worker.py            # apply, start the worker, start a run, print the result
+    .venv/bin/python sdk/python/examples/worker.py --worker   # only the worker (applying the workflow if there is none), until Ctrl-C
+    .venv/bin/python sdk/python/examples/worker.py --start    # only apply and start a run, and wait for it (a worker must be running)
+
+The workflow is applied before the worker starts: the server refuses (400) a poll of a
+queue that no task of the organization's workflows names, as on a fresh organization.
 
 The workflow ``sdk-example``::
 
@@ -30,15 +35,16 @@ import sys
 import threading
 from typing import Any
 
-from flowforge_sdk import Client, FlowForgeError, NetworkError, TaskContext, Worker, Workflow
+from flowforge_sdk import Client, FlowForgeError, NetworkError, TaskContext, Worker, Workflow, WorkflowVersion
 
+WORKFLOW = "sdk-example"
 QUEUE = "sdk-example"
 RUN_INPUT = {"numbers": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]}
 
 
 def build_workflow() -> Workflow:
     """The example workflow (its document is what ``workflow.to_document()`` returns)."""
-    wf = Workflow("sdk-example", description="The Python SDK's example: worker tasks and built-in tasks.")
+    wf = Workflow(WORKFLOW, description="The Python SDK's example: worker tasks and built-in tasks.")
     start = wf.noop("start", position=(0, 160))
     small = wf.worker_task("measure_small", QUEUE, name="measure", input={"threshold": 5, "keep": "below"},
                            depends_on=[start], max_attempts=2, retry_backoff_seconds=1, timeout_seconds=60,
@@ -87,13 +93,30 @@ def build_worker(client: Client | None = None) -> Worker:
     return worker
 
 
-def apply_and_start(client: Client) -> str:
-    """Apply the workflow (a new version) and start a run; returns its id."""
+def apply_workflow(client: Client) -> WorkflowVersion:
+    """Apply the workflow: a new version, active."""
     version = client.workflows.apply(build_workflow())
     print(f"applied {version.name} v{version.version} ({len(version.tasks)} tasks)")
+    return version
+
+
+def ensure_workflow(client: Client) -> WorkflowVersion:
+    """The organization's latest version of the workflow, applied first when it has none
+    (its worker's polls would be refused: no task of the organization waits on the queue)."""
+    version = client.workflows.latest(WORKFLOW)
+    return version if version is not None else apply_workflow(client)
+
+
+def start_run(client: Client, version: WorkflowVersion) -> str:
+    """Start a run of ``version``; returns its id."""
     run = client.runs.start(version, RUN_INPUT)
     print(f"started run {run.id}")
     return run.id
+
+
+def apply_and_start(client: Client) -> str:
+    """Apply the workflow (a new version) and start a run; returns its id."""
+    return start_run(client, apply_workflow(client))
 
 
 def print_result(client: Client, run_id: str, timeout: float) -> bool:
@@ -115,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
     try:
         if args.worker:
-            build_worker().run()  # SIGTERM / Ctrl-C drain it
+            _serve()
             return 0
         with Client(_url(), _setting("FLOWFORGE_API_KEY", "a member key")) as client:
             if args.start:
@@ -132,15 +155,29 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
+def _serve() -> None:
+    """Only the worker, until SIGTERM / Ctrl-C (they drain it); with a member key
+    (FLOWFORGE_API_KEY) the workflow is applied first if the organization has none."""
+    if os.environ.get("FLOWFORGE_API_KEY", "").strip():
+        with Client(_url(), os.environ["FLOWFORGE_API_KEY"]) as client:
+            ensure_workflow(client)
+    else:
+        logging.warning("FLOWFORGE_API_KEY is not set: the workflow %s is not applied; the server refuses the "
+                        "worker's polls (400) until a workflow with a task on the queue %r exists", WORKFLOW, QUEUE)
+    build_worker().run()
+
+
 def _run_both(client: Client, timeout: float) -> int:
-    """Start a run and serve it: the worker runs in the main thread (Ctrl-C drains it),
-    the run is started and followed in another, which stops the worker at its end."""
+    """Apply the workflow, then serve a run of it: the worker runs in the main thread
+    (Ctrl-C drains it), the run is started and followed in another, which stops the
+    worker at its end. Applied first: the worker's first poll names the queue."""
+    version = apply_workflow(client)
     worker = build_worker()
     outcome: dict[str, Any] = {}
 
     def drive() -> None:
         try:
-            outcome["succeeded"] = print_result(client, apply_and_start(client), timeout)
+            outcome["succeeded"] = print_result(client, start_run(client, version), timeout)
         except Exception as exc:  # shown after the worker stopped
             outcome["error"] = exc
         finally:

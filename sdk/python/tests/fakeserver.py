@@ -8,6 +8,11 @@ state, token, output and log lines, and the most tasks each worker held at once
 (``most_held``). What it lets a test do: hand tasks out (``enqueue``), cancel one,
 expire a lease, answer the next matching call with a given status (``inject``), and go
 down and come back on the same port (``go_down`` / ``come_back``).
+
+As the real server does, a waiting poll claims nothing once its client has closed the
+connection (or half-closed it): it looks when a task is ready, not before; and a heartbeat's answer says the lease it now runs
+(``heartbeat_lease_seconds``, or no ``lease_seconds`` at all when
+``heartbeat_sends_lease`` is off).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import select
+import socket
 import threading
 import time
 import uuid
@@ -26,6 +33,18 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 MEMBER_KEY = "ffk_testmember_s3cr3tmemberkeyvalue"
 WORKER_KEY = "ffk_testworker_s3cr3tworkerkeyvalue"
 LOG_LEVELS = {"debug", "info", "warning", "error"}
+
+
+def peer_connected(sock: socket.socket) -> bool:
+    """False once the client closed its connection or half-closed it (a peek reads its
+    end of file), as the real server checks before each claim of a waiting poll."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return not readable or sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
 
 
 def now_iso(offset_seconds: float = 0.0) -> str:
@@ -118,6 +137,15 @@ class FakeFlowForge:
         #: Run the DAG of started runs: noop and sleep tasks succeed at once, worker tasks
         #: become task runs of their queue once their dependencies succeeded (``_advance``).
         self.engine = False
+        #: Refuse (400, naming ``queue``) a poll of a queue no worker task of a stored workflow
+        #: names, as the real server does (a fresh organization has none).
+        self.known_queues_only = False
+        #: The lease a heartbeat answers (and grants), in seconds; None: ``lease_seconds``.
+        self.heartbeat_lease_seconds: float | None = None
+        #: Off: heartbeat answers carry no ``lease_seconds`` (the lease is still extended).
+        self.heartbeat_sends_lease = True
+        #: Seconds between a poll's claim and its answer (a slow claim, an answer in flight).
+        self.poll_answer_delay = 0.0
         self.port = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -138,7 +166,9 @@ class FakeFlowForge:
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                reply = fake.handle(self.command, self.path, dict(self.headers.items()), raw)
+                connection = self.connection
+                reply = fake.handle(self.command, self.path, dict(self.headers.items()), raw,
+                                    connected=lambda: peer_connected(connection))
                 payload = b"" if reply.body is None else json.dumps(reply.body).encode()
                 self.send_response(reply.status)
                 if reply.body is not None:
@@ -257,7 +287,8 @@ class FakeFlowForge:
         ("DELETE", r"/api/v1/secrets/(?P<name>[^/]+)/", "secret_delete"),
     ]
 
-    def handle(self, method: str, target: str, headers: dict[str, str], raw: bytes) -> Reply:
+    def handle(self, method: str, target: str, headers: dict[str, str], raw: bytes,
+               connected: Any = lambda: True) -> Reply:
         parts = urlsplit(target)
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         body: Any = None
@@ -280,10 +311,11 @@ class FakeFlowForge:
                     break
         if injected is not None and not injected.apply:
             return injected.reply
-        reply = self._route(method, parts.path, query, headers, body)
+        reply = self._route(method, parts.path, query, headers, body, connected)
         return injected.reply if injected is not None else reply
 
-    def _route(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: Any) -> Reply:
+    def _route(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: Any,
+               connected: Any) -> Reply:
         auth = headers.get("authorization", "")
         key = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else None
         if key not in (MEMBER_KEY, WORKER_KEY):
@@ -298,7 +330,8 @@ class FakeFlowForge:
                                               "permission_denied"))
                 handler = getattr(self, f"_{name}")
                 with self.cond:
-                    reply: Reply = handler(body=body, query=query, headers=headers, **match.groupdict())
+                    reply: Reply = handler(body=body, query=query, headers=headers, connected=connected,
+                                           **match.groupdict())
                     self.cond.notify_all()
                     return reply
         return Reply(404, problem(404, "There is no API endpoint at this path.", "not_found"))
@@ -326,7 +359,7 @@ class FakeFlowForge:
             return Reply(409, problem(409, "The lease ran out.", "lease_expired"))
         return task
 
-    def _poll(self, body: Any, **_: Any) -> Reply:
+    def _poll(self, body: Any, connected: Any, **_: Any) -> Reply:
         errors: dict[str, list[str]] = {}
         if not isinstance(body, dict):
             return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",
@@ -344,6 +377,11 @@ class FakeFlowForge:
         worker_id = worker.get("id") if isinstance(worker, dict) else None
         if not isinstance(worker_id, str) or not 1 <= len(worker_id) <= 64:
             errors["worker.id"] = ["required: 1 to 64 characters"]
+        if not errors and self.known_queues_only and not any(
+                t.get("type") == "worker" and t.get("config", {}).get("queue") == queue
+                for w in self.workflows for t in w["tasks"]):
+            errors["queue"] = [f"no task of this organization's workflows waits on queue {queue!r}: check the name, "
+                               "or apply a workflow with a worker task on it (config.queue) before starting its workers"]
         if errors:
             return Reply(400, problem(400, "The request is invalid; see errors.", "invalid", errors))
         assert isinstance(worker, dict) and isinstance(worker_id, str)
@@ -352,11 +390,13 @@ class FakeFlowForge:
         while True:
             ready = [t for t in self.task_runs.values() if t.queue == queue and t.state == "ready"]
             if ready:
+                if not connected():  # as the real server: a client gone (or going) gets no claim
+                    return Reply(200, {"tasks": [], "wait_seconds": wait})
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 return Reply(200, {"tasks": [], "wait_seconds": wait})
-            self.cond.wait(left)
+            self.cond.wait(left)  # as the real server, a closed connection does not end the wait
         handed = []
         for task in ready[:max_tasks]:
             task.state = "running"
@@ -375,24 +415,28 @@ class FakeFlowForge:
                 "run_input": task.run_input, "upstream": task.upstream, "timeout_seconds": self.lease_seconds,
                 "lease_seconds": self.lease_seconds, "heartbeat_interval_seconds": self.heartbeat_interval,
             })
+        answer_at = time.monotonic() + self.poll_answer_delay
+        while time.monotonic() < answer_at:  # claimed (started), the answer not yet sent
+            self.cond.wait(answer_at - time.monotonic())
         return Reply(200, {"tasks": handed, "wait_seconds": wait})
 
     def _heartbeat(self, id: str, body: Any, **_: Any) -> Reply:
         task = self._owned(id, body)
         if isinstance(task, Reply):
             return task
-        task.lease_until = time.monotonic() + self.lease_seconds
+        lease = self.lease_seconds if self.heartbeat_lease_seconds is None else self.heartbeat_lease_seconds
+        task.lease_until = time.monotonic() + lease
         task.events.append(f"heartbeat:{task.token}")
-        return Reply(200, {"lease_seconds": self.lease_seconds})
+        return Reply(200, {"lease_seconds": lease} if self.heartbeat_sends_lease else {})
 
     def _logs(self, id: str, body: Any, **_: Any) -> Reply:
         lines = body.get("lines") if isinstance(body, dict) else None
         if not isinstance(lines, list) or not lines:
             return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",
                                       {"lines": ["required: a list of 1 to 100 lines"]}))
-        if len(lines) > 100:
-            return Reply(413, problem(413, "Too many lines.", "payload_too_large",
-                                      {"lines": ["at most 100 lines per call"]}))
+        if len(lines) > 100:  # a 400 like any other malformed field (the body's own limit is a 413)
+            return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",
+                                      {"lines": ["Ensure this field has no more than 100 elements."]}))
         for i, line in enumerate(lines):
             if not isinstance(line, dict) or line.get("level") not in LOG_LEVELS:
                 return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",

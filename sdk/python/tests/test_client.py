@@ -4,7 +4,9 @@ retries, and what must never be logged."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -228,6 +230,7 @@ def test_problem_details_map_to_exception_classes(fake: FakeFlowForge) -> None:
         (403, PermissionDenied, "permission_denied"), (404, NotFound, "not_found"),
         (409, Conflict, "stale_fencing_token"), (413, PayloadTooLarge, "payload_too_large"),
         (429, RateLimited, "throttled"), (422, ApiError, "quota_exceeded"), (500, ServerError, "server_error"),
+        (503, ServerError, "poll_capacity"),
     ]
     with Client(fake.url, WORKER_KEY, retries=0) as c:
         for status, cls, code in cases:
@@ -242,8 +245,8 @@ def test_problem_details_map_to_exception_classes(fake: FakeFlowForge) -> None:
             assert error.errors == {"fencing_token": ["must be a whole number"]}
             assert error.request_id == "r-1"
             assert error.problem["title"] == "t"
-            if cls is RateLimited:
-                assert isinstance(error, RateLimited) and error.retry_after == 7.0
+            if cls is RateLimited or cls is ServerError:
+                assert isinstance(error, RateLimited | ServerError) and error.retry_after == 7.0
 
 
 def test_an_error_without_a_problem_body_still_maps_by_status() -> None:
@@ -286,7 +289,14 @@ def test_worker_calls_speak_the_protocol(fake: FakeFlowForge, worker_client: Cli
         "queue": "images", "max_tasks": 4, "wait_seconds": 1,
         "worker": {"id": "w-1", "name": "resizer-1", "host": "box-7", "sdk": "flowforge-python/0.1.0",
                    "concurrency": 4}}
+    assert task.lease_seconds == 30.0
     assert worker_client.worker.heartbeat(task_id, 1) is not None
+    assert worker_client.worker.extend_lease(task_id, 1) == 30.0
+    fake.heartbeat_lease_seconds = 4.5  # the lease cut short by the attempt's timeout
+    assert worker_client.worker.extend_lease(task_id, 1) == 4.5
+    fake.heartbeat_sends_lease = False
+    assert worker_client.worker.extend_lease(task_id, 1) is None
+    assert worker_client.worker.heartbeat(task_id, 1) is None
     assert worker_client.worker.logs(task_id, 1, [{"level": "info", "message": "hi"}]) == 1
     assert worker_client.worker.complete(task_id, 1, {"ok": True}) == "succeeded"
     with pytest.raises(Conflict) as caught:
@@ -294,6 +304,42 @@ def test_worker_calls_speak_the_protocol(fake: FakeFlowForge, worker_client: Cli
     assert caught.value.code == "stale_fencing_token"
     empty = worker_client.worker.poll("images", worker=info, wait_seconds=0)
     assert empty.tasks == []
+
+
+def test_a_cancelled_poll_channel_cuts_off_the_poll_in_flight_which_claims_nothing(fake: FakeFlowForge,
+                                                                                    worker_client: Client) -> None:
+    info = WorkerInfo(id="w-1")
+    channel = worker_client.worker.poll_channel(grace_seconds=0.3)
+    outcome: dict[str, Any] = {}
+
+    def poll() -> None:
+        try:
+            outcome["result"] = worker_client.worker.poll("images", worker=info, wait_seconds=30, channel=channel)
+        except Exception as exc:
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=poll)
+    thread.start()
+    try:
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) == 1)
+        time.sleep(0.3)  # waiting on the server
+        cancelled_at = time.monotonic()
+        channel.cancel()
+        thread.join(5)
+        assert not thread.is_alive()
+        # No answer came within the grace (nothing was ready): the connection was cut.
+        assert isinstance(outcome.get("error"), NetworkError), outcome
+        assert 0.25 <= outcome["at"] - cancelled_at < 2
+        task_id = fake.enqueue("images", "resize")
+        time.sleep(0.3)
+        assert fake.task_runs[task_id].state == "ready"  # the server claimed nothing for the poll cut off
+        with pytest.raises(NetworkError, match="cancelled"):
+            worker_client.worker.poll("images", worker=info, wait_seconds=30, channel=channel)
+        assert len(fake.calls_to("/worker/poll")) == 1  # refused before anything was sent
+    finally:
+        channel.close()
+        thread.join(5)
 
 
 def test_fail_reports_the_retry(fake: FakeFlowForge, worker_client: Client) -> None:

@@ -1,10 +1,13 @@
 """examples/worker.py: its workflow, its handlers, and the whole script against the fake
-server run as a small engine (apply, start, serve the run with the worker, exit 0)."""
+server run as a small engine (apply, start the worker, start a run and serve it, exit 0),
+which refuses a poll of a queue no workflow names, as the real server does on a fresh
+organization."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,6 +47,7 @@ def test_the_example_script_runs_the_workflow_to_success(example: ModuleType, fa
                                                          monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     fake.engine = True
+    fake.known_queues_only = True  # a fresh organization: polls are refused until the workflow is applied
     build = example.build_worker
 
     def quick_worker(client: Any = None) -> Worker:
@@ -68,6 +72,40 @@ def test_the_example_script_runs_the_workflow_to_success(example: ModuleType, fa
     report_task = next(t for t in fake.task_runs.values() if t.task_key == "report")
     assert report_task.error == "RuntimeError: flaky on purpose: attempt 1 of report always fails"
     assert any("failing attempt 1 on purpose" in line["message"] for line in report_task.logs)
+    (applied,) = fake.calls_to("/workflows/")
+    assert all(poll.at > applied.at for poll in fake.calls_to("/worker/poll"))  # applied before the first poll
+
+
+def test_the_example_worker_alone_applies_the_workflow_first_on_a_fresh_organization(
+        example: ModuleType, fake: FakeFlowForge, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.known_queues_only = True
+    build = example.build_worker
+    workers: list[Worker] = []
+
+    def quick_worker(client: Any = None) -> Worker:
+        worker: Worker = build(client)
+        worker.poll_wait_seconds = 0.3
+        workers.append(worker)
+        return worker
+
+    monkeypatch.setattr(example, "build_worker", quick_worker)
+
+    def serve_until_it_polls() -> int:
+        polls_before, exit_code = len(fake.calls_to("/worker/poll")), []
+        thread = threading.Thread(target=lambda: exit_code.append(example.main(["--worker"])))
+        thread.start()
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) > polls_before)
+        workers[-1].stop()
+        thread.join(10)
+        return exit_code[0]
+
+    # 0: its polls were not refused, the worker stopped on request (a refused poll stops it with exit 2).
+    assert serve_until_it_polls() == 0
+    assert serve_until_it_polls() == 0  # the second start finds the workflow: no new version
+    assert [(w["name"], w["version"]) for w in fake.workflows] == [("sdk-example", 1)]
+    (applied,) = fake.calls_to("/workflows/")
+    assert all(poll.at > applied.at for poll in fake.calls_to("/worker/poll"))
+    assert all(poll.body["queue"] == "sdk-example" for poll in fake.calls_to("/worker/poll"))
 
 
 def test_the_cli_loads_the_example_worker(example: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

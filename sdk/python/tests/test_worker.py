@@ -1,17 +1,19 @@
 """The worker runtime against the fake server: hand-out, results, fencing, heartbeats,
-cancellation, slots, drain, outages and log lines."""
+cancellation, slots, drain, prompt stop, outages, Retry-After and log lines."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
 import pytest
 
-from fakeserver import FakeFlowForge
+from fakeserver import FakeFlowForge, problem
 from flowforge_sdk import NonRetryableError, PermissionDenied, TaskContext, Worker
 from flowforge_sdk.client import Client
+from flowforge_sdk.worker.heartbeat import next_heartbeat_delay
 from helpers import RecordingBackoff, running
 
 
@@ -131,6 +133,60 @@ def test_heartbeats_extend_the_lease_with_the_token(fake: FakeFlowForge, make_wo
     assert all(b.body == {"fencing_token": 1} for b in beats)
     # One every interval, not a burst: 3 beats took at least 2 intervals.
     assert beats[2].at - beats[0].at >= 0.18
+
+
+def test_the_next_heartbeat_is_due_within_a_third_of_the_last_lease_answered() -> None:
+    assert next_heartbeat_delay(20.0, None) == 20.0  # no lease said: the poll's interval
+    assert next_heartbeat_delay(20.0, 60.0) == 20.0  # the interval is sooner than a third of the lease
+    assert next_heartbeat_delay(20.0, 9.0) == 3.0  # a lease cut short by the attempt's timeout
+    assert next_heartbeat_delay(20.0, 0.3) == 0.5  # the floor
+    assert next_heartbeat_delay(0.2, 0.3) == 0.2  # a shorter interval stands
+
+
+def test_heartbeats_follow_a_shorter_lease_the_server_answers(fake: FakeFlowForge, make_worker: Any) -> None:
+    # The poll leases for 30 s, beats every 1.5 s; then each heartbeat answers (and grants) 1.2 s,
+    # as the server does near the attempt's timeout: beating every 1.5 s would lose the lease.
+    fake.heartbeat_interval = 1.5
+    fake.heartbeat_lease_seconds = 1.2
+    worker = make_worker()
+    leases: list[Any] = []
+
+    @worker.task("resize")
+    def resize(ctx: TaskContext) -> str:
+        ctx.wait(3.5)
+        leases.append(ctx.lease_expires_at)
+        ctx.raise_if_cancelled()
+        return "done"
+
+    task_id = fake.enqueue("images", "resize")
+    with running(worker):
+        assert fake.wait_for(lambda: worker.stats["reported"] + worker.stats["dropped"] == 1, timeout=10)
+    assert fake.task_runs[task_id].state == "succeeded", fake.task_runs[task_id].events
+    beats = [c.at for c in fake.calls_to(f"/worker/tasks/{task_id}/heartbeat")]
+    gaps = [later - earlier for earlier, later in zip(beats, beats[1:], strict=False)]
+    assert len(beats) >= 4 and all(0.35 <= gap <= 0.8 for gap in gaps), gaps  # a third of 1.2 s: every 0.5 s
+    assert leases[0] is not None
+
+
+def test_a_polls_short_lease_paces_the_heartbeats_even_when_their_answers_omit_it(fake: FakeFlowForge,
+                                                                                  make_worker: Any) -> None:
+    fake.lease_seconds = 1.2  # the poll's lease: the attempt's timeout is near
+    fake.heartbeat_interval = 5.0
+    fake.heartbeat_sends_lease = False  # an answer without lease_seconds: keep to the last lease known
+    worker = make_worker()
+
+    @worker.task("resize")
+    def resize(ctx: TaskContext) -> str:
+        ctx.wait(2.5)
+        ctx.raise_if_cancelled()
+        return "done"
+
+    task_id = fake.enqueue("images", "resize")
+    with running(worker):
+        assert fake.wait_for(lambda: worker.stats["reported"] + worker.stats["dropped"] == 1, timeout=10)
+    assert fake.task_runs[task_id].state == "succeeded", fake.task_runs[task_id].events
+    beats = fake.calls_to(f"/worker/tasks/{task_id}/heartbeat")
+    assert len(beats) >= 3  # every 0.5 s (a third of 1.2 s, the floor), not every 5 s
 
 
 def test_heartbeat_409_cancels_the_task_and_its_late_result_is_not_sent(fake: FakeFlowForge,
@@ -266,6 +322,52 @@ def test_stop_drains_in_flight_tasks_and_polls_no_more(fake: FakeFlowForge, make
     assert [p for p in fake.calls_to("/worker/poll") if p.at > stop_at] == []
 
 
+def test_an_idle_worker_asked_to_stop_stops_promptly_not_after_its_long_poll(fake: FakeFlowForge,
+                                                                            make_worker: Any) -> None:
+    worker = make_worker(poll_wait_seconds=30)
+    worker.register("resize", lambda ctx: "ran")
+    with running(worker) as runner:
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) == 1)
+        time.sleep(0.3)  # the poll waits on the server, for up to 30 s
+        began = time.monotonic()
+        worker.stop()
+        assert runner.join(10)
+        took = time.monotonic() - began
+    assert took < 5, f"stopping took {took:.1f} s"
+    assert runner.error is None
+    assert len(fake.calls_to("/worker/poll")) == 1
+
+
+def test_a_poll_cut_off_by_a_stop_claims_nothing(fake: FakeFlowForge, make_worker: Any) -> None:
+    worker = make_worker(poll_wait_seconds=30)
+    worker.register("resize", lambda ctx: "ran")
+    with running(worker) as runner:
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) == 1)
+        time.sleep(0.3)
+        worker.stop()
+        time.sleep(0.2)
+        late = fake.enqueue("images", "resize")  # ready while the stopping worker's poll is still open
+        assert runner.join(10)
+    time.sleep(0.3)
+    assert (fake.task_runs[late].state, fake.task_runs[late].attempt) == ("ready", 0)
+
+
+def test_tasks_a_poll_was_already_answering_when_the_stop_came_still_run(fake: FakeFlowForge,
+                                                                        make_worker: Any) -> None:
+    fake.poll_answer_delay = 0.5  # claimed and started, the answer on its way
+    worker = make_worker(poll_wait_seconds=30)
+    worker.register("resize", lambda ctx: "ran")
+    with running(worker) as runner:
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) == 1)
+        time.sleep(0.2)
+        task_id = fake.enqueue("images", "resize")
+        assert fake.wait_for(lambda: fake.task_runs[task_id].state == "running")
+        worker.stop()
+        assert runner.join(10)
+    assert (fake.task_runs[task_id].state, fake.task_runs[task_id].output) == ("succeeded", "ran")
+    assert worker.stats["reported"] == 1
+
+
 def test_drain_gives_up_after_its_timeout(fake: FakeFlowForge, make_worker: Any) -> None:
     worker = make_worker(drain_timeout_seconds=0.5)
     stuck = threading.Event()
@@ -354,6 +456,45 @@ def test_a_429_on_poll_waits_its_retry_after(fake: FakeFlowForge, make_worker: A
         assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) >= 2, timeout=5)
     first, second = fake.calls_to("/worker/poll")[:2]
     assert second.at - first.at >= 0.95
+    assert worker.stats["polls_deferred"] == 1 and worker.stats["poll_failures"] == 0
+
+
+def test_a_503_poll_capacity_waits_its_retry_after_and_is_logged_once_as_a_warning(
+        fake: FakeFlowForge, make_worker: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="flowforge_sdk")
+    worker = make_worker()
+    worker.register("resize", lambda ctx: None)
+    fake.inject("POST", r"/worker/poll/$", 503,
+                problem(503, "This server holds as many waiting polls as it may and nothing is ready on this "
+                             "queue; poll again after Retry-After seconds.", "poll_capacity"),
+                headers={"Retry-After": "1"})
+    with running(worker):
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) >= 2, timeout=5)
+    first, second = fake.calls_to("/worker/poll")[:2]
+    assert second.at - first.at >= 0.95  # not the backoff's 0.05 s
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.INFO and "503" in r.getMessage()]
+    assert len(said) == 1 and said[0][0] == logging.WARNING, said
+    assert "503 poll_capacity" in said[0][1] and "polling again after 1.0 s" in said[0][1]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert worker.stats["polls_deferred"] == 1 and worker.stats["poll_failures"] == 0
+
+
+def test_a_retry_after_is_waited_60_s_at_most_and_a_stop_ends_the_wait(
+        fake: FakeFlowForge, make_worker: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="flowforge_sdk")
+    worker = make_worker()
+    worker.register("resize", lambda ctx: None)
+    fake.inject("POST", r"/worker/poll/$", 429, headers={"Retry-After": "3600"})
+    with running(worker) as runner:
+        assert fake.wait_for(lambda: len(fake.calls_to("/worker/poll")) == 1)
+        assert fake.wait_for(lambda: worker.stats["polls_deferred"] == 1)
+        began = time.monotonic()
+        worker.stop()
+        assert runner.join(5)
+        assert time.monotonic() - began < 2
+    assert len(fake.calls_to("/worker/poll")) == 1
+    assert any("429 throttled" in r.getMessage() and "polling again after 60.0 s" in r.getMessage()
+               for r in caplog.records if r.levelno == logging.WARNING)
 
 
 def test_log_lines_are_batched_and_sent_with_the_token_before_the_result(fake: FakeFlowForge,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -27,7 +29,14 @@ import httpx
 
 from flowforge_sdk._version import __version__
 from flowforge_sdk.backoff import Backoff
-from flowforge_sdk.errors import ApiError, NetworkError, RateLimited, error_class, parse_retry_after
+from flowforge_sdk.errors import (
+    ApiError,
+    NetworkError,
+    RateLimited,
+    ServerError,
+    error_class,
+    parse_retry_after,
+)
 
 logger = logging.getLogger("flowforge_sdk.http")
 
@@ -78,13 +87,22 @@ class HttpTransport:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff or Backoff(initial_seconds=0.5, max_seconds=8.0, max_retry_after_seconds=60.0)
-        headers = {
+        self._headers = {
             "Authorization": f"Bearer {api_key.strip()}",
             "Accept": "application/json, application/problem+json",
             "User-Agent": f"{user_agent} {USER_AGENT}" if user_agent else USER_AGENT,
         }
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
-                                  follow_redirects=False, trust_env=True)
+        self._custom_transport = transport
+        self._http = self._new_client(transport)
+
+    def _new_client(self, transport: httpx.BaseTransport | None) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self.timeout, transport=transport,
+                            follow_redirects=False, trust_env=True)
+
+    def separate_client(self) -> httpx.Client | None:
+        """A client of this API with a connection pool of its own (PollChannel's), or None
+        when a custom transport was given: a client closes its transport, so it cannot be shared."""
+        return None if self._custom_transport is not None else self._new_client(None)
 
     def close(self) -> None:
         self._http.close()
@@ -92,14 +110,17 @@ class HttpTransport:
     def request(self, method: str, path: str, *, body: Any = None, params: Mapping[str, Any] | None = None,
                 headers: Mapping[str, str] | None = None, idempotent: bool | None = None,
                 retries: int | None = None, timeout: float | None = None,
-                expect: tuple[int, ...] = (200, 201, 204)) -> httpx.Response:
+                expect: tuple[int, ...] = (200, 201, 204), client: httpx.Client | None = None,
+                extensions: Mapping[str, Any] | None = None) -> httpx.Response:
         """Send one request (``path`` relative to the API's base URL) and return the
         response whose status is in ``expect``.
 
         Raises the ApiError subclass of the status for an error answer (with the problem
         document), NetworkError when no answer came; both after the retries allowed (see
         the module's docstring). ``body`` is sent as JSON (ValueError for NaN/Infinity,
-        TypeError for what JSON cannot hold, both before anything is sent).
+        TypeError for what JSON cannot hold, both before anything is sent). ``client``:
+        send it through that client (a PollChannel's) instead of this transport's own;
+        ``extensions``: httpx request extensions (the channel's ``trace``).
         """
         method = method.upper()
         if idempotent is None:
@@ -111,10 +132,12 @@ class HttpTransport:
             send_headers["Content-Type"] = "application/json"
         query = {k: _param(v) for k, v in (params or {}).items() if v is not None}
         backoff = self.backoff.copy()
+        http = client or self._http
         while True:
             try:
-                response = self._http.request(method, path, content=content, params=query, headers=send_headers,
-                                              timeout=self.timeout if timeout is None else timeout)
+                response = http.request(method, path, content=content, params=query, headers=send_headers,
+                                        timeout=self.timeout if timeout is None else timeout,
+                                        extensions=dict(extensions) if extensions else None)
             except httpx.HTTPError as exc:
                 network_error = NetworkError(f"{method} {self._shown(path)}: no answer from the server "
                                      f"({type(exc).__name__}: {exc})", cause=exc)
@@ -170,6 +193,108 @@ class HttpTransport:
         return path if path.startswith("http") else f"{self.base_url}{path}"
 
 
+class PollChannel:
+    """Long polls (``POST /worker/poll``) on a connection pool of their own, which
+    ``cancel()`` cuts off: how a worker asked to stop stops in about ``grace_seconds``
+    rather than at the end of a wait of up to 30 s.
+
+    A long poll blocks its thread in a socket read until the server answers. Closing the
+    socket from another thread does not wake that read (not on Linux); shutting it down
+    does. So the channel keeps the sockets of its connections (httpcore's ``trace``
+    extension reports each one it opens), and after ``cancel()`` a thread of the channel:
+
+    1. half-closes them (``SHUT_WR``) at once: the server sees the client gone and claims
+       nothing more for the poll (it checks the peer before each claim), while an answer
+       already on its way, holding tasks it started, can still be read and its tasks run;
+    2. shuts them down (``SHUT_RDWR``) ``grace_seconds`` later: a poll still waiting
+       raises NetworkError.
+
+    A cancelled channel refuses new requests (NetworkError, nothing sent). ``cancel()``
+    only sets a flag under a reentrant lock: safe from any thread and from a signal
+    handler. With a custom transport (tests' httpx.MockTransport) there is no socket to
+    cut: the polls go through the transport's own client and ``cancel()`` only refuses
+    new ones. ``close()`` when done (it cancels too).
+    """
+
+    #: httpcore trace events whose ``return_value`` is the connection's new network stream.
+    STREAM_EVENTS = frozenset({"connection.connect_tcp.complete", "connection.start_tls.complete"})
+
+    def __init__(self, transport: HttpTransport, *, grace_seconds: float = 1.0) -> None:
+        if grace_seconds < 0:
+            raise ValueError("grace_seconds must be 0 or more")
+        self.grace_seconds = grace_seconds
+        self._transport = transport
+        self._client = transport.separate_client()
+        # Replaced whole, never changed in place: the cutter thread iterates over a list a
+        # requesting thread may be replacing meanwhile.
+        self._sockets: list[socket.socket] = []
+        # Reentrant: a signal handler's cancel() may run in a thread that holds it already
+        # (the main thread, in close()); a threading.Event's lock would deadlock there.
+        self._cond = threading.Condition(threading.RLock())
+        self._cancelled = False
+        self._closed = False
+        self._cutter = threading.Thread(target=self._cut_when_cancelled, name="flowforge-poll-cutter", daemon=True)
+        self._cutter.start()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """``HttpTransport.request`` through the channel; NetworkError at once once cancelled."""
+        if self._cancelled:
+            raise NetworkError(f"{method} {path}: not sent, the poll channel was cancelled (the worker is stopping)")
+        if self._client is None:
+            return self._transport.request(method, path, **kwargs)
+        return self._transport.request(method, path, client=self._client, extensions={"trace": self._trace}, **kwargs)
+
+    def cancel(self) -> None:
+        """Cut off the poll in flight (see the class's docstring) and refuse new ones."""
+        with self._cond:
+            self._cancelled = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Cancel, cut what is left at once, and close the channel's connections."""
+        with self._cond:
+            self._cancelled = self._closed = True
+            self._cond.notify_all()
+        self._cutter.join(timeout=5)
+        if self._client is not None:
+            self._client.close()
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event not in self.STREAM_EVENTS:
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if not isinstance(sock, socket.socket):
+            return
+        # Closed sockets (an earlier connection's, or the plain one a TLS socket took over) are forgotten.
+        self._sockets = [s for s in self._sockets if s.fileno() != -1] + [sock]
+        if self._cancelled:  # cancelled while connecting: nothing was sent, cut it now
+            _shutdown(sock, socket.SHUT_RDWR)
+
+    def _cut_when_cancelled(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._cancelled)
+        for sock in list(self._sockets):
+            _shutdown(sock, socket.SHUT_WR)
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed, timeout=self.grace_seconds)
+        for sock in list(self._sockets):
+            _shutdown(sock, socket.SHUT_RDWR)
+
+
+def _shutdown(sock: socket.socket, how: int) -> None:
+    # socket.socket's own shutdown, also for a TLS socket: ssl.SSLSocket.shutdown would drop
+    # its TLS state under a thread still reading the answer.
+    try:
+        socket.socket.shutdown(sock, how)
+    except OSError:  # closed or never connected: nothing to cut
+        pass
+
+
 def _param(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -202,9 +327,12 @@ def problem_error(response: httpx.Response) -> ApiError:
         "request_id": response.headers.get("X-Request-ID"),
     }
     cls = error_class(response.status_code)
+    if cls is not RateLimited and cls is not ServerError:
+        return cls(response.status_code, **kwargs)
+    # A 429, and a 5xx such as the 503 of a poll refused for capacity, may ask for a wait.
+    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    if retry_after is None and isinstance(problem.get("retry_after_seconds"), int | float):
+        retry_after = float(problem["retry_after_seconds"])
     if cls is RateLimited:
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        if retry_after is None and isinstance(problem.get("retry_after_seconds"), int | float):
-            retry_after = float(problem["retry_after_seconds"])
         return RateLimited(response.status_code, retry_after=retry_after, **kwargs)
-    return cls(response.status_code, **kwargs)
+    return ServerError(response.status_code, retry_after=retry_after, **kwargs)

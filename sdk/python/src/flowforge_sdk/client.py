@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from flowforge_sdk._http import HttpTransport, segment
+from flowforge_sdk._http import HttpTransport, PollChannel, segment
 from flowforge_sdk.backoff import Backoff
 from flowforge_sdk.errors import WaitTimeout
 from flowforge_sdk.models import (
@@ -31,7 +31,7 @@ from flowforge_sdk.models import (
     WorkerInfo,
     WorkerTask,
     WorkflowVersion,
-    _lease_end,
+    lease_end,
 )
 from flowforge_sdk.workflow import Workflow
 
@@ -327,31 +327,52 @@ class WorkerAPI:
     def __init__(self, http: HttpTransport) -> None:
         self._http = http
 
+    def poll_channel(self, *, grace_seconds: float = 1.0) -> PollChannel:
+        """A channel for ``poll(..., channel=)`` that another thread, or a signal handler,
+        cuts off with ``channel.cancel()``: the poll in flight then returns within about
+        ``grace_seconds`` (an answer the server already sent still arrives) instead of at
+        the end of its wait. ``close()`` it when done (flowforge_sdk._http.PollChannel)."""
+        return PollChannel(self._http, grace_seconds=grace_seconds)
+
     def poll(self, queue: str, *, worker: WorkerInfo | Mapping[str, Any], max_tasks: int = 1,
-             wait_seconds: float = 20) -> PollResult:
+             wait_seconds: float = 20, channel: PollChannel | None = None) -> PollResult:
         """Up to ``max_tasks`` (1-100) tasks of ``queue``, waiting up to ``wait_seconds``
-        (0-30) for one to be ready. Each task is started: the worker owns it from here."""
+        (0-30) for one to be ready. Each task is started: the worker owns it from here.
+        ``channel``: send it through a ``poll_channel()`` (NetworkError once it is cancelled).
+        A 503 ``poll_capacity`` (ServerError) and a 429 (RateLimited) carry the seconds to
+        wait before the next poll in ``retry_after``."""
         if not 1 <= max_tasks <= MAX_POLL_TASKS:
             raise ValueError(f"max_tasks must be from 1 to {MAX_POLL_TASKS}, got {max_tasks}")
         if not 0 <= wait_seconds <= MAX_POLL_WAIT_SECONDS:
             raise ValueError(f"wait_seconds must be from 0 to {MAX_POLL_WAIT_SECONDS}, got {wait_seconds}")
         info = worker.to_api() if isinstance(worker, WorkerInfo) else dict(worker)
         body = {"queue": queue, "max_tasks": max_tasks, "wait_seconds": wait_seconds, "worker": info}
-        answer = self._http.json("POST", "worker/poll/", body=body, retries=0, expect=(200,),
-                                 timeout=self._http.timeout + wait_seconds)
+        send = channel.request if channel is not None else self._http.request
+        answer = send("POST", "worker/poll/", body=body, retries=0, expect=(200,),
+                      timeout=self._http.timeout + wait_seconds).json()
         tasks = [WorkerTask.from_api(t) for t in answer.get("tasks") or [] if isinstance(t, dict)]
         wait = answer.get("wait_seconds")
         return PollResult(tasks=tasks, wait_seconds=float(wait) if isinstance(wait, int | float) else None)
 
-    def heartbeat(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> Any:
-        """Extend the lease; returns when it now ends by this machine's clock (from the
-        answer's ``lease_seconds``; a datetime, or None).
+    def extend_lease(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> float | None:
+        """Heartbeat: extend the lease; returns the seconds it now runs from this call, as the
+        server answered (its ``lease_seconds``: at most the time left before the attempt's
+        timeout), or None when the answer has none.
         Conflict (``code``: ``cancelled``, ``lease_expired``, ``stale_fencing_token``)
         when the generation is no longer this worker's. ``timeout``: seconds for this
         call (default: the client's)."""
         answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/heartbeat/",
                                  body={"fencing_token": fencing_token}, retries=0, expect=(200,), timeout=timeout)
-        return _lease_end(answer) if isinstance(answer, dict) else None
+        seconds = answer.get("lease_seconds") if isinstance(answer, dict) else None
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            return None
+        return max(0.0, float(seconds))
+
+    def heartbeat(self, task_run_id: str, fencing_token: int, *, timeout: float | None = None) -> Any:
+        """``extend_lease``, returning when the lease now ends by this machine's clock
+        (a datetime, or None when the answer has no ``lease_seconds``)."""
+        seconds = self.extend_lease(task_run_id, fencing_token, timeout=timeout)
+        return None if seconds is None else lease_end(seconds)
 
     def logs(self, task_run_id: str, fencing_token: int, lines: Sequence[Mapping[str, str]]) -> int:
         """Send up to 100 log lines (``{"level", "message"}``); returns how many were accepted."""

@@ -106,7 +106,13 @@ class RateLimited(ApiError):
 
 
 class ServerError(ApiError):
-    """5xx: the server (or a proxy in front of it) failed or is unavailable."""
+    """5xx: the server (or a proxy in front of it) failed or is unavailable. ``retry_after``:
+    the seconds its ``Retry-After`` asked to wait (a 503 ``poll_capacity`` sends one), or
+    None when it gave none."""
+
+    def __init__(self, status: int, *, retry_after: float | None = None, **kwargs: Any) -> None:
+        self.retry_after = retry_after
+        super().__init__(status, **kwargs)
 
 
 class WaitTimeout(FlowForgeError, TimeoutError):

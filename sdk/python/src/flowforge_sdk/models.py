@@ -270,6 +270,8 @@ class WorkerTask:
     timeout_seconds: float | None = None
     lease_expires_at: dt.datetime | None = None
     heartbeat_interval_seconds: float = 10.0
+    #: The lease the poll's answer gave, in seconds (None when it gave none).
+    lease_seconds: float | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -285,7 +287,7 @@ class WorkerTask:
                    task_key=_str(data, "task_key"), name=_str(data, "name") or _str(data, "task_key"),
                    queue=_str(data, "queue"), input=obj("input"), run_input=obj("run_input"),
                    upstream=obj("upstream"), timeout_seconds=_opt_float(data, "timeout_seconds"),
-                   lease_expires_at=_lease_end(data),
+                   lease_expires_at=_lease_end(data), lease_seconds=_opt_float(data, "lease_seconds"),
                    heartbeat_interval_seconds=interval if interval and interval > 0 else 10.0, raw=data)
 
 
@@ -295,7 +297,12 @@ def _lease_end(data: dict[str, Any]) -> dt.datetime | None:
     seconds = _opt_float(data, "lease_seconds")
     if seconds is None:
         return None
-    return dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    return lease_end(seconds)
+
+
+def lease_end(seconds: float) -> dt.datetime:
+    """Now plus ``seconds`` (a lease the server answered), by this machine's clock, in UTC."""
+    return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=seconds)  # dt.UTC is 3.11+
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ The outcome of the handler:
 - no handler has the task's name, or the output is not JSON → ``fail``, not retryable;
 - the server took the task back meanwhile (``ctx.cancelled``) → nothing is sent.
 
-Reporting outlives an outage: the call is tried again with backoff (and at least a
-429's ``Retry-After``) while the server cannot be reached or answers 5xx, until it
+Reporting outlives an outage: the call is tried again with backoff (and at least the
+``Retry-After`` of a 429 or 5xx) while the server cannot be reached or answers 5xx, until it
 answers. A 409 ends it — the result was refused, or an earlier try that got no answer
 had landed — as does a 404, a refused key, or the worker giving up at the end of its
 drain. Log lines still buffered are sent first: after the result the token is stale.
@@ -157,10 +157,10 @@ def report(held: HeldTask, outcome: Outcome, *, api: WorkerAPI, backoff: Backoff
         except (AuthenticationError, PermissionDenied) as exc:
             logger.error("task %s: cannot report, the key was refused (%s); result dropped", held.describe(), exc)
             return False
-        except RateLimited as exc:
+        except (RateLimited, ServerError) as exc:
             delay = retries.next_delay(retry_after=exc.retry_after)
             reason = str(exc)
-        except (NetworkError, ServerError) as exc:
+        except NetworkError as exc:
             delay = retries.next_delay()
             reason = str(exc)
         except ApiError as exc:

@@ -23,6 +23,8 @@ class HeldTask:
     logs: LogBuffer
     #: time.monotonic() at which the next heartbeat is due.
     next_heartbeat_at: float = field(default_factory=time.monotonic)
+    #: Seconds of lease the server last gave (the poll's, then each heartbeat's answer); None: not said.
+    lease_seconds: float | None = None
     heartbeat_failures: int = 0
     #: Set once the result was reported (or dropped): heartbeats stop, a 409 is expected.
     finished: bool = False

@@ -13,16 +13,21 @@ of its own, keeps the leases alive and reports the results (docs/workers.md).
 The main thread polls with ``max_tasks`` = the free slots (never more), one thread
 heartbeats every held task (flowforge_sdk.worker.heartbeat), one sends log lines in
 batches (flowforge_sdk.worker.flusher), and each task runs in a thread of its own
-(flowforge_sdk.worker.attempt). When the server or the network is down, the poll is
-tried again with exponential backoff and jitter (at least a 429's ``Retry-After``),
-and results wait to be reported until the server answers: nothing crashes and no
-result is given up while the worker runs.
+(flowforge_sdk.worker.attempt). A poll answered with a ``Retry-After`` (a 503
+``poll_capacity``: the server holds as many waiting polls as it may; a 429: rate
+limited) is not a failure: the next poll waits those seconds (at most
+MAX_RETRY_AFTER_SECONDS), with one WARNING line. When the server or the network is
+down, the poll is tried again with exponential backoff and jitter, and results wait to
+be reported until the server answers: nothing crashes and no result is given up while
+the worker runs.
 
 Stopping (``stop()``, the first SIGTERM or SIGINT) drains: no new poll, the poll in
-flight finishes (its tasks run too: they are already started), the tasks held finish
-and are reported, up to ``drain_timeout_seconds``; then ``run()`` returns. A second
-signal (or ``stop(force=True)``) stops at once: the tasks left run out their leases and
-the server hands them out again.
+flight is cut off (its connection is closed, flowforge_sdk._http.PollChannel, so an
+idle worker stops in about POLL_CUT_GRACE_SECONDS, not at the end of a wait of up to
+30 s; tasks the server had already handed out in it still arrive and run), the tasks
+held finish and are reported, up to ``drain_timeout_seconds``; then ``run()`` returns.
+A second signal (or ``stop(force=True)``) stops at once: the tasks left run out their
+leases and the server hands them out again.
 """
 
 from __future__ import annotations
@@ -38,11 +43,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, TypeVar
 
+from flowforge_sdk._http import PollChannel
 from flowforge_sdk._version import __version__
 from flowforge_sdk.backoff import Backoff
 from flowforge_sdk.client import MAX_POLL_TASKS, MAX_POLL_WAIT_SECONDS, Client
 from flowforge_sdk.errors import (
-    ApiError,
     AuthenticationError,
     FlowForgeError,
     NetworkError,
@@ -56,7 +61,7 @@ from flowforge_sdk.models import WorkerInfo, WorkerTask
 from flowforge_sdk.worker.attempt import Handler, report, run_handler
 from flowforge_sdk.worker.context import TaskContext
 from flowforge_sdk.worker.flusher import LogFlusher
-from flowforge_sdk.worker.heartbeat import Heartbeater
+from flowforge_sdk.worker.heartbeat import Heartbeater, next_heartbeat_delay
 from flowforge_sdk.worker.held import HeldTask, HeldTasks
 from flowforge_sdk.worker.logs import LogBuffer
 from flowforge_sdk.workflow import QUEUE_RE
@@ -65,6 +70,11 @@ logger = logging.getLogger("flowforge_sdk.worker")
 
 F = TypeVar("F", bound=Handler)
 SDK_NAME = f"flowforge-python/{__version__}"
+#: Longest wait before the next poll that a Retry-After (503 poll_capacity, 429) gets, in seconds.
+MAX_RETRY_AFTER_SECONDS = 60.0
+#: Seconds a stop gives the poll in flight to bring an answer the server already sent
+#: before its connection is cut (flowforge_sdk._http.PollChannel).
+POLL_CUT_GRACE_SECONDS = 1.0
 
 
 class Worker:
@@ -121,8 +131,11 @@ class Worker:
         self._fatal: FlowForgeError | None = None
         self._heartbeater: Heartbeater | None = None
         self._flusher: LogFlusher | None = None
-        #: Counters since start: tasks received, results reported, results dropped, polls, failed polls.
-        self.stats = {"received": 0, "reported": 0, "dropped": 0, "polls": 0, "poll_failures": 0}
+        self._channel: PollChannel | None = None
+        #: Counters since start: tasks received, results reported, results dropped, polls, failed polls,
+        #: polls answered with a Retry-After (503 poll_capacity, 429).
+        self.stats = {"received": 0, "reported": 0, "dropped": 0, "polls": 0, "poll_failures": 0,
+                      "polls_deferred": 0}
         self._stats_lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -176,6 +189,9 @@ class Worker:
         previous = self._install_signal_handlers()
         self._heartbeater = Heartbeater(self.client.worker, self.held)
         self._flusher = LogFlusher(self.client.worker, self.held, interval=self.log_flush_interval_seconds)
+        self._channel = self.client.worker.poll_channel(grace_seconds=POLL_CUT_GRACE_SECONDS)
+        if self._stopping:  # stopped before the channel existed: nothing would cancel it
+            self._channel.cancel()
         self._heartbeater.start()
         self._flusher.start()
         logger.info("worker %s (%s) polling queue %r with %d slots; handlers: %s", self.info.name, self.info.id,
@@ -184,6 +200,8 @@ class Worker:
             self._poll_loop()
             self._drain()
         finally:
+            channel, self._channel = self._channel, None  # a later stop() has no poll to cut
+            channel.close()
             self._heartbeater.stop()
             self._flusher.stop()
             self._heartbeater.join(timeout=5)
@@ -204,6 +222,9 @@ class Worker:
                 self._stopping = True
                 self._stop_requested_at = time.monotonic()
             self.held.cond.notify_all()
+        channel = self._channel
+        if channel is not None:
+            channel.cancel()  # an idle worker's poll would otherwise wait out its wait_seconds
         if force:
             self._force.set()
 
@@ -220,24 +241,11 @@ class Worker:
             try:
                 self._count("polls")
                 result = self.client.worker.poll(self.queue, worker=self.info, max_tasks=min(free, MAX_POLL_TASKS),
-                                                 wait_seconds=self.poll_wait_seconds)
-            except (AuthenticationError, PermissionDenied, ValidationError, NotFound) as exc:
-                self._fatal = exc
-                logger.error("worker %s: the server refused the poll, stopping: %s", self.info.id, _why(exc))
-                self.stop()
-                return
-            except (NetworkError, ServerError, RateLimited) as exc:
-                self._count("poll_failures")
-                retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-                delay = backoff.next_delay(retry_after=retry_after)
-                logger.warning("worker %s: poll failed (%s); trying again in %.1f s", self.info.id, exc, delay)
-                self._sleep(delay)
-                continue
-            except (ApiError, Exception) as exc:  # an unexpected answer, or a bug: never crash the loop
-                self._count("poll_failures")
-                delay = backoff.next_delay()
-                logger.exception("worker %s: poll failed unexpectedly (%r); trying again in %.1f s", self.info.id,
-                                 exc, delay)
+                                                 wait_seconds=self.poll_wait_seconds, channel=self._channel)
+            except Exception as exc:  # never crash the loop: _poll_failed says what it means
+                delay = self._poll_failed(exc, backoff)
+                if delay is None:
+                    return
                 self._sleep(delay)
                 continue
             if backoff.failures:
@@ -248,6 +256,35 @@ class Worker:
                                len(result.tasks), free)
             for task in result.tasks:
                 self._start(task)
+
+    def _poll_failed(self, exc: Exception, backoff: Backoff) -> float | None:
+        """What a poll that raised ``exc`` means: the seconds to wait before the next poll
+        (counted and logged once), or None to poll no more."""
+        if isinstance(exc, NetworkError) and self._stopping:
+            logger.debug("worker %s: the poll in flight was cut off by the stop (%s)", self.info.id, exc)
+            return None
+        if isinstance(exc, AuthenticationError | PermissionDenied | ValidationError | NotFound):
+            self._fatal = exc
+            logger.error("worker %s: the server refused the poll, stopping: %s", self.info.id, _why(exc))
+            self.stop()
+            return None
+        if isinstance(exc, RateLimited | ServerError) and exc.retry_after is not None:
+            # Not a failure: the server says when to come back (503 poll_capacity: it holds
+            # as many waiting polls as it may; 429: rate limited). Bounded, so that a wrong
+            # header cannot park the worker; the wait ends early on a stop.
+            self._count("polls_deferred")
+            delay = min(exc.retry_after, MAX_RETRY_AFTER_SECONDS)
+            logger.warning("worker %s: poll not served (%s %s); polling again after %.1f s, as its Retry-After "
+                           "asks", self.info.id, exc.status, exc.code or "", delay)
+            return delay
+        self._count("poll_failures")
+        delay = backoff.next_delay()
+        if isinstance(exc, NetworkError | ServerError | RateLimited):
+            logger.warning("worker %s: poll failed (%s); trying again in %.1f s", self.info.id, exc, delay)
+        else:  # an unexpected answer (ApiError), or a bug
+            logger.error("worker %s: poll failed unexpectedly (%r); trying again in %.1f s", self.info.id, exc, delay,
+                         exc_info=exc)
+        return delay
 
     def _sleep(self, seconds: float) -> None:
         """Wait ``seconds`` unless a stop is asked for meanwhile."""
@@ -263,8 +300,9 @@ class Worker:
         """Hold ``task`` (one slot) and run its handler in a thread of its own."""
         logs = LogBuffer(task.task_run_id, task.fencing_token)
         ctx = TaskContext(task, logs=logs, on_batch_ready=self._wake_flusher)
-        held = HeldTask(task=task, ctx=ctx, logs=logs,
-                        next_heartbeat_at=time.monotonic() + task.heartbeat_interval_seconds)
+        held = HeldTask(task=task, ctx=ctx, logs=logs, lease_seconds=task.lease_seconds,
+                        next_heartbeat_at=time.monotonic() + next_heartbeat_delay(task.heartbeat_interval_seconds,
+                                                                                  task.lease_seconds))
         self.held.add(held)
         self._count("received")
         logger.info("task %s: received (handler %r)", held.describe(), task.name)
