@@ -76,8 +76,9 @@ SEPARATE_PASSES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 # The worker API's operations: only in their pass (with any other key they are a 403 each).
 WORKER_OPERATIONS = set(SEPARATE_PASSES["worker_poll"][0])
-# Seconds any one schemathesis invocation may take before the test gives up on it.
-INVOCATION_TIMEOUT_SECONDS = 240
+# Seconds any one schemathesis invocation may take before the test gives up on it (not a speed
+# target: the figures it prints are its timing).
+INVOCATION_TIMEOUT_SECONDS = 600  # a hang guard: a loaded 2-core machine took over 240 s for the main pass
 
 
 def free_port() -> int:
