@@ -26,7 +26,10 @@ The life of a reference:
   and ``redact_tail``s the cut (the values are ``TaskContext.secret_values``): a cut
   through a value would otherwise leave its first characters.
 
-Redaction covers each value as it is, percent-encoded as in a URL (every reserved
+Redaction covers a value of up to ANY_ENCODING_MAX_CHARS characters in any mix, character
+by character, of percent-encoded UTF-8 (hex digits of either case), ``+`` for a space and
+JSON's escapes (``\\/``, ``\\u00e9`` or ``\\u00E9``, surrogate pairs): what workers in other
+languages echo. Every value is also covered as it is, percent-encoded as in a URL (every reserved
 character, ``+`` for spaces, ``/`` left alone as ``urllib.parse.quote`` does by default,
 and as httpx encodes a query or a path), and each of those as
 it appears inside JSON text (escaped quotes, backslashes, non-ASCII): ``value_forms``. A
@@ -332,16 +335,53 @@ def value_forms(value: str) -> set[str]:
     return forms
 
 
+#: Values up to this many characters are matched character by character in any of their
+#: encodings (``_any_encoding``); longer ones (certificates, keys) by ``value_forms`` only,
+#: which keeps their pattern small.
+ANY_ENCODING_MAX_CHARS = 1024
+
+
+def _hex(byte: int, width: int = 2) -> str:
+    """A pattern for ``byte`` in hex digits of either case: 0x2f gives ``2[fF]``."""
+    return "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in f"{byte:0{width}x}")
+
+
+def _any_encoding(value: str) -> str:
+    """A pattern matching ``value`` with each character as itself or in any encoding a
+    worker in another language may echo it in: percent-encoded UTF-8 with hex digits of
+    either case (``%2f``, ``%2F``, also characters that need none, ``%70``), ``+`` for a
+    space, JSON's escapes (``\\"``, ``\\/``, ``\\n``, ``\\u00e9`` or ``\\u00E9``, surrogate
+    pairs), mixed freely within one value."""
+    parts = []
+    for char in value:
+        options = {re.escape(char), re.escape(json.dumps(char)[1:-1])}
+        options.add("%".join([""] + [_hex(b) for b in char.encode()]))
+        code = ord(char)
+        if code > 0xFFFF:
+            high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+            options.add(r"\\u" + _hex(high, 4) + r"\\u" + _hex(low, 4))
+        else:
+            options.add(r"\\u" + _hex(code, 4))
+        if char == " ":
+            options.add(r"\+")
+        elif char == "/":
+            options.add(r"\\/")
+        parts.append("(?:" + "|".join(sorted(options, key=len, reverse=True)) + ")")
+    return "".join(parts)
+
+
 @functools.lru_cache(maxsize=256)
 def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One pattern matching every form of every value, longest first (so a value that
+    """One pattern matching every form of every value, longest value first (so a value that
     contains another is replaced whole), or None for no non-empty value."""
-    forms: set[str] = set()
-    for value in values:
-        forms |= value_forms(value)
-    if not forms:
+    alternatives = []
+    for value in sorted((v for v in values if v), key=len, reverse=True):
+        if len(value) <= ANY_ENCODING_MAX_CHARS:
+            alternatives.append(_any_encoding(value))
+        alternatives += [re.escape(form) for form in sorted(value_forms(value), key=len, reverse=True)]
+    if not alternatives:
         return None
-    return re.compile("|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True)))
+    return re.compile("|".join(alternatives))
 
 
 @functools.lru_cache(maxsize=256)

@@ -263,17 +263,24 @@ def poll(
     owner = f"worker:{worker.id}"
     wait_seconds = min(wait_seconds, float(settings.FLOWFORGE_WORKER_POLL_MAX_WAIT_SECONDS))
     _require_known_queue(organization_id, queue)
-    worker_queues.note_worker_seen(
-        organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
-        sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,
-    )
+
+    def seen() -> None:
+        # Not for a poll refused for capacity: its worker is not serving the queue.
+        worker_queues.note_worker_seen(
+            organization_id=organization_id, worker_id=worker.id, queue=queue, name=worker.name, host=worker.host,
+            sdk=worker.sdk, concurrency=worker.concurrency, api_key_id=api_key_id,
+        )
+
     if wait_seconds <= 0:
+        seen()
         return _payloads(_claim(organization_id, queue, max_tasks, owner))
     if not _take_poll_slot(organization_id):
         started = _claim(organization_id, queue, max_tasks, owner)
         if not started:
             raise PollCapacity()
+        seen()
         return _payloads(started)
+    seen()
     began = time.monotonic()
     try:
         # Registered before the first claim: a task that turns ready after it is announced.

@@ -13,8 +13,8 @@ import dataclasses
 
 from django.db.models import Exists
 
-from tenancy.models import ApiKey, Membership
-from tenancy.permissions import min_role
+from tenancy.models import ApiKey, KeyRole, Membership
+from tenancy.permissions import Action, can, min_role
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,8 @@ def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False
 
     Returns None when the granter is unknown (``grantor_id`` None: the user was deleted),
     is not a member of that organization (removed, left; a membership elsewhere does not
-    count) or is deactivated. ``lock=True`` takes a row lock on the granter's membership
+    count) or is deactivated, and for a ``worker`` grant when the granter may no longer
+    manage API keys (demoted below admin). ``lock=True`` takes a row lock on the granter's membership
     (inside a transaction), so a concurrent role change or removal waits for the caller.
     With ``unrevoked_key_id``, also None when that API key is revoked or gone, read in the
     same query (a cached key's request: tenancy.apikeys).
@@ -52,5 +53,10 @@ def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False
     if membership is None or not membership.user.is_active:
         return None
     if unrevoked_key_id is not None and not membership.key_unrevoked:
+        return None
+    if role == KeyRole.WORKER and not can(membership.role, Action.APIKEY_MANAGE):
+        # A worker key acts as a worker whatever its creator's role, and is handed the
+        # organization's secrets in its tasks' inputs: it lasts only while its creator may
+        # still make one (a demoted admin's worker keys stop, as a removed one's do).
         return None
     return Grant(membership=membership, role=min_role(role, membership.role))

@@ -41,8 +41,9 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"
 
 # Other header names and query parameter names that carry a credential (X-Auth-Token,
 # X-Access-Token, api_key, access_token, client_secret, password, sig, ...): the same rule.
-_CREDENTIAL_NAME = re.compile(r"auth|token|secret|passw|api[-_]?key|credential|signature|session|^sig$|^key$",
-                              re.IGNORECASE)
+_CREDENTIAL_NAME = re.compile(
+    r"auth|token|secret|passw|pwd|hmac|api[-_]?key|credential|signature|session|^sig$|(^|[-_])key$",
+    re.IGNORECASE)
 
 
 def _is_credential_name(name: str) -> bool:

@@ -165,3 +165,4 @@ def test_a_waiting_poll_whose_claim_failed_for_a_gone_secret_goes_on_to_the_next
     tasks = poll(web, key, wait=5).json()["tasks"]
     assert [t["task_run_id"] for t in tasks] == [str(TaskRun.objects.for_organization(org).get(workflow_run=plain).pk)]
     assert TaskRun.objects.for_organization(org).get(workflow_run=doomed).state == "failed"
+

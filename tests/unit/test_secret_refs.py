@@ -136,6 +136,24 @@ def test_redact_recognizes_json_escaped_and_url_encoded_forms_and_replaces_longe
     assert redact({"pin": 987654, "other": 12}, ["987654"]) == {"pin": "[redacted]", "other": 12}
 
 
+@pytest.mark.parametrize("echoed", [
+    "p%40ss%20w%2frd%3aS%c3%a9cret%2b1",  # lower-case hex (.NET's HttpUtility.UrlEncode)
+    "p%40ss+w%2Frd%3AS%C3%A9cret%2B1",  # quote_plus
+    "".join(f"%{b:02x}" for b in "p@ss w/rd:Sécret+1".encode()),  # every byte encoded
+    "p@ss w\\/rd:S\\u00e9cret+1",  # PHP's json_encode escapes "/"
+    "p@ss w/rd:S\\u00E9cret\\u002B1",  # System.Text.Json: upper-case \\u escapes, "+" escaped
+    "p@ss w/rd:S%C3%A9cret\\u002b1",  # mixed within one value
+])
+def test_redact_recognizes_a_value_in_any_mix_of_percent_and_json_escapes_of_either_case(echoed):
+    value = "p@ss w/rd:Sécret+1"
+    assert redact(f"sent <{echoed}> ok", [value]) == "sent <[redacted]> ok"
+    assert redact({"echo": echoed}, [value]) == {"echo": "[redacted]"}
+
+
+def test_a_character_outside_the_bmp_is_recognized_as_its_json_surrogate_pair():
+    assert redact("a \\ud83d\\ude00-key b", ["😀-key"]) == "a [redacted] b"
+
+
 def test_short_values_are_redacted_too_and_empty_ones_ignored():
     assert redact("a-b-c", ["b"]) == "a-[redacted]-c"
     assert redact({"x": "text"}, ["", None]) == {"x": "text"}
@@ -210,7 +228,7 @@ def test_a_known_reference_is_stored_as_written_and_shown_to_viewers_without_the
 @pytest.mark.parametrize("headers", [
     {"Authorization": "Bearer sk_live_123"}, {"authorization": "Basic dXNlcjpwYXNz"}, {"Cookie": "session=abc"},
     {"X-Api-Key": "k-123"}, {"x-api-key": "k-123"}, {"X-Auth-Token": "t-123"}, {"X-Access-Token": "t-123"},
-    {"X-Client-Secret": "s-123"},
+    {"X-Client-Secret": "s-123"}, {"Ocp-Apim-Subscription-Key": "k-123"},
 ])
 def test_an_http_task_refuses_a_literal_credential_header_in_a_new_definition(headers):
     with pytest.raises(DefinitionError) as caught:
@@ -227,6 +245,7 @@ def test_an_http_task_refuses_a_literal_credential_header_in_a_new_definition(he
     ("https://api.example.com/v1?api_key=k-123", "query parameter 'api_key'"),
     ("https://api.example.com/v1?q=x&access_token=t-1", "query parameter 'access_token'"),
     ("https://maps.example.com/v1?key=AIza123", "query parameter 'key'"),
+    ("https://db.example.com/v1?user=a&pwd=x1", "query parameter 'pwd'"),
 ])
 def test_an_http_task_refuses_a_literal_password_or_credential_query_parameter_in_its_url(url, named):
     with pytest.raises(DefinitionError) as caught:

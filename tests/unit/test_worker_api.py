@@ -383,6 +383,7 @@ def test_a_poll_past_the_process_capacity_gets_503_with_retry_after_or_the_ready
     said = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
     assert said == [("api.views_worker", logging.WARNING, "poll of queue 'images' by worker w-1 refused: this "
                      "process holds as many waiting polls as it may; the worker is asked to retry after 2 s")]
+    assert not WorkerConnection.objects.for_organization(a.org).exists()  # not listed as serving the queue
     run = a.start()
     (task,) = a.poll(wait=10).json()["tasks"]  # something ready: handed out without waiting
     assert task["task_run_id"] == str(task_run(run).pk)
@@ -537,3 +538,23 @@ def test_a_worker_task_referencing_an_unknown_secret_is_refused_at_apply(a):
         apply_definition(organization=a.org, document={"name": "bad-secret", "tasks": SECRET_DAG})
     assert any("CDN_TOKEN" in e["message"] and e["path"].startswith("tasks[call].config.input")
                for e in info.value.errors), info.value.errors
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("demoted_to", [Role.MEMBER, Role.VIEWER])
+def test_a_worker_key_stops_when_its_creator_is_demoted_below_admin(a, demoted_to):
+    from tenancy.services import change_role
+    from tests.unit.test_web_workflows import add_member
+
+    admin = add_member(a.org, Role.ADMIN)
+    _row, key = create_api_key(actor=actor_of(admin), name="admins-workers", role=KeyRole.WORKER)
+    a.start()
+    assert a.poll(key=key, worker_id="before").status_code == 200
+    a.start()
+    change_role(actor=a.owner, membership=admin, role=demoted_to)
+    # A member or viewer may not make worker keys: the key is cut off (it would be handed
+    # secrets in its tasks' inputs), not capped as a member key would be.
+    assert_problem(a.poll(key=key, worker_id="after"), 401)
+    change_role(actor=a.owner, membership=Membership.objects.for_organization(a.org).get(pk=admin.pk),
+                role=Role.ADMIN)
+    assert a.poll(key=key, worker_id="restored").status_code == 200
