@@ -233,13 +233,15 @@ def test_an_expired_key_starts_afresh_and_purge_removes_only_expired_keys(api, w
     first = start(api, {"workflow": "etl"}, key="daily").json()
     row = IdempotencyKey.objects.for_organization(api.org).get()
     assert dt.timedelta(hours=23, minutes=59) < row.expires_at - row.created_at <= dt.timedelta(hours=24, seconds=1)
-    IdempotencyKey.objects.for_organization(api.org).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    # Expired an hour ago: the test runs in one transaction, whose now() (what the start compares
+    # with) is its beginning, and under load that can be seconds before timezone.now().
+    IdempotencyKey.objects.for_organization(api.org).update(expires_at=timezone.now() - dt.timedelta(hours=1))
     second = start(api, {"workflow": "etl", "input": {"other": True}}, key="daily")
     assert second.status_code == 201 and second.json()["id"] != first["id"]
 
     start(api, {"workflow": "etl"}, key="old")
     IdempotencyKey.objects.for_organization(api.org).filter(key__endswith=":old").update(
-        expires_at=timezone.now() - dt.timedelta(minutes=5))
+        expires_at=timezone.now() - dt.timedelta(hours=1))
     assert purge_expired_idempotency_keys(batch_size=1) == 1
     assert sorted(k.split(":", 1)[1] for k in IdempotencyKey.objects.for_organization(api.org)
                   .values_list("key", flat=True)) == ["daily"]
