@@ -12,6 +12,11 @@ A document is JSON (or YAML) of the shape::
                 "rate_limit": {"key": "github", "per_second": 10}}],
      "concurrency": {"max_running_tasks": 10, "max_running_runs": 2, "policy": "queue"}}
 
+A task's ``trigger_rule`` (one of TRIGGER_RULES, default all_success: when it runs by
+its upstream outcomes) and ``condition`` (a CEL expression on ``input`` and ``upstream``,
+engine.conditions: checked here, evaluated by the worker) are docs/api.md's "Trigger
+rules and conditions" (issue 19).
+
 Scheduling fields (issue 16; docs/api.md "Scheduling fields"): a task's ``priority``
 (PRIORITY_MIN..PRIORITY_MAX, added to its run's), ``concurrency`` (a named key of the
 organization, optionally templated from the run input, and the most task runs of this
@@ -35,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from engine import secret_refs
+from engine import conditions, secret_refs
 from engine.handlers import REGISTRY, ConfigError
 from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
 from engine.limit_keys import RENDERED_KEY_MAX as RENDERED_KEY_MAX  # re-exported
@@ -49,8 +54,13 @@ KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 KEY_FORM = "1-100 letters, digits, '_', '-' or '.'"  # what KEY_RE accepts, for error messages
 TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
-    "position", "edge_labels", "priority", "concurrency", "rate_limit",
+    "position", "edge_labels", "priority", "concurrency", "rate_limit", "trigger_rule", "condition",
 }
+# A task's trigger_rule (engine.states.TriggerRule, the CHECK task_trigger_rule_valid;
+# this module is imported without the app registry, so the names are written here and
+# tests/unit/test_trigger_rules.py checks they agree).
+TRIGGER_RULES = ("all_success", "all_failed", "all_done", "one_failed", "one_success", "none_failed", "always")
+DEFAULT_TRIGGER_RULE = "all_success"
 DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency"}
 # Priorities of tasks and runs: engine.models.PRIORITY_MIN/MAX, the CHECK constraints'
 # range (tests/unit/test_scheduling_definitions.py checks they agree; this module is
@@ -380,8 +390,13 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     per_minute, an unknown field in any of these objects, one key with two limits in one
     document (placeholders compared in their one written form: ``{{input.x}}`` is
     ``{{ input.x }}``), a run-limit policy other than queue, cancel_newest or
-    cancel_oldest, or cancel_* without max_running_runs). Raises DefinitionError with
-    the problems found (at most MAX_ERRORS_LISTED of them, then how many more).
+    cancel_oldest, or cancel_* without max_running_runs), a trigger_rule not in
+    TRIGGER_RULES or on a task without dependencies, and a condition that
+    ``engine.conditions.check`` refuses (a CEL syntax error, an unknown variable or
+    function, ``upstream.<key>`` naming a task it does not depend on, over
+    MAX_CONDITION_CHARS or MAX_CONDITION_DEPTH), each at ``tasks[<key>].trigger_rule`` or
+    ``tasks[<key>].condition``. Raises DefinitionError with the problems found (at most
+    MAX_ERRORS_LISTED of them, then how many more).
 
     Concurrency keys are returned (and so stored) with their placeholders written
     ``{{ input.<path> }}``.
@@ -519,6 +534,23 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
                     "one key has one limit within a workflow",
                 })
         rate_limit = _task_rate_limit(errors, where, raw.get("rate_limit"))
+        trigger_rule = raw.get("trigger_rule")
+        if trigger_rule is None:
+            trigger_rule = DEFAULT_TRIGGER_RULE
+        if trigger_rule not in TRIGGER_RULES:
+            errors.append({"path": f"{where}.trigger_rule",
+                           "message": f"unknown trigger rule {trigger_rule!r}; one of {', '.join(TRIGGER_RULES)}"})
+            trigger_rule = DEFAULT_TRIGGER_RULE
+        elif trigger_rule != DEFAULT_TRIGGER_RULE and not depends_on and not too_many:
+            errors.append({"path": f"{where}.trigger_rule",
+                           "message": f"{trigger_rule!r} needs depends_on: a trigger rule decides by the "
+                           "outcomes of the task's dependencies, and a task without any starts with its run"})
+        condition = raw.get("condition")
+        if condition is not None:
+            problem = conditions.check(condition, dependencies=depends_on)
+            if problem is not None:
+                errors.append({"path": f"{where}.condition", "message": problem})
+                condition = None
         position = raw.get("position")
         if position is not None and not (
             isinstance(position, dict)
@@ -569,6 +601,10 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
             task["concurrency"] = concurrency
         if rate_limit is not None:
             task["rate_limit"] = rate_limit
+        if trigger_rule != DEFAULT_TRIGGER_RULE:
+            task["trigger_rule"] = trigger_rule
+        if condition is not None:
+            task["condition"] = condition
         if position is not None:
             task["position"] = {"x": position["x"], "y": position["y"]}
         if edge_labels:

@@ -98,7 +98,7 @@ SELECT a.id, (SELECT count(*) FROM roots) AS roots FROM adm a;
 
 
 -- name: run_finish_if_done
--- The run (run) becomes failed, cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; returns (id, state, limited: its workflow has max_running_runs); idx_taskrun_run_state (one probe for an open row).
+-- The run (run) becomes failed (a task run failed and nothing handled it), cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; returns (id, state, limited: its workflow has max_running_runs); idx_taskrun_run_state (one probe for an open row).
 WITH runs AS (
     SELECT %(run)s::uuid AS id
 ), done_runs AS (
@@ -111,8 +111,27 @@ WITH runs AS (
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
                        WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
                        ORDER BY t.state LIMIT 1) o ON true
-    -- Counted once per run, when it is done: one pass over its task runs.
-    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
+    -- Counted once per run, when it is done: one pass over its task runs. A failure
+    -- counts unless it was handled (docs/api.md, "A run's final state"): a task with
+    -- trigger rule one_failed or all_failed that depends on it, directly or through task
+    -- runs skipped for it (skip_reason 'upstream_failed'), started after it failed and
+    -- succeeded. Looked for only for failed task runs (uniq_taskrun_per_run_task).
+    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed' AND NOT EXISTS (
+                                   WITH RECURSIVE carried(task_id) AS (
+                                       SELECT t.task_id
+                                       UNION
+                                       SELECT e.task_id FROM carried x
+                                       JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                       JOIN core_taskrun s ON s.workflow_run_id = t.workflow_run_id
+                                                          AND s.task_id = e.task_id
+                                       WHERE s.state = 'skipped' AND s.skip_reason = 'upstream_failed'
+                                   )
+                                   SELECT 1 FROM carried x
+                                   JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                   JOIN core_task k ON k.id = e.task_id
+                                   JOIN core_taskrun h ON h.workflow_run_id = t.workflow_run_id AND h.task_id = e.task_id
+                                   WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND h.state = 'succeeded'
+                                     AND h.started_at >= t.finished_at)) AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
                         FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
     WHERE o.one IS NULL
@@ -156,8 +175,27 @@ WITH runs AS (
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
                        WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
                        ORDER BY t.state LIMIT 1) o ON true
-    -- Counted once per run, when it is done: one pass over its task runs.
-    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
+    -- Counted once per run, when it is done: one pass over its task runs. A failure
+    -- counts unless it was handled (docs/api.md, "A run's final state"): a task with
+    -- trigger rule one_failed or all_failed that depends on it, directly or through task
+    -- runs skipped for it (skip_reason 'upstream_failed'), started after it failed and
+    -- succeeded. Looked for only for failed task runs (uniq_taskrun_per_run_task).
+    CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed' AND NOT EXISTS (
+                                   WITH RECURSIVE carried(task_id) AS (
+                                       SELECT t.task_id
+                                       UNION
+                                       SELECT e.task_id FROM carried x
+                                       JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                       JOIN core_taskrun s ON s.workflow_run_id = t.workflow_run_id
+                                                          AND s.task_id = e.task_id
+                                       WHERE s.state = 'skipped' AND s.skip_reason = 'upstream_failed'
+                                   )
+                                   SELECT 1 FROM carried x
+                                   JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                   JOIN core_task k ON k.id = e.task_id
+                                   JOIN core_taskrun h ON h.workflow_run_id = t.workflow_run_id AND h.task_id = e.task_id
+                                   WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND h.state = 'succeeded'
+                                     AND h.started_at >= t.finished_at)) AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
                         FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
     WHERE o.one IS NULL

@@ -64,8 +64,9 @@ def test_a_transaction_script_is_its_named_statement_framed_and_nothing_else():
 def test_the_shared_parts_are_written_the_same_in_each_statement():
     events = {name: part(name, "ev_rows AS (", "SELECT gen_random_uuid(), e.organization_id")
               for name in queries if "ev_rows AS (" in queries[name]}
-    # main's 11, task_run_note_waiting (engine/sql/waiting.sql), event_append_redelivered_many
-    assert len(events) == 13
+    # main's 11, task_run_note_waiting (engine/sql/waiting.sql), event_append_redelivered_many,
+    # task_run_skip_condition_false (issue 19)
+    assert len(events) == 14
     assert len({text.replace("ORDER BY tr.ev_ord, tr.id", "ORDER BY tr.id") for text in events.values()}) == 1
     assert all(text.endswith("INSERT INTO core_taskrunevent (id, organization_id, workflow_run_id, task_run_id, seq, "
                               "kind, from_state, to_state, attempt, fencing_token, detail, created_at) ")
