@@ -129,7 +129,7 @@ def check(expression: Any, *, dependencies: Collection[str]) -> str | None:
     if not isinstance(expression, str):
         return f"must be a CEL expression (a string), got {type(expression).__name__}"
     if not expression.strip():
-        return "must be a CEL expression, e.g. upstream.check.ok == true; leave the field out for none"
+        return "must be a CEL expression, e.g. upstream.check.ok == true; leave it out (or '') for none"
     if len(expression) > MAX_CONDITION_CHARS:
         return f"at most {MAX_CONDITION_CHARS} characters, got {len(expression)}"
     try:

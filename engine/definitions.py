@@ -546,6 +546,8 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
                            "message": f"{trigger_rule!r} needs depends_on: a trigger rule decides by the "
                            "outcomes of the task's dependencies, and a task without any starts with its run"})
         condition = raw.get("condition")
+        if condition == "":  # none, as a task without a condition reads back (its API shape)
+            condition = None
         if condition is not None:
             problem = conditions.check(condition, dependencies=depends_on)
             if problem is not None:

@@ -352,8 +352,11 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
        COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
                     ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
                                             'truncated', true) END)
-                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
-                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                 -- A dependency that did not succeed (a trigger rule other than all_success) has no
+                 -- output (SQL NULL): handed as JSON null.
+                 FROM (SELECT uk.key, COALESCE(u.output, 'null'::jsonb) AS output,
+                              octet_length(COALESCE(u.output, 'null'::jsonb)::text) AS bytes,
+                              sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d
                        JOIN core_task uk ON uk.id = d.depends_on_id
                        JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
@@ -486,8 +489,11 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
        COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
                     ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
                                             'truncated', true) END)
-                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
-                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                 -- A dependency that did not succeed (a trigger rule other than all_success) has no
+                 -- output (SQL NULL): handed as JSON null.
+                 FROM (SELECT uk.key, COALESCE(u.output, 'null'::jsonb) AS output,
+                              octet_length(COALESCE(u.output, 'null'::jsonb)::text) AS bytes,
+                              sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d
                        JOIN core_task uk ON uk.id = d.depends_on_id
                        JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id

@@ -467,11 +467,14 @@ def test_a_trigger_rule_on_a_task_without_dependencies_is_refused():
 def test_rules_and_conditions_are_kept_in_the_normalized_document_only_when_given():
     out = validate_document(doc({"key": "a", **NOOP, "condition": "input.go == true"},
                                 {"key": "b", **NOOP, "depends_on": ["a"], "trigger_rule": "all_done"},
-                                {"key": "c", **NOOP, "depends_on": ["a"], "trigger_rule": "all_success"}))
+                                {"key": "c", **NOOP, "depends_on": ["a"], "trigger_rule": "all_success",
+                                 "condition": ""},
+                                {"key": "d", **NOOP, "trigger_rule": None, "condition": None}))
     tasks = {t["key"]: t for t in out["tasks"]}
     assert tasks["a"]["condition"] == "input.go == true" and "trigger_rule" not in tasks["a"]
     assert tasks["b"]["trigger_rule"] == "all_done" and "condition" not in tasks["b"]
-    assert "trigger_rule" not in tasks["c"]
+    assert "trigger_rule" not in tasks["c"] and "condition" not in tasks["c"]
+    assert "trigger_rule" not in tasks["d"] and "condition" not in tasks["d"]
 
 
 @pytest.mark.parametrize(("condition", "message"), [
@@ -484,7 +487,7 @@ def test_rules_and_conditions_are_kept_in_the_normalized_document_only_when_give
     ("input.l.exists(input, input > 1)", "exists(): 'input' names a variable of the condition; use another name"),
     ("x" * 2001, "at most 2000 characters, got 2001"),
     ("(" * 13 + "true" + ")" * 13, "nested too deeply (at most 120 levels)"),
-    (" ", "must be a CEL expression, e.g. upstream.check.ok == true; leave the field out for none"),
+    (" ", "must be a CEL expression, e.g. upstream.check.ok == true; leave it out (or '') for none"),
     (True, "must be a CEL expression (a string), got bool"),
 ])
 def test_a_bad_condition_is_refused_naming_tasks_key_condition(condition, message):
@@ -586,3 +589,53 @@ def test_the_time_limit_stops_an_evaluation_that_spends_its_steps_slowly(monkeyp
     with pytest.raises(conditions.ConditionFailed) as excinfo:
         conditions.evaluate("input.l.exists(x, x == 5)", run_input={"l": list(range(2000))}, upstream={})
     assert str(excinfo.value).startswith("condition stopped: it took longer than 0.0 s")
+
+
+@pytest.mark.django_db
+def test_a_task_run_after_a_failure_is_handed_null_for_the_failed_tasks_output(org, make_workflow):
+    wf = make_workflow(org, [{"key": "a", **NOOP}, {"key": "b", **NOOP},
+                             {"key": "c", **NOOP, "depends_on": ["a", "b"], "trigger_rule": "all_done"}])
+    run_id = start_run(workflow=wf).pk
+    fail(run_id, "a")
+    succeed(run_id, "b", output={"n": 1})
+    (d,) = task_runs.claim_ready_many(limit=1, lease_seconds=LEASE, owner="t", task_run_ids=[task_run(run_id, "c").pk])
+    started = engine_helpers.start_attempt(task_run_id=d.task_run_id, fencing_token=d.fencing_token, owner="w",
+                                           lease_seconds=LEASE)
+    assert started.upstream == {"a": None, "b": {"n": 1}}
+
+
+# --- the organizations' own workers: the poll evaluates the condition ------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("condition", "state", "reason"), [
+    ('input.size == "large"', "skipped", "condition_false"),
+    ("input.size.width > 1", "failed", ""),
+])
+def test_a_worker_task_whose_condition_does_not_hold_is_not_handed_out(make_org, condition, state, reason):
+    from tests.unit.test_worker_api import Org
+
+    a = Org(make_org())
+    tasks = [{"key": "resize", "type": "worker", "config": {"queue": "images", "name": "resize"},
+              "condition": condition},
+             {"key": "after", **NOOP, "depends_on": ["resize"], "trigger_rule": "all_done"}]
+    run = a.start(tasks=tasks, run_input={"size": "small"})
+    response = a.poll(max_tasks=5)
+    assert response.status_code == 200, response.content
+    assert response.json()["tasks"] == []
+    resize, after = task_run(run.pk, "resize"), task_run(run.pk, "after")
+    assert (resize.state, resize.skip_reason, resize.attempt) == (state, reason, 1)
+    if state == "failed":
+        assert resize.error.startswith("condition could not be evaluated: ")
+    assert after.state == "ready"  # all_done: settled at once, for the shared workers to run
+
+
+@pytest.mark.django_db
+def test_a_worker_task_whose_condition_holds_is_handed_out(make_org):
+    from tests.unit.test_worker_api import Org
+
+    a = Org(make_org())
+    run = a.start(tasks=[{"key": "resize", "type": "worker", "config": {"queue": "images", "name": "resize"},
+                          "condition": 'input.size == "small"'}], run_input={"size": "small"})
+    tasks = a.poll(max_tasks=5).json()["tasks"]
+    assert [t["task_run_id"] for t in tasks] == [str(task_run(run.pk, "resize").pk)]
