@@ -639,3 +639,25 @@ def test_a_worker_task_whose_condition_holds_is_handed_out(make_org):
                           "condition": 'input.size == "small"'}], run_input={"size": "small"})
     tasks = a.poll(max_tasks=5).json()["tasks"]
     assert [t["task_run_id"] for t in tasks] == [str(task_run(run.pk, "resize").pk)]
+
+
+# --- the workflow page ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_workflow_page_shows_each_tasks_rule_and_condition_escaped(org, make_workflow):
+    from tests.unit.test_web_workflows import client_for, make_team
+
+    team = make_team(org)
+    wf = make_workflow(org, [
+        {"key": "a", **NOOP},
+        {"key": "b", **NOOP, "depends_on": ["a"], "trigger_rule": "one_failed",
+         "condition": 'upstream.a == null || input.note == "<script>alert(1)</script>"'},
+        {"key": "c", **NOOP, "depends_on": ["a"]},
+    ])
+    body = client_for(team["viewer"]).get(f"/workflows/{wf.pk}/").content.decode()
+    assert "<script>alert(1)" not in body
+    assert ('<span class="muted small">if</span> <code>upstream.a == null || input.note == '
+            '&quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;</code>') in body
+    assert body.count('class="setting trigger-rule"') == 1  # b's; the default rule is not shown
+    assert '<span class="muted small">runs</span> <code>one_failed</code>' in body
