@@ -50,6 +50,10 @@ from celpy.evaluation import Evaluator, base_functions
 #: Characters of a condition (engine.models.TASK_CONDITION_MAX_CHARS, the CHECK
 #: constraint task_condition_length, is the same number: tests/unit/test_trigger_rules.py).
 MAX_CONDITION_CHARS = 2000
+#: Characters of a workflow's distinct conditions, all together (a repeated condition is
+#: parsed once): parsing costs tens of microseconds per character, and a definition is
+#: checked in a web request (engine.definitions).
+MAX_CONDITION_CHARS_PER_WORKFLOW = 20_000
 #: Levels of a condition's parse tree. A level is one grammar rule: ``a + b + c`` nests one
 #: level per ``+``, a parenthesis about ten. The interpreter recurses about three Python
 #: frames per level, so this keeps an evaluation far from the recursion limit.
@@ -209,11 +213,12 @@ class _Budget:
     """What one evaluation may still spend: steps, a deadline (time.monotonic()) and
     characters/items that ``+`` may build."""
 
-    __slots__ = ("concat", "deadline", "steps")
+    __slots__ = ("concat", "deadline", "seconds", "steps")
 
-    def __init__(self) -> None:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
         self.steps = MAX_CONDITION_STEPS
-        self.deadline = time.monotonic() + CONDITION_TIME_LIMIT_SECONDS
+        self.deadline = time.monotonic() + seconds
         self.concat = MAX_CONDITION_CONCAT
 
 
@@ -229,7 +234,7 @@ class _BoundedEvaluator(Evaluator):
         if budget.steps < 0:
             raise _OutOfBudget(f"took more than {MAX_CONDITION_STEPS} steps")
         if time.monotonic() > budget.deadline:
-            raise _OutOfBudget(f"took longer than {CONDITION_TIME_LIMIT_SECONDS} s")
+            raise _OutOfBudget(f"took longer than its time limit ({budget.seconds:g} s)")
         return super().visit_children(tree)
 
     def sub_evaluator(self, ast: lark.Tree) -> Evaluator:
@@ -254,7 +259,8 @@ def _bounded_add(budget: _Budget):
     return bounded
 
 
-def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any]) -> bool:
+def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
+             time_limit_seconds: float | None = None) -> bool:
     """Evaluate the condition ``expression`` (already accepted by ``check``) with the run's
     input and the task's upstream outputs by key (JSON values). Returns its bool.
 
@@ -262,13 +268,17 @@ def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any]) ->
     overload), a result that is not a bool, or a limit reached (MAX_CONDITION_STEPS,
     CONDITION_TIME_LIMIT_SECONDS, MAX_CONDITION_CONCAT). Takes at most about
     CONDITION_TIME_LIMIT_SECONDS plus the time to convert the JSON values, which is linear
-    in their size.
+    in their size. ``time_limit_seconds`` lowers the time limit (a caller's budget for
+    several evaluations: the worker API's poll).
     """
     try:
         tree = _parse(expression)
     except (celpy.CELParseError, RecursionError) as exc:  # refused at definition time; kept for a stored one
         raise ConditionFailed(f"not a valid CEL expression ({type(exc).__name__})") from None
-    budget = _Budget()
+    seconds = CONDITION_TIME_LIMIT_SECONDS
+    if time_limit_seconds is not None:
+        seconds = max(0.0, min(seconds, time_limit_seconds))
+    budget = _Budget(seconds)
     reads = _reads(tree)
     try:
         # Only what the expression reads is converted (a condition on input.mode does not
@@ -343,7 +353,7 @@ def _to_cel(value: Any, budget: _Budget) -> Any:
     if budget.steps < 0:
         raise _OutOfBudget(f"took more than {MAX_CONDITION_STEPS} steps (reading its values)")
     if budget.steps % 256 == 0 and time.monotonic() > budget.deadline:
-        raise _OutOfBudget(f"took longer than {CONDITION_TIME_LIMIT_SECONDS} s (reading its values)")
+        raise _OutOfBudget(f"took longer than its time limit ({budget.seconds:g} s) reading its values")
     if isinstance(value, dict):
         return celtypes.MapType({celtypes.StringType(k): _to_cel(v, budget) for k, v in value.items()})
     if isinstance(value, list):
@@ -372,6 +382,7 @@ def _type_name(value: Any) -> str:
 __all__ = [
     "CONDITION_TIME_LIMIT_SECONDS",
     "MAX_CONDITION_CHARS",
+    "MAX_CONDITION_CHARS_PER_WORKFLOW",
     "MAX_CONDITION_CONCAT",
     "MAX_CONDITION_DEPTH",
     "MAX_CONDITION_STEPS",

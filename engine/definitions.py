@@ -394,7 +394,8 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     TRIGGER_RULES or on a task without dependencies, and a condition that
     ``engine.conditions.check`` refuses (a CEL syntax error, an unknown variable or
     function, ``upstream.<key>`` naming a task it does not depend on, over
-    MAX_CONDITION_CHARS or MAX_CONDITION_DEPTH), each at ``tasks[<key>].trigger_rule`` or
+    MAX_CONDITION_CHARS or MAX_CONDITION_DEPTH) or past MAX_CONDITION_CHARS_PER_WORKFLOW
+    distinct characters of conditions, each at ``tasks[<key>].trigger_rule`` or
     ``tasks[<key>].condition``. Raises DefinitionError with the problems found (at most
     MAX_ERRORS_LISTED of them, then how many more).
 
@@ -450,6 +451,9 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     seen: dict[str, int] = {}
     # key (placeholders normalized, so two spellings of one key meet) -> (first task, its limit)
     concurrency_limits: dict[str, tuple[str, int]] = {}
+    # Distinct condition texts and their characters (MAX_CONDITION_CHARS_PER_WORKFLOW).
+    seen_conditions: set[str] = set()
+    condition_chars = 0
     for i, raw in enumerate(tasks):
         where = f"tasks[{i}]"
         if not isinstance(raw, dict):
@@ -547,6 +551,14 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
                            "outcomes of the task's dependencies, and a task without any starts with its run"})
         condition = raw.get("condition")
         if condition == "":  # none, as a task without a condition reads back (its API shape)
+            condition = None
+        if isinstance(condition, str) and condition not in seen_conditions:
+            seen_conditions.add(condition)
+            condition_chars += len(condition)
+        if condition is not None and condition_chars > conditions.MAX_CONDITION_CHARS_PER_WORKFLOW:
+            errors.append({"path": f"{where}.condition",
+                           "message": f"the workflow's distinct conditions hold more than "
+                           f"{conditions.MAX_CONDITION_CHARS_PER_WORKFLOW} characters in all"})
             condition = None
         if condition is not None:
             problem = conditions.check(condition, dependencies=depends_on)

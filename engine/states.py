@@ -38,10 +38,10 @@ class RunState(models.TextChoices):
 class TaskRunState(models.TextChoices):
     """The seven TaskRun states of seed 000 (``taskrun_state_valid``)."""
 
-    #: Waiting for its dependencies to succeed.
+    #: Waiting for its dependencies' outcomes to decide its trigger rule (TriggerRule).
     PENDING = "pending"
-    #: Every dependency succeeded (or it has none): waiting to be claimed, not before
-    #: ``not_before`` when a retry backs off.
+    #: Its trigger rule was met (by default: every dependency succeeded), or it has no
+    #: dependency: waiting to be claimed, not before ``not_before`` when a retry backs off.
     READY = "ready"
     #: Claimed: holds a lease (``lease_expires_at``) and a fencing token. The lease is a
     #: dispatch lease until a worker starts the generation, a worker lease after.

@@ -40,6 +40,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from engine.db import atomic_retry
 from engine.repositories import events, runs
 from engine.repositories.driver import fetch, in_own_transaction, run_prepared
 from engine.repositories.types import (
@@ -232,11 +233,12 @@ def start_and_complete_many(
     A start marks its generation started by its owner (at most once per generation) and
     takes the worker's lease of ``worker_lease_seconds`` (bounded by the task's
     ``timeout_seconds``); of starts naming the same task run only the first can start. A
-    success matches only a generation that started; its pending dependents go by their
-    trigger rules (``task_run_promote_dependents``, skipped when no success
-    ``has_dependents``): ready, skipped (and then what depends on those is settled,
-    ``settle_dependents``), or still pending; each run left with nothing open gets its
-    terminal state. With both kinds, the two UPDATEs are one statement
+    success matches only a generation that started; its pending dependents with the default
+    rule whose dependencies have all succeeded are promoted to ready
+    (``task_run_promote_dependents``, skipped when no success ``has_dependents``), and
+    those with another trigger rule are decided right after, in a transaction of their own
+    (``_settle_after_successes``: ready, skipped, or still pending); each run left with
+    nothing open gets its terminal state. With both kinds, the two UPDATEs are one statement
     (``task_run_start_and_succeed_many``), so the runs' rows are locked only after both
     have run.
 
@@ -305,23 +307,16 @@ def start_and_complete_many(
     if successes:
         statements.append(queries["run_finish_if_done_many"])
 
-    def record() -> tuple[list[list[tuple]], list[tuple], list[tuple]]:
-        out = run_prepared(statements, params)
-        claimed_rows = list((out[-2] if successes else out[-1]) if claim else [])
-        finished_rows = list(out[-1] if successes else [])
-        skipped = [r[0] for r in out[promote_at] if r[1] == "skipped"] if promote_at is not None else []
-        if skipped:
-            # A success skipped a dependent (all_failed, one_failed): what depends on that
-            # one is settled now, in this transaction, and what that made ready is claimed
-            # and any run it closed finished (rare: the batch's statements stay fixed).
-            settle_dependents(task_run_ids=skipped)
-            follow = ([queries["task_run_claim_fair"]] if claim else []) + [queries["run_finish_if_done_many"]]
-            more = run_prepared(follow, params)
-            claimed_rows += list(more[0]) if claim else []
-            finished_rows += list(more[-1])
-        return out, claimed_rows, finished_rows
-
-    out, claimed, finished = in_own_transaction(record, connection_attempts)
+    out = in_own_transaction(lambda: run_prepared(statements, params), connection_attempts)
+    claimed = list((out[-2] if successes else out[-1]) if claim else [])
+    finished = list(out[-1] if successes else [])
+    if promote_at is not None and out[promote_at][0][0]:
+        # A success's task has a dependent with a rule other than all_success.
+        more_claimed, more_finished = _settle_after_successes(
+            [r.task_run_id for r in successes], params, claim=claim, connection_attempts=connection_attempts)
+        claimed += more_claimed
+        finished += more_finished
+    finished = _finish_with_failures(finished, connection_attempts)
     first_rows = out[1] if claim else out[0]
     if successes and to_start:
         done = [(r[1], r[9], r[2], r[4]) for r in first_rows if r[0] == "d"]
@@ -377,6 +372,51 @@ def start_and_complete_many(
         run_state, run_limited = run_states.pop(row[2], (None, False))
         results.append(CompletionResult(accepted=True, state=row[3], run_state=run_state, run_limited=run_limited))
     return start_results, results, tuple(_dispatches(claimed))
+
+
+def _settle_after_successes(succeeded: list[uuid.UUID], params: dict[str, Any], *, claim: bool,
+                            connection_attempts: int) -> tuple[list[tuple], list[tuple]]:
+    """A batch's successes have dependents with rules other than all_success (which the
+    batch's ``task_run_promote_dependents`` leaves alone): those are decided now
+    (``settle_dependents`` of the successes: ready, or skipped and what depends on them
+    settled in turn), in a transaction of its own right after the batch's (the batch goes
+    to the server as one message and is committed by then; the default rule's hops keep
+    their statements), with the claim locks first, then the claim of what that made ready
+    and the finish of any run it closed. Returns (claim rows, finish rows) as the batch's.
+    Should the process die between the two commits, the sweeper settles the run
+    (``settle_run``)."""
+
+    def follow_up() -> tuple[list[tuple], list[tuple]]:
+        with transaction.atomic(savepoint=False):
+            if claim:
+                fetch(queries["task_run_lock_orgs_of"], params)
+            settle_dependents(task_run_ids=succeeded)
+            follow = ([queries["task_run_claim_fair"]] if claim else []) + [queries["run_finish_if_done_many"]]
+            more = run_prepared(follow, params)
+        return (list(more[0]) if claim else []), list(more[-1])
+
+    if transaction.get_connection().in_atomic_block:
+        return follow_up()
+    return atomic_retry(follow_up, connection_attempts=connection_attempts)
+
+
+def _finish_with_failures(finished: list[tuple], connection_attempts: int) -> list[tuple]:
+    """The batch's finish rows (id, state, limited), with each run that
+    ``run_finish_if_done_many`` left to ``run_finish_if_done`` (done, with a failed task
+    run: state NULL) finished by it now, in a transaction of its own (a failure handler's
+    success; rare on the hot path): its row then says failed or succeeded, or is dropped
+    when another transaction finished the run first."""
+    if all(row[1] is not None for row in finished):
+        return finished
+    out = [row for row in finished if row[1] is not None]
+    for row in finished:
+        if row[1] is None:
+            done = (runs.finish(workflow_run_id=row[0]) if transaction.get_connection().in_atomic_block
+                    else atomic_retry(lambda rid=row[0]: runs.finish(workflow_run_id=rid),
+                                      connection_attempts=connection_attempts))
+            if done is not None:
+                out.append((row[0], done.state, done.limited))
+    return out
 
 
 def heartbeat_many(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> set[uuid.UUID]:
@@ -516,7 +556,7 @@ def settle_dependents(*, task_run_ids: Sequence[uuid.UUID]) -> int:
     worker's batch of successes, until nothing more changes: their pending descendants
     that can no longer run are skipped (``task_run_skip_descendants``, the closure through
     all_success and, below a failure, none_failed), then the pending dependents of all
-    those are decided (``task_run_promote_dependents``: ready, skipped, or left pending),
+    those are decided (``task_run_settle_dependents``: ready, skipped, or left pending),
     and what that skipped is settled in turn. Each transition writes its event.
 
     The one way to advance a run after such a finish; a statement that finishes a task run
@@ -529,10 +569,20 @@ def settle_dependents(*, task_run_ids: Sequence[uuid.UUID]) -> int:
     changed = list(task_run_ids)
     while changed:
         skipped = [r[0] for r in fetch(queries["task_run_skip_descendants"], {"ids": changed})]
-        decided = fetch(queries["task_run_promote_dependents"], {"ids": changed + skipped})
+        decided = fetch(queries["task_run_settle_dependents"], {"ids": changed + skipped})
         promoted += sum(1 for r in decided if r[1] == "ready")
         changed = [r[0] for r in decided if r[1] == "skipped"]
     return promoted
+
+
+def settle_run(*, workflow_run_id: uuid.UUID) -> int:
+    """``settle_dependents`` over every finished task run of run ``workflow_run_id``
+    (``task_run_finished_of_run``): the repair of a run whose settle was lost (the sweeper's
+    ``run_list_stalled``: pending task runs and nothing ready or running). Idempotent: a
+    pending task whose rule is not decided stays pending. Returns how many task runs it made
+    ready. Must be called inside a transaction."""
+    ids = [r[0] for r in fetch(queries["task_run_finished_of_run"], {"run": workflow_run_id})]
+    return settle_dependents(task_run_ids=ids) if ids else 0
 
 
 def skip_for_condition(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionResult:

@@ -510,11 +510,69 @@ FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
 -- name: task_run_promote_dependents
+-- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The claim that follows in the same transaction (task_run_claim_fair) takes them within
+-- their organization's room, permits and buckets. The default rule only, in main's form
+-- (an anti-join that stops at the first upstream not succeeded): the rules' general
+-- statement costs more to start on every hop, and a task with other rules below it pays
+-- for it alone (task_runs._settle_after_successes).
+WITH me AS (
+    -- The (run, task) of each generation of this batch that is now succeeded.
+    SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
+    FROM core_taskrun t JOIN unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+         ON t.id = a.id AND t.fencing_token = a.token
+    WHERE (t.state || '') = 'succeeded'   -- by primary key (file header)
+), promoted AS (
+    UPDATE core_taskrun d
+    SET state = 'ready', ready_at = clock_timestamp(), skip_reason = ''
+    FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+         JOIN core_task k ON k.id = dep.task_id
+    -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
+    -- run's pending rows; a dependent of two of these tasks is updated once.
+    WHERE d.workflow_run_id = me.run AND d.task_id = dep.task_id AND (d.state || '') = 'pending'
+      AND k.trigger_rule = 'all_success'
+      AND NOT EXISTS (
+          SELECT 1 FROM core_taskdependency e
+          JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
+          WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
+), others AS (
+    -- Dependents (of these tasks, in any state) whose rule is not all_success.
+    SELECT count(*) AS n
+    FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+         JOIN core_task k ON k.id = dep.task_id
+    WHERE k.trigger_rule <> 'all_success'
+), tr AS (
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
+           '{}'::jsonb AS ev_detail
+    FROM promoted c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT n FROM others;
+
+
+-- name: task_run_settle_dependents
 -- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
--- The promotion after a success (the worker's batch, with the claim that follows in the
--- same transaction: task_run_claim_fair takes what it made ready within its organization's
--- room, permits and buckets), and after any other finish (task_runs.settle_dependents,
--- after task_run_skip_descendants). Rules (engine.states.TriggerRule, docs/api.md):
+-- What follows a finish other than the worker's batch of successes (task_runs.settle_dependents,
+-- after task_run_skip_descendants), and a success whose task has a dependent with a rule
+-- other than all_success (task_run_promote_dependents counts those). Rules
+-- (engine.states.TriggerRule, docs/api.md):
 -- an upstream outcome is a success (succeeded), a failure (failed, or skipped with
 -- skip_reason 'upstream_failed') or a skip (any other skip, cancelled); 'open' counts the
 -- upstreams not finished. The verdict is 'ready', a skip_reason, or NULL (wait):
@@ -524,15 +582,14 @@ FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 --   one_failed   ready on a failure; 'trigger_rule' when none is open
 --   one_success  ready on a success; when none is open 'upstream_failed' if one failed, else 'trigger_rule'
 --   none_failed  'upstream_failed' on a failure; ready when none is open
--- The default rule after successes only (the hot path) needs no counts: ready when no
--- upstream is anything but succeeded, an anti-join that stops at the first such row (a
--- failure or skip among its upstreams would have skipped it when that happened).
+-- The default rule after successes only needs no counts: ready when no upstream is
+-- anything but succeeded, an anti-join that stops at the first such row (a failure or skip
+-- among its upstreams would have skipped it when that happened).
 WITH me AS (
     -- The (run, task) of each task run of ids that has finished, and whether it failed or was skipped.
     SELECT t.workflow_run_id AS run, t.task_id AS task, t.state <> 'succeeded' AS bad
-    FROM core_taskrun t
-    WHERE t.id = ANY(%(ids)s::uuid[])
-      AND (t.state || '') IN ('succeeded', 'failed', 'skipped', 'cancelled')   -- by primary key (file header)
+    FROM core_taskrun t JOIN unnest(%(ids)s::uuid[]) AS a(id) ON t.id = a.id
+    WHERE (t.state || '') IN ('succeeded', 'failed', 'skipped', 'cancelled')   -- by primary key (file header)
 ), cand AS (
     -- Each pending dependent once, found by (run, task) (uniq_taskrun_per_run_task), not by
     -- scanning the run's pending rows, with its rule.
@@ -543,7 +600,9 @@ WITH me AS (
     JOIN core_task k ON k.id = dep.task_id
     WHERE (d.state || '') = 'pending'
     GROUP BY d.id, d.workflow_run_id, d.task_id, k.trigger_rule
-), verdict AS (
+), verdict AS MATERIALIZED (
+    -- Materialized: each row's verdict is worked out once (inlined, the UPDATE below would
+    -- evaluate the CASE, subqueries and all, once per column it sets).
     SELECT c.id, c.rule, CASE
         WHEN c.rule = 'all_success' AND NOT c.after_bad THEN
             CASE WHEN NOT EXISTS (
@@ -833,7 +892,7 @@ ORDER BY lease_expires_at LIMIT %(limit)s;
 -- The closure, in one statement rather than a level at a time: below a failure or a skip,
 -- an all_success task is skipped, and below a failure a none_failed one, and so on down
 -- through what these skip. Dependents with the other rules (all_done, always, one_failed,
--- one_success, all_failed) stop it: task_run_promote_dependents decides them next, on the
+-- one_success, all_failed) stop it: task_run_settle_dependents decides them next, on the
 -- task runs of ids and those skipped here (task_runs.settle_dependents).
 WITH RECURSIVE src AS (
     SELECT t.workflow_run_id AS run, t.task_id AS task,
@@ -849,7 +908,7 @@ WITH RECURSIVE src AS (
     JOIN core_taskdependency e ON e.depends_on_id = b.task
     JOIN core_task k ON k.id = e.task_id
     JOIN core_taskrun d ON d.workflow_run_id = b.run AND d.task_id = e.task_id   -- uniq_taskrun_per_run_task
-    WHERE d.state = 'pending'
+    WHERE (d.state || '') = 'pending'   -- by (run, task): no scan of every pending row by state
       AND (k.trigger_rule = 'all_success' OR (k.trigger_rule = 'none_failed' AND b.failure))
 ), doomed AS (
     -- A task reached by a failure's path and a skip's is skipped for the failure.
@@ -861,7 +920,7 @@ WITH RECURSIVE src AS (
     -- Lock them in id order first (fewer deadlocks with completions).
     SELECT d.id, x.failure FROM core_taskrun d
     JOIN doomed x ON d.workflow_run_id = x.run AND d.task_id = x.task
-    WHERE d.state = 'pending'
+    WHERE (d.state || '') = 'pending'
     ORDER BY d.id
     FOR UPDATE OF d
 ), skipped AS (
@@ -869,7 +928,7 @@ WITH RECURSIVE src AS (
     SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL,
         skip_reason = CASE WHEN o.failure THEN 'upstream_failed' ELSE 'trigger_rule' END
     FROM open o
-    WHERE d.id = o.id AND d.state = 'pending'
+    WHERE d.id = o.id AND (d.state || '') = 'pending'   -- by primary key
     RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, d.skip_reason, d.task_id
 ), tr AS (
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
@@ -896,6 +955,12 @@ WITH RECURSIVE src AS (
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id FROM skipped;
+
+
+-- name: task_run_finished_of_run
+-- The ids of run's finished task runs (succeeded, failed, skipped, cancelled): what a repair settles the dependents of (task_runs.settle_run); idx_taskrun_run_state.
+SELECT id FROM core_taskrun
+WHERE workflow_run_id = %(run)s AND state IN ('succeeded', 'failed', 'skipped', 'cancelled');
 
 
 -- name: task_run_skip_condition_false

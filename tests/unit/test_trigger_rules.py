@@ -9,6 +9,7 @@ path is tests/integration/test_trigger_rules.py's.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 
 import pytest
@@ -495,6 +496,16 @@ def test_a_bad_condition_is_refused_naming_tasks_key_condition(condition, messag
     assert errors == [{"path": "tasks[b].condition", "message": message}]
 
 
+def test_a_workflows_distinct_conditions_are_limited_in_total_and_a_repeated_one_counts_once():
+    cond = "input.n > " + "1" * 1990  # 2,000 characters
+    same = [{"key": f"t{i}", **NOOP, "condition": cond} for i in range(30)]
+    assert len(validate_document(doc(*same))["tasks"]) == 30
+    distinct = [{"key": f"t{i}", **NOOP, "condition": f"input.n > {i:0>1990}"} for i in range(11)]
+    errors = problems(doc(*distinct))
+    assert errors == [{"path": "tasks[t10].condition",
+                       "message": "the workflow's distinct conditions hold more than 20000 characters in all"}]
+
+
 @pytest.mark.django_db
 def test_applying_a_definition_stores_the_rule_and_the_condition_on_its_tasks(org, make_workflow):
     wf = make_workflow(org, [{"key": "a", **NOOP},
@@ -588,7 +599,13 @@ def test_the_time_limit_stops_an_evaluation_that_spends_its_steps_slowly(monkeyp
     monkeypatch.setattr(conditions, "CONDITION_TIME_LIMIT_SECONDS", 0.0)
     with pytest.raises(conditions.ConditionFailed) as excinfo:
         conditions.evaluate("input.l.exists(x, x == 5)", run_input={"l": list(range(2000))}, upstream={})
-    assert str(excinfo.value).startswith("condition stopped: it took longer than 0.0 s")
+    assert str(excinfo.value).startswith("condition stopped: it took longer than its time limit (0 s)")
+    # A caller's lower limit (the worker API's poll: MAX_CONDITION_SECONDS_PER_POLL for all its tasks).
+    monkeypatch.setattr(conditions, "CONDITION_TIME_LIMIT_SECONDS", 600.0)
+    with pytest.raises(conditions.ConditionFailed) as excinfo:
+        conditions.evaluate("input.l.exists(x, x == 5)", run_input={"l": list(range(2000))}, upstream={},
+                            time_limit_seconds=-1.0)
+    assert str(excinfo.value).startswith("condition stopped: it took longer than its time limit (0 s)")
 
 
 @pytest.mark.django_db
@@ -661,3 +678,32 @@ def test_the_workflow_page_shows_each_tasks_rule_and_condition_escaped(org, make
             '&quot;&lt;script&gt;alert(1)&lt;/script&gt;&quot;</code>') in body
     assert body.count('class="setting trigger-rule"') == 1  # b's; the default rule is not shown
     assert '<span class="muted small">runs</span> <code>one_failed</code>' in body
+
+
+# --- a lost settle ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_sweeper_settles_a_run_whose_settle_was_lost(org, make_workflow):
+    """The success that skipped the handler committed, and its process died before the
+    settle of the handler's dependents (a transaction of its own): the run has a pending
+    task and nothing ready or running. The sweeper settles it: the cleanup becomes ready."""
+    from engine.sweeper import SETTLE_SECONDS, sweep_runs
+
+    wf = make_workflow(org, [
+        {"key": "a", **NOOP},
+        {"key": "handler", **NOOP, "depends_on": ["a"], "trigger_rule": "one_failed"},
+        {"key": "cleanup", **NOOP, "depends_on": ["handler"], "trigger_rule": "always"},
+    ])
+    run_id = start_run(workflow=wf).pk
+    succeed(run_id, "a")
+    # As the lost transaction left it: the handler skipped by the success, its dependent not settled.
+    with transaction.atomic():
+        TaskRun.objects.unscoped().filter(pk=task_run(run_id, "cleanup").pk).update(state="pending", ready_at=None)
+    WorkflowRun.objects.unscoped().filter(pk=run_id).update(
+        created_at=_now() - dt.timedelta(seconds=SETTLE_SECONDS + 5))
+    assert task_run(run_id, "handler").state == "skipped" and task_run(run_id, "cleanup").state == "pending"
+
+    assert sweep_runs() == {"finished": 0, "settled": 1, "timed_out": 0}
+    assert task_run(run_id, "cleanup").state == "ready"
+    assert sweep_runs()["settled"] == 0  # nothing stalled any more
