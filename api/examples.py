@@ -21,7 +21,7 @@ DEFINITION_EXAMPLE = {
          "priority": 2, "concurrency": {"key": "source-{{ input.source }}", "limit": 2},
          "rate_limit": {"key": "example-api", "per_second": 10}},
         {"key": "load", "type": "noop", "depends_on": ["extract"], "edge_labels": {"extract": "rows"},
-         "position": {"x": 200, "y": 0}},
+         "position": {"x": 200, "y": 0}, "condition": "upstream.extract.status == 200"},
     ],
     "concurrency": {"max_running_tasks": 4},
     "input_schema": {"type": "object", "properties": {
@@ -38,10 +38,11 @@ WORKFLOW_EXAMPLE = {
          "config": {"url": "https://example.com/data.json", "method": "GET"}, "depends_on": [],
          "max_attempts": 3, "retry_backoff_seconds": 2.0, "timeout_seconds": None, "position": {"x": 0, "y": 0},
          "priority": 2, "concurrency": {"key": "source-{{ input.source }}", "limit": 2},
-         "rate_limit": {"key": "example-api", "per_second": 10}},
+         "rate_limit": {"key": "example-api", "per_second": 10}, "trigger_rule": "all_success", "condition": ""},
         {"id": "9a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "key": "load", "type": "noop", "config": {},
          "depends_on": ["extract"], "max_attempts": 1, "retry_backoff_seconds": 1.0, "timeout_seconds": None,
-         "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None},
+         "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None,
+         "trigger_rule": "all_success", "condition": "upstream.extract.status == 200"},
     ],
     "edges": [{"from": "extract", "to": "load", "label": "rows"}],
 }
@@ -62,7 +63,8 @@ RUN_EXAMPLE = {
         {"id": "aa2f0c55-1d1e-4c4e-8f7a-2b3c4d5e6f70", "key": "extract", "task_id": WORKFLOW_EXAMPLE["tasks"][0]["id"],
          "state": "succeeded", "attempt": 1, "priority": 2, "concurrency_key": "source-eu", "output": {"status": 200, "body": {"rows": 42}, "truncated": False},
          "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.5Z",
-         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None, "queue": "", "queue_live_workers": None},
+         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None, "queue": "", "queue_live_workers": None,
+         "skip_reason": ""},
     ],
 }
 EVENT_EXAMPLE = {

@@ -38,12 +38,14 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (live_hub) and of the worker queues' long polls (queue_hub); output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
-    limit_keys.py | input_schema.py
+    limit_keys.py | input_schema.py | conditions.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
         input_schema: a workflow's run input JSON Schema, checked at definition time and
         applied (defaults, then validation) at every start, fenced for a shared deployment
         (no remote references, RE2 patterns, a work budget).
+        conditions: a task's CEL condition, checked for definitions and evaluated, with
+        bounded cost, before the handler (the worker, and the worker API's poll).
     handlers/ : egress.py : secret_refs.py
         task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
@@ -67,8 +69,11 @@ claim: room, permits and buckets decide) and publishes them after the commit
 (``dispatch.nudge_scheduler``): ``scheduler.schedule_once`` claims and writes outbox rows
 in one statement (``repositories``) and publishes them; the worker
 (``actors.execute_task_run`` -> ``worker``) starts the generation, heartbeats, runs the
-handler (``handlers``) and records the completion, which promotes the dependents and,
-in the same transaction, claims for its organization (the fair claim, below);
+handler (``handlers``; first its condition, ``conditions``: false skips it) and records
+the completion, which decides the dependents by their trigger rules (ready, skipped, or
+waiting) and, in the same transaction, claims for its organization (the fair claim,
+below); a failure or a skip settles the dependents the same way
+(``task_runs.settle_dependents``);
 ``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
 how organizations share the workers.
 
@@ -79,6 +84,12 @@ run
     succeeded | failed | cancelled (``states.RunState``).
 task run
     One task of one run (``TaskRun``); a retry reuses the row (``states.TaskRunState``).
+trigger rule
+    ``Task.trigger_rule`` (``states.TriggerRule``, Airflow's names): when a task with
+    dependencies runs, by its upstream task runs' outcomes; ``all_success`` by default.
+condition
+    ``Task.condition``: a CEL expression on the run input and upstream outputs
+    (``conditions``); false skips the task run (``skip_reason`` ``condition_false``).
 attempt
     One execution of a task run's handler; ``TaskRun.attempt`` counts them, and a
     dispatch that never started uses none.

@@ -16,7 +16,8 @@ import uuid
 
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Now
+from django.db.models.functions import Length, Now
+from django.db.models.lookups import LessThanOrEqual
 
 # The vocabulary lives in engine.states; these names are re-exported for the imports
 # that name engine.models.
@@ -25,7 +26,9 @@ from engine.states import (  # noqa: F401
     TASK_TERMINAL_STATES,
     EventKind,
     RunState,
+    SkipReason,
     TaskRunState,
+    TriggerRule,
 )
 from tenancy.models import Organization
 from tenancy.scoping import OrganizationScopedManager
@@ -68,6 +71,11 @@ class TriggerSource(models.TextChoices):
 
 def _in(field: str, values) -> Q:
     return Q(**{f"{field}__in": list(values)})
+
+
+#: Characters of a task's condition: engine.conditions.MAX_CONDITION_CHARS (this module
+#: does not import the CEL library; tests/unit/test_trigger_rules.py checks they agree).
+TASK_CONDITION_MAX_CHARS = 2000
 
 
 class Workflow(models.Model):
@@ -160,6 +168,12 @@ class Task(models.Model):
     # The queue of the organization's own workers a ``worker`` task waits on; '' for every
     # other type (the shared workers' tasks). Copied onto each task run at start.
     queue = models.CharField(max_length=64, blank=True, db_default="")
+    # When it runs, by its upstream task runs' outcomes (TriggerRule; the promotion and
+    # skip statements of engine/sql/task_runs.sql read it).
+    trigger_rule = models.CharField(max_length=20, choices=TriggerRule.choices, db_default=TriggerRule.ALL_SUCCESS)
+    # A CEL expression on the run input and upstream outputs (engine.conditions), evaluated
+    # by the worker before the handler: false skips the task run. '' for none.
+    condition = models.TextField(blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())
 
     objects = OrganizationScopedManager()
@@ -194,6 +208,9 @@ class Task(models.Model):
                     rate_window_seconds__isnull=False, rate_window_seconds__in=[1, 60]),
                 name="task_rate_limit_valid",
             ),
+            models.CheckConstraint(condition=_in("trigger_rule", TriggerRule.values), name="task_trigger_rule_valid"),
+            models.CheckConstraint(condition=LessThanOrEqual(Length("condition"), TASK_CONDITION_MAX_CHARS),
+                                   name="task_condition_length"),
         ]
 
     def __str__(self) -> str:
@@ -339,6 +356,10 @@ class TaskRun(models.Model):
     queue = models.CharField(max_length=64, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    # Why a skipped task run was skipped (SkipReason; '' otherwise): its rule could not be
+    # met because of a failure upstream (which its own dependents' rules count as a
+    # failure), or for another reason, or its condition was false. Read only while skipped.
+    skip_reason = models.CharField(max_length=20, blank=True, choices=SkipReason.choices, db_default="")
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -368,6 +389,7 @@ class TaskRun(models.Model):
                 ),
                 name="taskrun_lease_iff_running",
             ),
+            models.CheckConstraint(condition=_in("skip_reason", SkipReason.values), name="taskrun_skip_reason_valid"),
         ]
         indexes = [
             # The scheduler's "oldest ready task first" claim (seed 000).

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from audit import services as audit
 from engine import dispatch, input_schema, metrics, relay, secret_refs, sql, triggers
 from engine.db import retry_transient
-from engine.definitions import DefinitionError, validate_document
+from engine.definitions import DEFAULT_TRIGGER_RULE, DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
 from engine.models import (
     PRIORITY_MAX,
@@ -276,6 +276,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
                     rate_window_seconds=_rate(t)[1],
                     # A worker task waits on its queue of the organization's own workers.
                     queue=t["config"]["queue"] if t["type"] == "worker" else "",
+                    trigger_rule=t.get("trigger_rule", DEFAULT_TRIGGER_RULE),
+                    condition=t.get("condition", ""),
                 )
                 for t in normalized["tasks"]
             ]

@@ -24,9 +24,12 @@ class RunState(models.TextChoices):
     PENDING = "pending"
     #: At least one task run has been claimed and not every task run has finished.
     RUNNING = "running"
-    #: Every task run succeeded (terminal).
+    #: Every task run finished and no failure was left unhandled (terminal): each task
+    #: run succeeded or was skipped, or failed and a ``one_failed``/``all_failed`` task run
+    #: because of it succeeded (docs/api.md, "A run's final state").
     SUCCEEDED = "succeeded"
-    #: A task run failed, or the run outlived its workflow's run timeout (terminal).
+    #: A task run failed and nothing handled it, or the run outlived its workflow's run
+    #: timeout (terminal).
     FAILED = "failed"
     #: Cancelled by a person, an API key or the system before it finished (terminal).
     CANCELLED = "cancelled"
@@ -35,10 +38,10 @@ class RunState(models.TextChoices):
 class TaskRunState(models.TextChoices):
     """The seven TaskRun states of seed 000 (``taskrun_state_valid``)."""
 
-    #: Waiting for its dependencies to succeed.
+    #: Waiting for its dependencies' outcomes to decide its trigger rule (TriggerRule).
     PENDING = "pending"
-    #: Every dependency succeeded (or it has none): waiting to be claimed, not before
-    #: ``not_before`` when a retry backs off.
+    #: Its trigger rule was met (by default: every dependency succeeded), or it has no
+    #: dependency: waiting to be claimed, not before ``not_before`` when a retry backs off.
     READY = "ready"
     #: Claimed: holds a lease (``lease_expires_at``) and a fencing token. The lease is a
     #: dispatch lease until a worker starts the generation, a worker lease after.
@@ -47,7 +50,8 @@ class TaskRunState(models.TextChoices):
     SUCCEEDED = "succeeded"
     #: Its last attempt failed, or a failure was not retryable (terminal).
     FAILED = "failed"
-    #: An upstream task failed or was cancelled, so this one can never run (terminal).
+    #: Will not run (terminal): its trigger rule can no longer be met by its upstream
+    #: outcomes, or its condition was false (``skip_reason`` says which, SkipReason).
     SKIPPED = "skipped"
     #: Its run was cancelled or timed out before it finished (terminal).
     CANCELLED = "cancelled"
@@ -62,7 +66,8 @@ class EventKind(models.TextChoices):
     #: Every task run finished, so the run took its final state (run level; also written
     #: when a cancel or a run timeout closes the run).
     RUN_FINISHED = "run_finished"
-    #: pending -> ready: every dependency of the task run succeeded.
+    #: pending -> ready: its trigger rule was met by its upstream outcomes (all succeeded,
+    #: by default; detail.trigger_rule names any other rule).
     PROMOTED = "promoted"
     #: ready -> running: a claimer bumped the fencing token (a new generation), took a
     #: dispatch lease and wrote the generation's outbox row.
@@ -93,7 +98,9 @@ class EventKind(models.TextChoices):
     STALE_DISPATCH_IGNORED = "stale_dispatch_ignored"
     #: A completion came from a generation that is no longer current: not recorded.
     STALE_COMPLETION_REJECTED = "stale_completion_rejected"
-    #: An upstream task failed or was cancelled: this one will never run.
+    #: The task run will never run: its trigger rule can no longer be met (from pending;
+    #: detail.reason ``upstream_failed`` or ``trigger_rule``), or its condition was false
+    #: (from running, before the handler; detail.reason ``condition_false``).
     SKIPPED = "skipped"
     #: The task run was cancelled with its run (cancel or run timeout).
     CANCELLED = "cancelled"
@@ -108,6 +115,56 @@ class EventKind(models.TextChoices):
     #: the dead process's broker id and the seconds since the claim).
     REDELIVERED = "redelivered"
 
+
+class TriggerRule(models.TextChoices):
+    """When a task with dependencies runs, by the outcomes of its upstream task runs
+    (Airflow's names; ``task_trigger_rule_valid``; docs/api.md "Trigger rules and
+    conditions" has the whole table). An upstream outcome is *success* (succeeded),
+    *failure* (failed, or skipped with SkipReason.UPSTREAM_FAILED: a failure further up
+    that nothing handled) or *skip* (any other skip, or cancelled). A rule fires, makes
+    the task skipped, or waits; one that fires early does not wait for the rest."""
+
+    #: Ready once every upstream succeeded; skipped as soon as one failed (reason
+    #: upstream_failed) or was skipped (reason trigger_rule). The default.
+    ALL_SUCCESS = "all_success"
+    #: Ready once every upstream failed; skipped as soon as one succeeded or was skipped.
+    ALL_FAILED = "all_failed"
+    #: Ready once every upstream finished, whatever the outcome; never skipped by them.
+    ALL_DONE = "all_done"
+    #: Ready as soon as one upstream failed; skipped once all finished and none failed.
+    ONE_FAILED = "one_failed"
+    #: Ready as soon as one upstream succeeded; skipped once all finished and none
+    #: succeeded (upstream_failed if one of them failed).
+    ONE_SUCCESS = "one_success"
+    #: Ready once every upstream finished and none failed (skips are fine); skipped as
+    #: soon as one failed (upstream_failed).
+    NONE_FAILED = "none_failed"
+    #: Ready once every upstream finished, whatever the outcome, like all_done (in
+    #: FlowForge a dependency always orders: Airflow's ``always`` would start at once); the
+    #: name for a cleanup step.
+    ALWAYS = "always"
+
+
+class SkipReason(models.TextChoices):
+    """Why a skipped task run was skipped (``taskrun_skip_reason_valid``). Meaningful only
+    while the task run is skipped; every statement that skips sets it."""
+
+    #: Not skipped, or skipped by a statement that gives no reason.
+    NONE = "", "none"
+    #: Its trigger rule can no longer be met because of a failure upstream. Counts as a
+    #: failure for its own dependents' rules (Airflow's ``upstream_failed``), so a
+    #: ``one_failed`` task further down still hears of it.
+    UPSTREAM_FAILED = "upstream_failed"
+    #: Its trigger rule can no longer be met, and no failure upstream is why (an upstream
+    #: was skipped, or e.g. ``all_failed`` saw a success). Counts as a skip downstream.
+    TRIGGER_RULE = "trigger_rule"
+    #: Its condition evaluated to false. Counts as a skip downstream.
+    CONDITION_FALSE = "condition_false"
+
+
+#: Trigger rules that exist to react to a failure: a failure that such a task, run
+#: because of it, handled successfully does not fail the run (runs.sql run_finish_if_done).
+FAILURE_HANDLING_RULES: tuple[str, ...] = (TriggerRule.ONE_FAILED.value, TriggerRule.ALL_FAILED.value)
 
 #: Run states a run never leaves (``wfrun_finished_at_matches_state``: exactly these
 #: have ``finished_at``).
@@ -135,6 +192,7 @@ TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
 __all__ = [
     "CONTROL_QUEUE",
+    "FAILURE_HANDLING_RULES",
     "RUN_OPEN_STATES",
     "RUN_TERMINAL_STATES",
     "TASK_FIRST_QUEUE",
@@ -143,5 +201,7 @@ __all__ = [
     "TASK_TERMINAL_STATES",
     "EventKind",
     "RunState",
+    "SkipReason",
     "TaskRunState",
+    "TriggerRule",
 ]

@@ -33,7 +33,7 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections
 
-from engine import metrics, queue_hub, secret_refs
+from engine import conditions, metrics, queue_hub, secret_refs
 from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
@@ -182,13 +182,48 @@ def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[st
     return resolved["input"], values
 
 
+#: Seconds one poll may spend evaluating the conditions of the tasks it claimed, all
+#: together (each one at most conditions.CONDITION_TIME_LIMIT_SECONDS): a poll runs in a web
+#: process, and one organization's slow conditions must not hold its thread for long. Once
+#: spent, the poll's remaining conditions get no time and their tasks fail saying so.
+MAX_CONDITION_SECONDS_PER_POLL = 2.0
+
+
+def _condition_holds(a: StartedAttempt, *, time_left: float) -> bool:
+    """Whether attempt ``a``'s condition (engine.conditions, evaluated here, before the
+    hand-out, as a shared worker does before its handler, within ``time_left`` seconds)
+    lets it run. False: the task run was skipped (condition false, its dependents settled)
+    or failed for good (the condition could not be evaluated), and the scheduler nudged
+    for what that made ready."""
+    try:
+        if conditions.evaluate(a.condition, run_input=a.run_input, upstream=a.upstream,
+                               time_limit_seconds=time_left):
+            return True
+        result = atomic_retry(lambda: task_runs.skip_for_condition(task_run_id=a.task_run_id,
+                                                                 fencing_token=a.fencing_token),
+                              connection_attempts=2)
+    except conditions.ConditionFailed as exc:
+        error = str(exc)
+        result = atomic_retry(lambda: task_runs.fail_attempt(
+            task_run_id=a.task_run_id, fencing_token=a.fencing_token, error=error, retryable=False),
+            connection_attempts=2)
+    if result.accepted:
+        metrics.incr("flowforge_task_attempts_total", result.state or "skipped")
+        nudge_scheduler()
+    return False
+
+
 def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
     """Started attempts as the poll's answer shows them (docs/workers.md). An attempt whose
     input references a secret that is gone is failed at once, not retried (its message
-    names the secret, never a value), and left out of the answer."""
+    names the secret, never a value), and left out of the answer, as is one whose
+    condition is false (skipped) or cannot be evaluated (failed)."""
     names = worker_queues.workflow_names([a.workflow_run_id for a in attempts])
     out = []
+    conditions_until = time.monotonic() + MAX_CONDITION_SECONDS_PER_POLL
     for a in attempts:
+        if a.condition and not _condition_holds(a, time_left=conditions_until - time.monotonic()):
+            continue
         try:
             task_input, values = _resolve_input(a.organization_id, a.config.get("input") or {})
             if values:

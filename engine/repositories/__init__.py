@@ -13,7 +13,8 @@ module                 operations
 =====================  =====================================================================
 ``task_runs``          ``claim_ready_many``, ``start_and_complete_many``, ``heartbeat_many``,
                        ``fail_attempt``, ``fail_undelivered``, ``get_expired_leases``,
-                       ``expire_lease``, ``skip_descendants``
+                       ``expire_lease``, ``settle_dependents`` (the trigger rules after a
+                       finish), ``skip_for_condition``
 ``runs``               ``create_with_task_runs``, ``finish_if_done``, ``cancel``
 ``events``             ``append``, ``append_ignored_start``, ``append_stale_completion``
 ``waiting``            ``reasons``, ``run_reasons`` (why ready task runs and queued runs

@@ -10,6 +10,9 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │  (batched with the process's other starts and successes;  (an event records it)
       │   a continuation's start stamps its outbox row)
       ▼
+    condition (if any) ── false ──▶ "skipped" (task_runs.skip_for_condition); an error ──▶
+      │                  "failed" for good (conditions.evaluate: bounded steps and time)
+      ▼
     heartbeat.register ── every beat extends the lease; a lease that could not be
       │                   extended sets context.lost (context.lease_lost)
       ▼
@@ -51,10 +54,11 @@ import uuid
 
 from django.conf import settings
 
-from engine import metrics, secret_refs
+from engine import conditions, metrics, secret_refs
+from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
-from engine.repositories import types
+from engine.repositories import task_runs, types
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
 from engine.worker.handoff import Group, hand_off_watchdog
 from engine.worker.heartbeat import heartbeater
@@ -116,6 +120,43 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     return outcomes
 
 
+def _gate(started: types.StartedAttempt) -> str | None:
+    """Evaluate the started attempt's condition (engine.conditions: bounded in steps, time
+    and memory) before its handler. Returns None when it is true (run the handler), else
+    the outcome recorded: "skipped" (false: ``task_runs.skip_for_condition``; its
+    dependents settled by their trigger rules), "failed" (it could not be evaluated: the
+    attempt fails for good, the error naming the condition) or "rejected" (the generation
+    moved on meanwhile)."""
+    try:
+        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream):
+            return None
+    except conditions.ConditionFailed as exc:
+        result, _ = completer.complete(Failure(started.task_run_id, started.fencing_token, str(exc), False))
+        outcome = count_completion(result)
+        if outcome != "rejected":
+            _nudge_after_finish()
+        return "rejected" if outcome == "rejected" else (result.state or "failed")
+    result = atomic_retry(lambda: task_runs.skip_for_condition(task_run_id=started.task_run_id,
+                                                             fencing_token=started.fencing_token),
+                          connection_attempts=8)
+    outcome = count_completion(result)
+    if outcome == "rejected":
+        return "rejected"
+    log.info("task %s (run %s): condition false, skipped", started.task_key, started.workflow_run_id)
+    _nudge_after_finish()
+    return "skipped"
+
+
+def _nudge_after_finish() -> None:
+    """Nudge the scheduler after a finish other than a success: it freed a room and a
+    permit, and its advance may have made dependents ready (a failure handler, a cleanup)
+    that nothing claimed yet."""
+    try:
+        nudge_scheduler()
+    except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
+        log.warning("could not nudge the scheduler after a finish; the clock's next tick claims")
+
+
 def _execute(
     task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False,
     outbox_id: uuid.UUID | None = None,
@@ -140,6 +181,10 @@ def _execute(
               attempt=started.attempt)
     if started.dispatch_latency_seconds is not None:
         metrics.observe("flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
+    if started.condition:
+        gated = _gate(started)
+        if gated is not None:
+            return gated, None
     context = TaskContext(
         task_run_id=started.task_run_id,
         workflow_run_id=started.workflow_run_id,
@@ -210,10 +255,7 @@ def _execute(
         nudge_scheduler(delay_ms=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
     if not succeeded:
-        # The failure freed this attempt's room and permit: task runs waiting for them are
-        # claimed now rather than at the next schedule tick.
-        try:
-            nudge_scheduler()
-        except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
-            log.warning("could not nudge the scheduler after a failure; the clock's next tick claims")
+        # The failure freed this attempt's room and permit, and may have made dependents
+        # ready (one_failed, all_done, ...): claimed now rather than at the next tick.
+        _nudge_after_finish()
     return result.state or "unknown", following

@@ -28,7 +28,7 @@ from engine.models import (
     WorkflowRun,
 )
 from engine.services import start_run
-from engine.states import EventKind
+from engine.states import EventKind, SkipReason, TriggerRule
 from tenancy.models import ApiKey, Invitation, Membership, Secret, User
 
 pytestmark = pytest.mark.django_db
@@ -798,6 +798,30 @@ def test_a_rate_limit_half_set_or_of_another_window_violates_task_rate_limit_val
     violation("task_rate_limit_valid", lambda: tasks.update(rate_key="github", rate_limit=10, rate_window_seconds=30))
     violation("task_rate_limit_valid", lambda: tasks.update(rate_key="github", rate_limit=0, rate_window_seconds=1))
     tasks.update(rate_key="github", rate_limit=10, rate_window_seconds=60)
+
+
+def test_an_unknown_trigger_rule_violates_task_trigger_rule_valid_and_every_rule_is_accepted(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain, key="b")
+    violation("task_trigger_rule_valid", lambda: tasks.update(trigger_rule="all_succeeded"))
+    violation("task_trigger_rule_valid", lambda: tasks.update(trigger_rule=""))
+    for rule in TriggerRule.values:
+        tasks.update(trigger_rule=rule)
+        assert tasks.get().trigger_rule == rule
+
+
+def test_a_condition_over_2000_characters_violates_task_condition_length(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain, key="b")
+    violation("task_condition_length", lambda: tasks.update(condition="x" * 2001))
+    tasks.update(condition="x" * 2000)
+    assert len(tasks.get().condition) == 2000
+
+
+def test_an_unknown_skip_reason_violates_taskrun_skip_reason_valid_and_every_reason_is_accepted(run):
+    rows = TaskRun.objects.unscoped().filter(pk=task_run(run, "b").pk)
+    violation("taskrun_skip_reason_valid", lambda: rows.update(skip_reason="upstream_skipped"))
+    for reason in SkipReason.values:
+        rows.update(skip_reason=reason)
+        assert rows.get().skip_reason == reason
 
 
 def test_workflow_limits_below_one_or_an_unknown_policy_violate_their_checks(chain):
