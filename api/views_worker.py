@@ -24,8 +24,8 @@ from api.base import OrganizationAPIView
 from api.exceptions import FieldTooLarge
 from api.schema import invalid, problem, problem_example
 from api.serializers import storable_json_problem
-from api.throttling import WorkerLeaseThrottle
 from api.serializers_org import StrictBooleanField, TextField
+from api.throttling import WorkerLeaseThrottle
 from api.views_runs import OwnTransactions
 from engine import worker_queues
 from engine.handlers.worker import QUEUE_NAME_FORM, valid_queue_name
