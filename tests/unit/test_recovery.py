@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import threading
 from collections import Counter
 from collections.abc import Iterable
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from audit.models import AuditLog
 from engine import recovery, sql
@@ -28,8 +29,10 @@ from engine.recovery import (
     retry_task_run,
     skip_task_run,
 )
+from engine.repositories import recovery as rows
 from engine.repositories import task_runs
 from engine.services import apply_definition, archive_workflow, cancel_run, start_run
+from flowforge.stack import wait_until
 from tenancy.actors import Actor
 from tenancy.models import Membership, Role, User
 from tenancy.permissions import Forbidden
@@ -450,3 +453,59 @@ def test_another_organizations_run_is_not_found(make_org, failed_run):
         resume_run(actor=actor_with(other, Role.OWNER), run=failed_run)
     failed_run.refresh_from_db()
     assert failed_run.state == "failed"
+
+
+# --- an action and a cancel of the same run ---------------------------------------------------------
+
+
+def _backends_waiting_on_a_lock() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_waits_for_an_action_in_progress_and_then_cancels_what_it_reopened(org):
+    run = drive(start_run(workflow=workflow(org, DIAMOND), actor=actor_with(org, Role.OWNER)), fail={"b"})
+    b = by_key(run)["b"]
+    reopened, release = threading.Event(), threading.Event()
+
+    def action_in_progress():
+        # What engine.recovery does, paused before its commit: the run's row locked first,
+        # the run and b reopened.
+        try:
+            with transaction.atomic():
+                rows.lock_run(workflow_run_id=run.pk)
+                rows.reopen_run(workflow_run_id=run.pk, detail={"action": "retry"})
+                assert rows.reopen_task_runs([rows.Reopen(b.pk, b.fencing_token, "failed", "ready")],
+                                             detail={"action": "retry"}) == {b.pk}
+                reopened.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    cancelled: list[bool] = []
+
+    def cancel():
+        try:
+            cancelled.append(cancel_run(run=run, actor=actor_with(org, Role.OWNER)))
+        finally:
+            connection.close()
+
+    action = threading.Thread(target=action_in_progress)
+    action.start()
+    assert reopened.wait(30)
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    # The cancel waits for the run's row (it takes it first, as the action did)...
+    wait_until(lambda: _backends_waiting_on_a_lock() >= 1, timeout=30, what="the cancel to wait for the row lock")
+    release.set()
+    action.join(30)
+    canceller.join(30)
+    # ...and so sees, and cancels, the task run the action reopened: nothing stays open.
+    assert cancelled == [True]
+    run.refresh_from_db()
+    assert run.state == "cancelled"
+    assert by_key(run)["b"].state == "cancelled"
+    assert not [tr for tr in by_key(run).values() if tr.state in ("pending", "ready", "running")]
