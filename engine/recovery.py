@@ -35,7 +35,7 @@ upstream of those reopened, and for a task marked succeeded), and
 terminal state again.
 
 Limits: ``reason`` at most MAX_REASON_CHARS characters; a marked output at most
-FLOWFORGE_MAX_OUTPUT_BYTES of JSON (as a handler's); a run sent back to running counts
+FLOWFORGE_MAX_OUTPUT_BYTES of JSON (as a handler's) and MAX_OUTPUT_DEPTH levels deep; a run sent back to running counts
 against its workflow's run limit (``max_running_runs``: refused while it is full) and its
 version must be active. Every call is also one API request, under the API's rate limits.
 """
@@ -320,9 +320,30 @@ def max_output_bytes() -> int:
     return int(settings.FLOWFORGE_MAX_OUTPUT_BYTES)
 
 
+#: Levels of arrays and objects a marked output may nest (as the API's JSON bodies).
+MAX_OUTPUT_DEPTH = 64
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether ``value`` nests deeper than MAX_OUTPUT_DEPTH (iterative: any depth is safe to ask)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_OUTPUT_DEPTH:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _output_json(output: Any) -> str:
     """``output`` as the JSON text to store (NULs stripped, unpaired surrogates replaced), or
-    InvalidAction naming ``output`` when JSON cannot hold it or it is over max_output_bytes()."""
+    InvalidAction naming ``output`` when it nests deeper than MAX_OUTPUT_DEPTH, JSON cannot
+    hold it or it is over max_output_bytes()."""
+    if _too_deep(output):
+        raise InvalidAction("output", f"is nested deeper than {MAX_OUTPUT_DEPTH} levels")
     try:
         text = json.dumps(strip_nul(output), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -378,6 +378,12 @@ def test_a_marked_output_is_checked_like_a_tasks_own(org, failed_run, settings):
     with pytest.raises(InvalidAction, match="not storable JSON") as nan:
         mark_task_run_succeeded(actor=actor, task_run=b, output={"x": float("nan")})
     assert nan.value.field == "output"
+    deep: list = []
+    for _ in range(500):  # far past the limit
+        deep = [deep]
+    with pytest.raises(InvalidAction, match="is nested deeper than 64 levels") as too_deep:
+        mark_task_run_succeeded(actor=actor, task_run=b, output=deep)
+    assert too_deep.value.field == "output"
     with pytest.raises(InvalidAction, match="at most 500") as long_reason:
         skip_task_run(actor=actor, task_run=b, reason="r" * 501)
     assert long_reason.value.field == "reason"
