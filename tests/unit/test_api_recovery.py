@@ -51,6 +51,8 @@ def test_resume_answers_the_run_running_again_with_only_what_did_not_succeed_reo
     assert response.status_code == 200, response.content
     body = response.json()
     assert (body["id"], body["state"], body["finished_at"], body["error"]) == (str(run.pk), "running", None, "")
+    run.refresh_from_db()
+    assert body["resumed_at"] is not None and body["resumed_at"] == run.resumed_at.isoformat().replace("+00:00", "Z")
     assert {t["key"]: (t["state"], t["attempt"]) for t in body["task_runs"]} == {
         "a": ("succeeded", 1), "b": ("ready", 2), "c": ("pending", 1), "d": ("succeeded", 1)}
     entry = AuditLog.objects.for_organization(api.org).get(action="run.resumed")
