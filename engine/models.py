@@ -353,8 +353,9 @@ class TaskRun(models.Model):
             models.UniqueConstraint(fields=["workflow_run", "task"], name="uniq_taskrun_per_run_task"),
             models.CheckConstraint(condition=_in("state", TaskRunState.values), name="taskrun_state_valid"),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="taskrun_attempt_positive"),
-            # Every reset leaves the task run an attempt of its own to make (engine.recovery).
-            models.CheckConstraint(condition=Q(attempt_base__gte=0, attempt_base__lt=F("attempt")),
+            # Every reset leaves the task run an attempt of its own to make (engine.recovery);
+            # an attempt below 1 is taskrun_attempt_positive's to report.
+            models.CheckConstraint(condition=Q(attempt_base__gte=0) & (Q(attempt__lt=1) | Q(attempt_base__lt=F("attempt"))),
                                    name="taskrun_attempt_base_valid"),
             models.CheckConstraint(condition=Q(fencing_token__gte=0), name="taskrun_fencing_non_negative"),
             models.CheckConstraint(

@@ -23,7 +23,7 @@ still ``engine.services.retry_run`` ("re-run as a new run").
 
 Every action: the permission ``run.operate`` (owner, admin, member; a viewer is refused),
 one transaction (retried on a deadlock) holding the run's row lock first
-(``recovery.lock_run``, which a cancel takes too), an audit record (``run.resumed``,
+(``recovery.lock_run``, which a cancel and the sweeper take too), an audit record (``run.resumed``,
 ``task_run.retried``, ``task_run.marked_succeeded``, ``task_run.skipped``), and the
 scheduler nudged on commit: reopened task runs are claimed by the fair claim and
 dispatched through the outbox exactly as a new run's. What runs next is decided by the
@@ -451,7 +451,8 @@ def _apply(*, actor: Actor, run: WorkflowRun, action: str, reason: str, target: 
 
     # What runs next is the engine's to decide, as if each finished task just upstream of
     # what was reopened (and the task marked) had just finished: its dependents are promoted
-    # when it succeeded, and what lies below it is skipped when it did not.
+    # when it succeeded, and what lies below it is skipped when it did not. A task upstream
+    # still going (on a running run) decides for them itself when it finishes.
     frontier = {up for t in p.reopen for up in graph.upstream[t] if up not in p.reopen}
     if p.mark is not None:
         frontier.add(p.mark[0].task_id)
@@ -460,7 +461,7 @@ def _apply(*, actor: Actor, run: WorkflowRun, action: str, reason: str, target: 
     rows.promote_dependents(succeeded)
     for t in sorted(frontier, key=lambda t: graph.rows[t].key):
         state = current[t][0]
-        if state != TaskRunState.SUCCEEDED:
+        if state in TASK_TERMINAL_STATES and state != TaskRunState.SUCCEEDED:
             task_runs.skip_descendants(workflow_run_id=run.pk, task_id=t, reason=f"upstream_{state}")
     end = runs.finish(workflow_run_id=run.pk)
 

@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
             database_operations=[
                 migrations.RunSQL(
                     'ALTER TABLE "core_taskrun" ADD CONSTRAINT "taskrun_attempt_base_valid" '
-                    'CHECK (("attempt_base" >= 0 AND "attempt_base" < ("attempt"))) NOT VALID',
+                    'CHECK (("attempt_base" >= 0 AND ("attempt" < 1 OR "attempt_base" < ("attempt")))) NOT VALID',
                     reverse_sql='ALTER TABLE "core_taskrun" DROP CONSTRAINT IF EXISTS "taskrun_attempt_base_valid"',
                 ),
                 migrations.RunSQL(
@@ -74,7 +74,7 @@ class Migration(migrations.Migration):
             state_operations=[
                 migrations.AddConstraint(
                     model_name='taskrun',
-                    constraint=models.CheckConstraint(condition=models.Q(('attempt_base__gte', 0), ('attempt_base__lt', models.F('attempt'))), name='taskrun_attempt_base_valid'),
+                    constraint=models.CheckConstraint(condition=models.Q(('attempt_base__gte', 0), models.Q(('attempt__lt', 1), ('attempt_base__lt', models.F('attempt')), _connector='OR')), name='taskrun_attempt_base_valid'),
                 ),
             ],
         ),

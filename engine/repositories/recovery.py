@@ -36,7 +36,9 @@ class Reopen:
 def lock_run(*, workflow_run_id: uuid.UUID) -> str | None:
     """Lock the run's row for the rest of the transaction (``run_lock_row``) and return its
     state (None if the run is gone). Taken before any of the run's task runs by every
-    person's action on the run and by a cancel, which thus never interleave."""
+    person's action on the run; a cancel takes it after closing the task runs it saw open
+    and then looks again (``runs.cancel``), the sweeper before closing the run: neither
+    misses what an action reopened."""
     rows = fetch(queries["run_lock_row"], {"run": workflow_run_id})
     return rows[0][0] if rows else None
 

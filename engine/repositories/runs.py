@@ -164,8 +164,7 @@ def finish_if_done(*, workflow_run_id: uuid.UUID) -> str | None:
 
 
 def cancel(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cancelled") -> bool:
-    """Cancel a run, its row locked first (``run_lock_row``): every open task run (pending,
-    ready, running) becomes ``cancelled``
+    """Cancel a run: every open task run (pending, ready, running) becomes ``cancelled``
     with its fencing token bumped (``task_run_cancel_open``), so a running worker's next
     heartbeat finds it gone and its completion is rejected as stale; then the run becomes
     ``final_state`` (``cancelled``, or ``failed`` when the run is stopped for timing out)
@@ -174,8 +173,11 @@ def cancel(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cance
     Raises ValueError for another ``final_state``."""
     if final_state not in ("cancelled", "failed"):
         raise ValueError(f"final_state must be cancelled or failed, not {final_state!r}")
-    # The run's row first, as a person's action on the run takes it (engine.recovery): a
-    # cancel never misses the task runs an action reopens, nor closes them under it.
+    fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
+    # Then the run's row (task runs first, the run last: the engine's lock order), which a
+    # person's action on the run holds while it reopens finished task runs
+    # (engine.recovery): once it is ours, a new look closes what such an action reopened
+    # after the first look, so no task run of a cancelled run is left open.
     fetch(queries["run_lock_row"], {"run": workflow_run_id})
     fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
     rows = fetch(queries["run_cancel"], {"run": workflow_run_id, "reason": reason, "final": final_state})

@@ -4,8 +4,10 @@
 -- fencing token, and each bumping the token, so a message or a completion of any older
 -- generation matches nothing (stale_completion_rejected, as for any stale worker).
 --
--- An action's transaction takes run_lock_row first (a cancel takes it too: repositories/
--- runs.cancel), then run_reopen, then the task runs' statements; what runs next is left
+-- An action's transaction takes run_lock_row first (a cancel takes it too, after a first
+-- look at the open task runs, and looks again: repositories/runs.cancel; so does the
+-- sweeper before it closes a run), then run_reopen, then the task runs' statements; what
+-- runs next is left
 -- to the engine's own statements (task_run_promote_dependents for the succeeded task runs
 -- upstream of those reopened, task_run_skip_descendants for the finished ones that did
 -- not succeed, run_finish_if_done for the run's end), as after any completion.
@@ -15,7 +17,7 @@
 
 
 -- name: run_lock_row
--- Lock the run's row (run) for the rest of the transaction and read its state, before any of its task runs: a person's action on a run and a cancel of it serialize on it (a cancel would otherwise miss the task runs an action reopens, or an action act on task runs a cancel is closing); core_workflowrun_pkey.
+-- Lock the run's row (run) for the rest of the transaction and read its state: a person's action takes it before any of the run's task runs, a cancel after its first look at the open ones (and then looks again), the sweeper before closing the run, so none of them misses the task runs an action reopens; core_workflowrun_pkey.
 SELECT state FROM core_workflowrun WHERE id = %(run)s FOR UPDATE
 
 

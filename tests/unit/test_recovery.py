@@ -327,6 +327,29 @@ def test_retry_of_a_failed_task_while_its_run_is_still_running(org):
     assert drive(run).state == "succeeded"
 
 
+def test_a_task_still_going_upstream_of_what_is_retried_decides_for_its_dependents_itself(org):
+    # x fails while y still runs; d needs both, e needs y only. Retrying x reopens d, and
+    # leaves e (and d) waiting for y: nothing below y is skipped for y being unfinished.
+    wf = workflow(org, [{"key": "x", "type": "noop"}, {"key": "y", "type": "noop"},
+                        {"key": "d", "type": "noop", "depends_on": ["x", "y"]},
+                        {"key": "e", "type": "noop", "depends_on": ["y"]}])
+    run = start_run(workflow=wf, actor=actor_with(org, Role.OWNER))
+    rows_ = by_key(run)
+    task_runs.claim_ready_many(limit=2, lease_seconds=30, owner="t", task_run_ids=[rows_["x"].pk, rows_["y"].pk])
+    x = by_key(run)["x"]
+    att = engine_helpers.start_attempt(task_run_id=x.pk, fencing_token=x.fencing_token, owner="t", lease_seconds=30)
+    engine_helpers.complete_attempt(task_run_id=x.pk, fencing_token=att.fencing_token, succeeded=False,
+                                    retryable=False, error="boom", lease_seconds=30, owner="t", claim=False)
+    assert {k: tr.state for k, tr in by_key(run).items()} == {"x": "failed", "y": "running", "d": "skipped",
+                                                              "e": "pending"}
+
+    retry_task_run(actor=actor_with(org), task_run=by_key(run)["x"])
+
+    assert {k: tr.state for k, tr in by_key(run).items()} == {"x": "ready", "y": "running", "d": "pending",
+                                                              "e": "pending"}
+    assert drive(run).state == "succeeded"
+
+
 @pytest.mark.parametrize(("action", "key", "state_before", "message"), [
     ("retry", "c", "skipped", "task c depends on task b, which failed: retry b"),
     ("mark", "a", "succeeded", "task a already succeeded; retry it to run it again"),
