@@ -89,7 +89,8 @@ def test_resuming_a_ten_task_run_failed_at_task_7_reruns_only_it_and_its_descend
 
         resumed = http.post(f"runs/{run.pk}/resume/", json={"reason": "bucket restored"}, headers=member)
         assert resumed.status_code == 200, resumed.text
-        assert resumed.json()["state"] == "running"
+        # Running again (or, the workers being quick, already done): the wait below decides.
+        assert resumed.json()["state"] in ("running", "succeeded")
 
     assert wait_for_run_terminal(run, timeout=60) == "succeeded"
     event = the_resumed_event(org, run)
@@ -128,7 +129,9 @@ def test_marking_a_failed_task_succeeded_lets_its_descendants_run_with_that_outp
                         headers=member, timeout=30)
     assert marked.status_code == 200, marked.text
     body = {t["key"]: t for t in marked.json()["task_runs"]}
-    assert (body["t7"]["state"], body["t8"]["state"], body["t10"]["state"]) == ("succeeded", "ready", "pending")
+    # (t8 and t10 are the workers' from here: how far they got by the answer is a race.)
+    assert (body["t7"]["state"], body["t7"]["output"]) == ("succeeded", {"rows": 42, "loaded": "by hand"})
+    assert body["t8"]["state"] != "skipped"
 
     assert wait_for_run_terminal(run, timeout=60) == "succeeded"
     event = the_resumed_event(org, run)
