@@ -53,7 +53,7 @@ RUN_SUMMARY_EXAMPLE = {
     "workflow": {"id": WORKFLOW_EXAMPLE["id"], "name": "etl", "version": 2},
     "state": "succeeded", "priority": 0, "trigger_source": "api", "trigger": None, "triggered_by": None, "retry_of": None,
     "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.000001Z",
-    "finished_at": "2026-01-05T10:00:03.250000Z", "waiting_reason": None,
+    "finished_at": "2026-01-05T10:00:03.250000Z", "resumed_at": None, "waiting_reason": None,
 }
 RUN_EXAMPLE = {
     **{k: v for k, v in RUN_SUMMARY_EXAMPLE.items() if k in ("id", "workflow", "state")},

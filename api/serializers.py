@@ -327,6 +327,10 @@ class WorkflowRefSerializer(serializers.Serializer):
 
 class _RunFieldsMixin(_WaitingReasonMixin):
     workflow = serializers.SerializerMethodField()
+    resumed_at = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="When a person last sent the finished run back to running (a resume, or an action on one of its "
+        "task runs: docs/recovery.md; the run's `resumed` events say who and what); null if never.")
     priority = serializers.IntegerField(read_only=True, help_text="-10 to 10, set at start (a retry keeps the "
                                         "original's); each task run's is this plus its task's.")
     triggered_by = serializers.SerializerMethodField()
@@ -341,7 +345,7 @@ class _RunFieldsMixin(_WaitingReasonMixin):
 
 
 RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "triggered_by", "retry_of",
-              "error", "created_at", "started_at", "finished_at", "waiting_reason"]
+              "error", "created_at", "started_at", "finished_at", "resumed_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):

@@ -16,11 +16,13 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.
-    services.py | signals.py | worker_queues.py
+    services.py | signals.py | worker_queues.py | recovery.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
         worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
-        fail) for the organizations' own workers (docs/workers.md).
+        fail) for the organizations' own workers (docs/workers.md). recovery: what a
+        person does about a failed run (resume it in place; retry, mark succeeded or
+        skip one of its task runs).
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -95,7 +97,13 @@ attempt
     dispatch that never started uses none.
 generation
     One claim of a task run: each claim bumps its fencing token, and a message, a start
-    and a completion each name the generation they belong to.
+    and a completion each name the generation they belong to. A person's action on a
+    finished task run (engine.recovery) bumps it too.
+resume
+    A finished run sent back to running in place by a person (engine.recovery): the task
+    runs that did not succeed, and those downstream, are reopened as new generations;
+    succeeded ones keep their outputs. ``attempt`` counts on, ``attempt_base`` renews the
+    retry budget.
 fencing token
     ``TaskRun.fencing_token``, the generation's number. Every write by a worker matches
     it; a write for an older generation is rejected (``stale_completion_rejected``).

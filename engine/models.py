@@ -273,6 +273,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When a person last sent the finished run back to running (engine.recovery: a resume or
+    # a task action); NULL if never. Its workflow's run timeout counts from then.
+    resumed_at = models.DateTimeField(null=True, blank=True)
 
     objects = OrganizationScopedManager()
 
@@ -333,6 +336,10 @@ class TaskRun(models.Model):
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs")
     state = models.CharField(max_length=20, choices=TaskRunState.choices, default=TaskRunState.PENDING)
     attempt = models.IntegerField(default=1)
+    # Attempts used before a person last reopened the task run (engine.recovery: resume,
+    # retry): ``attempt`` counts on across a reset, and the task's max_attempts and retry
+    # backoff apply to ``attempt - attempt_base`` (0 until a reset).
+    attempt_base = models.IntegerField(db_default=0)
     fencing_token = models.BigIntegerField(default=0)
     # The generation (fencing token) whose handler has started; at most one start per generation.
     started_fencing_token = models.BigIntegerField(null=True, blank=True)
@@ -372,6 +379,10 @@ class TaskRun(models.Model):
             models.UniqueConstraint(fields=["workflow_run", "task"], name="uniq_taskrun_per_run_task"),
             models.CheckConstraint(condition=_in("state", TaskRunState.values), name="taskrun_state_valid"),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="taskrun_attempt_positive"),
+            # Every reset leaves the task run an attempt of its own to make (engine.recovery);
+            # an attempt below 1 is taskrun_attempt_positive's to report.
+            models.CheckConstraint(condition=Q(attempt_base__gte=0) & (Q(attempt__lt=1) | Q(attempt_base__lt=F("attempt"))),
+                                   name="taskrun_attempt_base_valid"),
             models.CheckConstraint(condition=Q(fencing_token__gte=0), name="taskrun_fencing_non_negative"),
             models.CheckConstraint(
                 condition=(

@@ -17,7 +17,9 @@ from django.db import models
 
 
 class RunState(models.TextChoices):
-    """The five WorkflowRun states of seed 000 (``wfrun_state_valid``)."""
+    """The five WorkflowRun states of seed 000 (``wfrun_state_valid``). A finished run
+    (succeeded, failed, cancelled) goes back to running only when a person resumes it or
+    acts on one of its task runs (engine.recovery), and then finishes again."""
 
     #: Created; its task runs exist and its roots are ready. Becomes running when the
     #: first task run is claimed.
@@ -51,7 +53,8 @@ class TaskRunState(models.TextChoices):
     #: Its last attempt failed, or a failure was not retryable (terminal).
     FAILED = "failed"
     #: Will not run (terminal): its trigger rule can no longer be met by its upstream
-    #: outcomes, or its condition was false (``skip_reason`` says which, SkipReason).
+    #: outcomes, its condition was false (``skip_reason`` says which, SkipReason), or a
+    #: person skipped it (engine.recovery).
     SKIPPED = "skipped"
     #: Its run was cancelled or timed out before it finished (terminal).
     CANCELLED = "cancelled"
@@ -114,6 +117,23 @@ class EventKind(models.TextChoices):
     #: before starting it, was given back to its queue (flowforge.broker_recovery; detail:
     #: the dead process's broker id and the seconds since the claim).
     REDELIVERED = "redelivered"
+    #: A finished run went back to running because a person acted on it (run level; detail:
+    #: ``action`` resume / retry / mark_succeeded / skip, ``by``, ``task`` for a per-task
+    #: action, ``tasks`` reopened (their keys, at most 100) and ``reopened`` (how many),
+    #: ``reason``). Its task runs' own events follow it (engine.recovery).
+    RESUMED = "resumed"
+    #: A person reopened a finished task run for another attempt (a resume, or a retry of
+    #: it or of a task upstream of it): failed / skipped / cancelled / succeeded -> pending
+    #: (or ready for a task without dependencies), its fencing token bumped (a new generation:
+    #: a late message or completion of an older one is refused) and its attempt budget
+    #: renewed (``attempt`` counts on; ``TaskRun.attempt_base``); detail: action, by, reason.
+    RESET = "reset"
+    #: A person marked a failed, skipped or cancelled task run succeeded with a given output
+    #: (its token bumped; detail: by, reason, output_bytes); its dependents then run.
+    MARKED_SUCCEEDED = "marked_succeeded"
+    #: A person marked a failed or cancelled task run skipped (its token bumped; detail:
+    #: by, reason).
+    MARKED_SKIPPED = "marked_skipped"
 
 
 class TriggerRule(models.TextChoices):
@@ -166,12 +186,15 @@ class SkipReason(models.TextChoices):
 #: because of it, handled successfully does not fail the run (runs.sql run_finish_if_done).
 FAILURE_HANDLING_RULES: tuple[str, ...] = (TriggerRule.ONE_FAILED.value, TriggerRule.ALL_FAILED.value)
 
-#: Run states a run never leaves (``wfrun_finished_at_matches_state``: exactly these
-#: have ``finished_at``).
+#: Finished run states (``wfrun_finished_at_matches_state``: exactly these have
+#: ``finished_at``). The engine never moves a run out of them; only a person does, by
+#: resuming the run or acting on one of its task runs (engine.recovery, a ``resumed`` event).
 RUN_TERMINAL_STATES: tuple[str, ...] = (RunState.SUCCEEDED.value, RunState.FAILED.value, RunState.CANCELLED.value)
 #: Run states still going.
 RUN_OPEN_STATES: tuple[str, ...] = (RunState.PENDING.value, RunState.RUNNING.value)
-#: Task-run states a task run never leaves (a retry reuses the row while it is open).
+#: Finished task-run states (a retry reuses the row while it is open). The engine never
+#: moves a task run out of them; only a person does (engine.recovery: ``reset``,
+#: ``marked_succeeded``, ``marked_skipped`` events).
 TASK_TERMINAL_STATES: tuple[str, ...] = (
     TaskRunState.SUCCEEDED.value, TaskRunState.FAILED.value, TaskRunState.SKIPPED.value, TaskRunState.CANCELLED.value,
 )

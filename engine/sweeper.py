@@ -24,7 +24,7 @@ from django.db import connection
 from engine import metrics, sql
 from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler
-from engine.repositories import runs, task_runs
+from engine.repositories import recovery, runs, task_runs
 from engine.states import RunState
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def sweep_runs(*, limit: int = 200) -> dict[str, int]:
     many of each."""
     finished = 0
     for run_id in _ids("run_list_settled_open", {"settle": SETTLE_SECONDS, "limit": limit}):
-        state = atomic_retry(lambda rid=run_id: runs.finish_if_done(workflow_run_id=rid))
+        state = atomic_retry(lambda rid=run_id: _finish_locked(rid))
         if state:
             finished += 1
             metrics.incr("flowforge_runs_finished_total", state)
@@ -77,6 +77,15 @@ def _settle(run_id) -> tuple[int, str | None]:
     then its end derived: (task runs made ready, the run's new state or None)."""
     promoted = task_runs.settle_run(workflow_run_id=run_id)
     return promoted, runs.finish_if_done(workflow_run_id=run_id)
+
+
+def _finish_locked(run_id) -> str | None:
+    """``runs.finish_if_done`` under the run's row lock (``recovery.lock_run``), in the caller's
+    transaction: its look at the task runs is then taken after any person's action on the
+    run committed (engine.recovery reopens finished task runs under that lock), so a run
+    reopened meanwhile is not closed on what it looked like before."""
+    recovery.lock_run(workflow_run_id=run_id)
+    return runs.finish_if_done(workflow_run_id=run_id)
 
 
 def _rows(name: str, params: dict) -> list[tuple]:

@@ -406,7 +406,7 @@ def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, tok
     try:
         return _held(organization_id, task_run_id, token)
     except WorkerCallRefused as refused:
-        code = refused.code
+        code = refused.code  # bound here: the lambda must not close over the except's name
         atomic_retry(lambda: events.append_stale_completion(
             task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=code, once=True),
             connection_attempts=2)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontend.views import audit, runs, workers
+from frontend.views import audit, recovery, runs, workers
 
 urlpatterns: list = [
     path("runs/", runs.run_list, name="run_list"),
@@ -14,6 +14,11 @@ urlpatterns: list = [
     path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/logs/", runs.run_task_logs, name="run_task_logs"),
     path("runs/<uuid:run_id>/cancel/", runs.run_cancel, name="run_cancel"),
     path("runs/<uuid:run_id>/retry/", runs.run_retry, name="run_retry"),
+    path("runs/<uuid:run_id>/resume/", recovery.run_resume, name="run_resume"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/retry/", recovery.run_task_retry, name="run_task_retry"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/mark-succeeded/", recovery.run_task_mark_succeeded,
+         name="run_task_mark_succeeded"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/skip/", recovery.run_task_skip, name="run_task_skip"),
     path("workers/", workers.worker_list, name="workers"),
     path("audit/", audit.audit_list, name="audit"),
 ]

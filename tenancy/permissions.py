@@ -4,7 +4,8 @@ the commands and the services all ask ``can`` / ``require``).
 | action            | owner | admin | member | viewer |
 |-------------------|:-----:|:-----:|:------:|:------:|
 | read              |  yes  |  yes  |  yes   |  yes   |
-| run.operate       |  yes  |  yes  |  yes   |   -    |  start, cancel, retry runs
+| run.operate       |  yes  |  yes  |  yes   |   -    |  start, cancel, re-run, resume runs; retry,
+|                   |       |       |        |        |  mark succeeded, skip a task run
 | workflow.edit     |  yes  |  yes  |  yes   |   -    |  workflows and cron triggers
 | member.manage     |  yes  |  yes  |   -    |   -    |  invite, change roles, remove (owner role: owners only)
 | apikey.manage     |  yes  |  yes  |   -    |   -    |

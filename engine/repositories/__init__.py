@@ -17,6 +17,9 @@ module                 operations
                        finish), ``skip_for_condition``
 ``runs``               ``create_with_task_runs``, ``finish_if_done``, ``cancel``
 ``events``             ``append``, ``append_ignored_start``, ``append_stale_completion``
+``recovery``           a person's transitions (engine.recovery; ``engine/sql/recovery.sql``):
+                       ``lock_run``, ``reopen_run``, ``reopen_task_runs``,
+                       ``mark_succeeded``, ``mark_skipped``, ``promote_dependents``
 ``waiting``            ``reasons``, ``run_reasons`` (why ready task runs and queued runs
                        wait), ``note_waiting`` (``wait_reason`` and a ``waiting`` event
                        when the reason changes; ``engine/sql/waiting.sql``)

@@ -174,5 +174,11 @@ def cancel(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cance
     if final_state not in ("cancelled", "failed"):
         raise ValueError(f"final_state must be cancelled or failed, not {final_state!r}")
     fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
+    # Then the run's row (task runs first, the run last: the engine's lock order), which a
+    # person's action on the run holds while it reopens finished task runs
+    # (engine.recovery): once it is ours, a new look closes what such an action reopened
+    # after the first look, so no task run of a cancelled run is left open.
+    fetch(queries["run_lock_row"], {"run": workflow_run_id})
+    fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
     rows = fetch(queries["run_cancel"], {"run": workflow_run_id, "reason": reason, "final": final_state})
     return bool(rows)

@@ -257,11 +257,13 @@ ORDER BY r.created_at LIMIT %(limit)s;
 
 
 -- name: run_list_timed_out
--- Up to limit running runs older than their workflow's run_timeout_seconds, with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
+-- Up to limit running runs older than their workflow's run_timeout_seconds (from their start, or from their last resume), with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
 SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
 JOIN core_workflow w ON w.id = r.workflow_id
 WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
   -- As seconds, not as a timestamp: no run timeout can compute one out of range.
-  -- From its start: a run queued behind its workflow's run limit was not running meanwhile.
-  AND EXTRACT(EPOCH FROM clock_timestamp() - coalesce(r.started_at, r.created_at)) > w.run_timeout_seconds
+  -- From its start: a run queued behind its workflow's run limit was not running meanwhile;
+  -- from its last resume (engine.recovery): it was finished, not running, before it.
+  AND EXTRACT(EPOCH FROM clock_timestamp() - coalesce(r.resumed_at, r.started_at, r.created_at))
+      > w.run_timeout_seconds
 ORDER BY r.created_at LIMIT %(limit)s;

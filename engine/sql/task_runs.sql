@@ -313,7 +313,7 @@ WITH sreq AS (
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
       AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
+              k.key, k.type, k.config, k.max_attempts + t.attempt_base AS max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
               k.condition
 ), delivered AS (
     -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
@@ -431,7 +431,7 @@ WITH sreq AS (
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
       AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
+              k.key, k.type, k.config, k.max_attempts + t.attempt_base AS max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
               k.condition
 ), delivered AS (
     -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
@@ -698,19 +698,19 @@ RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - clock_timestamp())::floa
 
 -- name: task_run_fail_attempt
 -- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind; core_taskrun_pkey.
--- SET expressions read the row's old values, so t.attempt < k.max_attempts is about this attempt.
+-- SET expressions read the row's old values, so t.attempt - t.attempt_base < k.max_attempts is about this attempt.
 -- 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS (tests/unit/test_sql_statements.py checks it).
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -748,15 +748,15 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
 -- The same SET as task_run_fail_attempt; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -794,15 +794,15 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
 -- The same SET as task_run_fail_attempt plus the token bump; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         fencing_token = t.fencing_token + 1, error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s

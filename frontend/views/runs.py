@@ -1,5 +1,6 @@
 """Runs: the list, the run page, its live fragment and event stream, the full event log,
-a task's whole output and its worker log lines, and the Cancel / Retry actions.
+a task's whole output and its worker log lines, and the Cancel / Re-run actions (Resume
+and the task actions are frontend.views.recovery's).
 
 Views parse, authorize and render; what a page shows is loaded and shaped by the
 presenters (frontend.presenters.run_list, run_page, timeline, run_rows), and the engine's
@@ -279,7 +280,8 @@ def run_task_logs(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.UUI
     return response
 
 
-def _authorize_operate(request: HttpRequest) -> None:
+def authorize_operate(request: HttpRequest) -> None:
+    """PermissionDenied (a 403) unless the member may operate runs (``run.operate``)."""
     try:
         require(request.actor.role, Action.RUN_OPERATE)
     except Forbidden as exc:
@@ -293,7 +295,7 @@ def _authorize_operate(request: HttpRequest) -> None:
 @organization_required
 def run_cancel(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     run = run_or_404(request, run_id)
-    _authorize_operate(request)
+    authorize_operate(request)
     try:
         changed = cancel_run(run=run, actor=request.actor, reason=f"cancelled in the web UI by {request.user.email}")
     except Forbidden as exc:
@@ -309,7 +311,7 @@ def run_cancel(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
 @organization_required
 def run_retry(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     run = run_or_404(request, run_id)
-    _authorize_operate(request)
+    authorize_operate(request)
     try:
         new = retry_run(actor=request.actor, run=run)
     except Forbidden as exc:

@@ -325,6 +325,20 @@ def test_attempt_below_one_violates_taskrun_attempt_positive(run, value):
     assert task_run(run, "a").attempt == 1
 
 
+@pytest.mark.parametrize(("attempt", "base"), [(1, -1), (1, 1), (3, 4)])
+def test_an_attempt_base_not_below_the_attempt_violates_taskrun_attempt_base_valid(run, attempt, base):
+    a = task_run(run, "a")
+    violation("taskrun_attempt_base_valid",
+              lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=attempt, attempt_base=base))
+    assert (task_run(run, "a").attempt, task_run(run, "a").attempt_base) == (1, 0)
+
+
+def test_an_attempt_base_below_the_attempt_satisfies_taskrun_attempt_base_valid(run):
+    a = task_run(run, "a")
+    TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=4, attempt_base=3)
+    assert (task_run(run, "a").attempt, task_run(run, "a").attempt_base) == (4, 3)
+
+
 def test_negative_fencing_token_violates_taskrun_fencing_non_negative(run):
     a = task_run(run, "a")
     violation(
