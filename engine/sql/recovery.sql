@@ -63,7 +63,7 @@ WITH req AS (
     UPDATE core_taskrun t
     SET state = n.to_state, fencing_token = t.fencing_token + 1, attempt = n.attempt, attempt_base = n.attempt - 1,
         output = NULL, error = '', started_at = NULL, finished_at = NULL, lease_owner = NULL,
-        lease_expires_at = NULL, not_before = NULL, wait_reason = '',
+        lease_expires_at = NULL, not_before = NULL, wait_reason = '', skip_reason = '',
         ready_at = CASE WHEN n.to_state = 'ready' THEN clock_timestamp() ELSE t.ready_at END
     FROM nxt n
     WHERE t.id = n.id AND (t.state || '') = n.from_state AND t.fencing_token = n.token   -- by primary key
@@ -101,7 +101,7 @@ WITH done AS (
     -- failed attempt's start); the events keep that attempt.
     SET state = 'succeeded', output = %(output)s::jsonb, error = '', fencing_token = t.fencing_token + 1,
         started_at = NULL, finished_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL,
-        not_before = NULL, wait_reason = ''
+        not_before = NULL, wait_reason = '', skip_reason = ''
     WHERE t.id = %(id)s AND (t.state || '') = %(from_state)s AND t.fencing_token = %(token)s   -- by primary key
       AND %(from_state)s IN ('failed', 'skipped', 'cancelled')
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
@@ -136,7 +136,7 @@ WITH done AS (
     UPDATE core_taskrun t
     SET state = 'skipped', error = '', fencing_token = t.fencing_token + 1,
         started_at = NULL, finished_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL,
-        not_before = NULL, wait_reason = ''
+        not_before = NULL, wait_reason = '', skip_reason = ''
     WHERE t.id = %(id)s AND (t.state || '') = %(from_state)s AND t.fencing_token = %(token)s   -- by primary key
       AND %(from_state)s IN ('failed', 'cancelled')
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token
