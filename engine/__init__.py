@@ -12,15 +12,18 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         and completions recorded together, behind the Completer interface), combiner
         (the batching's thread hand-over), heartbeat (extends worker leases), handoff
         (generations a busy thread gives back to the broker), output (the result's
-        size and shape).
+        size and shape, the failure's traceback), log_shipper (writes the lines the
+        attempts capture).
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.
-    services.py | signals.py | worker_queues.py
+    services.py | signals.py | worker_queues.py | task_detail.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
         worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
-        fail) for the organizations' own workers (docs/workers.md).
+        fail) for the organizations' own workers (docs/workers.md). task_detail: one
+        task run read whole for the API and the run page's task panel (its attempts
+        with their logs and tracebacks, its input as configured, its upstream outputs).
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -41,11 +44,13 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     limit_keys.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
-    handlers/ : egress.py : secret_refs.py
+    handlers/ : egress.py : secret_refs.py : attempt_log.py
         task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
-        what the attempt leaves behind (it reads tenancy.vault).
+        what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
+        running handler logs and prints, kept per attempt (per thread, by context
+        variable), redacted and capped.
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).

@@ -341,13 +341,20 @@ def heartbeat(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_tok
 def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
                 lines: list[tuple[str, str]]) -> int:
     """Keep ``lines`` ((level, message), validated by the caller) for the generation the
-    caller holds, each message redacted of the attempt's secret values. Returns how many
-    were kept. Raises NotAWorkerTask or WorkerCallRefused."""
+    caller holds, each message redacted of the attempt's secret values, within the
+    attempt's caps (FLOWFORGE_TASK_LOG_MAX_LINES, FLOWFORGE_TASK_LOG_MAX_BYTES; past them a
+    ``system`` line says the log was truncated and later lines are dropped). Returns how
+    many were kept. Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held(organization_id, task_run_id, fencing_token)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    max_lines, max_bytes = settings.FLOWFORGE_TASK_LOG_MAX_LINES, settings.FLOWFORGE_TASK_LOG_MAX_BYTES
     kept = worker_queues.append_logs(
         organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
         lines=[(level, _redact(message, values)) for level, message in lines],
+        max_lines=max_lines, max_bytes=max_bytes,
+        marker=(f"log truncated: this attempt's log reached its limit of {max_lines} lines "
+                f"(FLOWFORGE_TASK_LOG_MAX_LINES) or {max_bytes} bytes (FLOWFORGE_TASK_LOG_MAX_BYTES); later lines "
+                "are dropped"),
     )
     if kept == 0 and lines:
         gen = _held(organization_id, task_run_id, fencing_token)  # raises: the lease ran out meanwhile

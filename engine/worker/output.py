@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from typing import Any
 
 from django.conf import settings
 
+from engine import secret_refs
 from engine.handlers import PermanentTaskError
 from engine.secret_refs import REDACTED
 from flowforge.jsonb import strip_nul
@@ -34,6 +36,56 @@ def error_text(exc: BaseException, *, redaction: re.Pattern[str] | None = None) 
         return text
     note = f"… ({len(text) - MAX_ERROR_CHARS + 60} more characters cut)"
     return text[: MAX_ERROR_CHARS - 60] + note
+
+
+def traceback_text(exc: BaseException, *, values: list[str], redaction: re.Pattern[str] | None,
+                   limit: int, skip_frames: int = 1) -> str:
+    """The traceback of ``exc`` as Python prints it (its causes and contexts too), without
+    its first ``skip_frames`` frames (the attempt flow's own, which caught it), each match of
+    ``redaction`` (the attempt's secret ``values`` in their forms) replaced by
+    ``[redacted]``, then cut to at most ``limit`` characters (``cap_middle``)."""
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    text = secret_refs.redact_text(text, redaction)
+    return cap_middle(text, limit=limit, values=values, what="the traceback",
+                      setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS")
+
+
+def cap_middle(text: str, *, limit: int, values: list[str], what: str, setting: str) -> str:
+    """``text`` (already redacted) when it has at most ``limit`` characters; else its first
+    whole lines (a quarter of ``limit``) and its last whole lines (the rest), with a line
+    between them saying how many characters of ``what`` were cut and which ``setting``
+    caps it. A last line longer than its share keeps its start, with what the cut left of a
+    secret value at its end redacted (``secret_refs.redact_tail``)."""
+    if len(text) <= limit:
+        return text
+    note_room = 120
+    head_room = max(0, (limit - note_room) // 4)
+    tail_room = max(1, limit - note_room - head_room)
+    lines = text.splitlines(keepends=True)
+    head: list[str] = []
+    used = 0
+    for line in lines:
+        if used + len(line) > head_room:
+            break
+        head.append(line)
+        used += len(line)
+    tail: list[str] = []
+    kept = 0
+    for line in reversed(lines[len(head):]):
+        if kept + len(line) > tail_room:
+            break
+        tail.append(line)
+        kept += len(line)
+    tail.reverse()
+    if not tail:  # one last line longer than the room: its start
+        start = secret_refs.redact_tail(lines[-1][:tail_room], values) if values else lines[-1][:tail_room]
+        tail, kept = [start + "…\n"], tail_room
+    cut = len(text) - used - kept
+    return "".join(head) + f"… {cut} characters of {what} cut ({setting}) …\n" + "".join(tail)
 
 
 class OutputTooLarge(PermanentTaskError):

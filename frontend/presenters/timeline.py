@@ -207,6 +207,7 @@ class TaskRow:
     queue: str = ""  # the queue of the organization's own workers it waits on; "" for the shared workers
     # Ready on a worker queue: the queue's live workers (0: nothing will take it); None otherwise.
     queue_live_workers: int | None = None
+    panel_url: str = ""  # the task's panel (frontend.views.tasks)
 
     @property
     def duration(self) -> str:

@@ -23,7 +23,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
@@ -46,8 +46,10 @@ from frontend.presenters.run_page import (
     build_run_view,
     event_rows,
     started_by,
+    with_shown_detail,
 )
 from frontend.presenters.run_rows import render_event_rows
+from frontend.presenters.task_panel import JSON_PREVIEW_CHARS, run_input
 from frontend.presenters.text import run_duration
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, require
@@ -148,10 +150,14 @@ def _live_urls(run: WorkflowRun) -> dict[str, str]:
 @require_GET
 @organization_required
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-    """``/runs/<id>/``: header, DAG, timeline, tasks and events; live while the run is active."""
-    run = run_or_404(request, run_id)
+    """``/runs/<id>/``: header, input, DAG, timeline, tasks (each opening its panel) and
+    events; live while the run is active."""
+    # The input as JSON text cut in the database: a run input may be 1 MiB.
+    run = access_run(request.membership.organization, run_id, shape=lambda qs: _run_queryset(qs).annotate(
+        input_text=Left(Cast("input", TextField()), JSON_PREVIEW_CHARS + 1)))
     view = build_run_view(request, run)
     context = {
+        "run_input": run_input(run.input_text, url=reverse("frontend:run_input", kwargs={"run_id": run.pk})),
         "v": view,
         "run": run,
         "workflow_url": _workflow_url(run.workflow),
@@ -217,7 +223,7 @@ def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     org = request.membership.organization
     after = _seq(request.GET.get("after"))
     events = list(
-        TaskRunEvent.objects.for_organization(org)
+        with_shown_detail(TaskRunEvent.objects.for_organization(org))
         .filter(workflow_run=run, seq__gt=after)
         .order_by("seq")
         .values_list(*EVENT_COLUMNS, "task_run__task__key")[: EVENT_PAGE_SIZE + 1]
