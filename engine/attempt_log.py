@@ -215,6 +215,40 @@ class AttemptLog:
         return self._started or bool(self._pending)
 
 
+def cap_middle(text: str, *, limit: int, values: list[str], what: str, setting: str) -> str:
+    """``text`` (already redacted) when it has at most ``limit`` characters; else its first
+    whole lines (a quarter of ``limit``) and its last whole lines (the rest), with a line
+    between them saying how many characters of ``what`` were cut and which ``setting``
+    caps it. A last line longer than its share keeps its start, with what the cut left of a
+    secret value at its end redacted (``secret_refs.redact_tail``)."""
+    if len(text) <= limit:
+        return text
+    note_room = 120
+    head_room = max(0, (limit - note_room) // 4)
+    tail_room = max(1, limit - note_room - head_room)
+    lines = text.splitlines(keepends=True)
+    head: list[str] = []
+    used = 0
+    for line in lines:
+        if used + len(line) > head_room:
+            break
+        head.append(line)
+        used += len(line)
+    tail: list[str] = []
+    kept = 0
+    for line in reversed(lines[len(head):]):
+        if kept + len(line) > tail_room:
+            break
+        tail.append(line)
+        kept += len(line)
+    tail.reverse()
+    if not tail:  # one last line longer than the room: its start
+        start = secret_refs.redact_tail(lines[-1][:tail_room], values) if values else lines[-1][:tail_room]
+        tail, kept = [start + "…\n"], tail_room
+    cut = len(text) - used - kept
+    return "".join(head) + f"… {cut} characters of {what} cut ({setting}) …\n" + "".join(tail)
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 

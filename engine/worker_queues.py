@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from engine import metrics, queue_hub, secret_refs
+from engine.attempt_log import cap_middle
 from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
@@ -370,8 +371,9 @@ def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, tok
     try:
         return _held(organization_id, task_run_id, token)
     except WorkerCallRefused as refused:
+        code = refused.code  # (the lambda runs inside this block; ruff cannot tell)
         atomic_retry(lambda: events.append_stale_completion(
-            task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=refused.code, once=True),
+            task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=code, once=True),
             connection_attempts=2)
         raise
 
@@ -435,15 +437,20 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
 
 
 def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, error: str,
-         retryable: bool) -> tuple[str, float | None]:
+         retryable: bool, traceback: str = "") -> tuple[str, float | None]:
     """Record that the generation the caller holds failed with ``error`` (redacted of the
     attempt's secret values): back to its queue after its backoff while ``retryable`` and
-    attempts remain, else failed (its descendants skipped, its run advanced). Returns
-    (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
+    attempts remain, else failed (its descendants skipped, its run advanced). ``traceback``
+    ('' for none) is kept beside the error in the attempt's event, redacted and cut to
+    FLOWFORGE_TASK_TRACEBACK_MAX_CHARS (its start and end). Returns (state, seconds until
+    the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    trace = cap_middle(_redact(traceback, values), limit=settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS, values=values,
+                       what="the traceback", setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS") if traceback else ""
     result = atomic_retry(lambda: task_runs.fail_attempt(
         task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
+        traceback=trace,
     ), connection_attempts=2)
     publish_dispatches(list(result.dispatches))
     if not result.accepted:

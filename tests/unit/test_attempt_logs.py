@@ -191,8 +191,8 @@ def lines_of(task_run) -> list[tuple[int, str, str, str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_python_task_that_logs_prints_and_raises_keeps_its_lines_and_traceback_per_attempt(
-        org, make_workflow, broker):
+@pytest.mark.usefixtures("broker")
+def test_a_python_task_that_logs_prints_and_raises_keeps_its_lines_and_traceback_per_attempt(org, make_workflow):
     value = "sk_live_" + pysecrets.token_urlsafe(24)
     vault.set_secret(actor=owner_actor(org), name="WAREHOUSE", value=value)
     wf = make_workflow(org, [{"key": "load", "type": "python", "max_attempts": 2, "retry_backoff_seconds": 0,
@@ -223,7 +223,8 @@ def test_a_python_task_that_logs_prints_and_raises_keeps_its_lines_and_traceback
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_attempt_that_writes_nothing_costs_no_log_statement(org, make_workflow, broker):
+@pytest.mark.usefixtures("broker")
+def test_an_attempt_that_writes_nothing_costs_no_log_statement(org, make_workflow):
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "fail", "depends_on": ["a"]}],
                        name="quiet")
     run = start_run(workflow=wf)
@@ -236,7 +237,8 @@ def test_an_attempt_that_writes_nothing_costs_no_log_statement(org, make_workflo
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_attempts_lines_past_the_cap_are_dropped_behind_a_line_saying_so(org, make_workflow, broker, settings):
+@pytest.mark.usefixtures("broker")
+def test_an_attempts_lines_past_the_cap_are_dropped_behind_a_line_saying_so(org, make_workflow, settings):
     settings.FLOWFORGE_TASK_LOG_MAX_LINES = 5
     wf = make_workflow(org, [{"key": "talk", "type": "python",
                               "config": {"callable": "tests.callables.chatty", "params": {"lines": 12}}}],
@@ -329,3 +331,25 @@ def test_a_failure_without_a_traceback_keeps_only_its_error_and_a_long_one_is_cu
     first, second = TaskRunEvent.objects.for_organization(org).filter(task_run=tr, kind="attempt_failed").order_by("seq")
     assert first.detail == {"error": "boom", "retry_at": first.detail["retry_at"]}
     assert second.detail["traceback"] == "T" * task_run_ops.MAX_TRACEBACK_CHARS
+
+
+@pytest.mark.django_db
+def test_a_workers_failure_keeps_its_traceback_redacted_and_cut_beside_its_error(make_org, settings):
+    settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS = 2000
+    a = Org(make_org())
+    value = "sk_live_" + pysecrets.token_urlsafe(24)
+    vault.set_secret(actor=a.owner, name="KEY", value=value)
+    run = a.start(tasks=[{"key": "resize", "type": "worker",
+                          "config": {"queue": "images", "input": {"key": "{{ secrets.KEY }}"}}}])
+    task = a.poll().json()["tasks"][0]
+    url = f"worker/tasks/{task['task_run_id']}/fail/"
+    assert a.post(url, {"fencing_token": 1, "error": "x", "traceback": "t" * 100_001}).status_code == 400
+    trace = ("Traceback (most recent call last):\n" + "".join(f'  File "w.py", line {i}, in f\n' for i in range(500))
+             + f"ValueError: bad key {value}\n")
+    answer = a.post(url, {"fencing_token": 1, "error": "ValueError: bad key", "retryable": False, "traceback": trace})
+    assert answer.json() == {"state": "failed", "retry_in_seconds": None}
+    event = TaskRunEvent.objects.for_organization(a.org).get(workflow_run=run, kind="attempt_failed")
+    stored = event.detail["traceback"]
+    assert len(stored) <= 2000 and value not in stored
+    assert stored.startswith("Traceback (most recent call last):\n") and stored.endswith("ValueError: bad key [redacted]\n")
+    assert "characters of the traceback cut (FLOWFORGE_TASK_TRACEBACK_MAX_CHARS) …" in stored

@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from engine.models import TaskRun, TaskRunEvent, WorkflowRun
+from engine.models import TaskRun, WorkflowRun
 from engine.repositories import task_logs
 from engine.repositories import task_runs as task_run_ops
 from engine.services import apply_definition, start_run
