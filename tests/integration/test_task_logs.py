@@ -76,7 +76,7 @@ def test_a_python_task_that_logs_prints_and_raises_shows_its_lines_and_full_trac
         trace = attempt["traceback"]
         assert trace.startswith("Traceback (most recent call last):\n")
         # The whole stack, from the handler down to the frame that raised.
-        assert re.findall(r", in (\w+)\n", trace) == ["run", "log_print_raise", "_outer_step", "_inner_step"]
+        assert re.findall(r", in (\w+)\n", trace) == ["log_print_raise", "_outer_step", "_inner_step"]
         assert 'raise ValueError(f"no rows left after {rows} tries")' in trace
         assert trace.endswith("ValueError: no rows left after 31 tries\n")
     # The input as configured names the secret; its value is nowhere in the answer.

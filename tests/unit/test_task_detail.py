@@ -242,7 +242,7 @@ def test_the_task_panel_shows_attempts_tracebacks_logs_input_and_upstream_escape
     fragment = client.get(url, headers={"HX-Request": "true"}).content.decode()
     assert "<!DOCTYPE html>" not in fragment and fragment.lstrip().startswith('<div class="task-panel state-succeeded"')
     for piece in (body, fragment):
-        assert piece.count('<section class="attempt outcome-') == 2
+        assert piece.count('<section class="attempt attempt-') == 2
         assert 'data-outcome="retried"' in piece and 'data-outcome="succeeded"' in piece
         assert "ValueError: no rows &lt;b&gt;today&lt;/b&gt;" in piece and "<b>today</b>" not in piece
         assert '<pre class="traceback-text">Traceback (most recent call last):' in piece
