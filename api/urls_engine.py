@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from api import views_recovery, views_runs, views_worker, views_workers, views_workflows
+from api import views_recovery, views_runs, views_tasks, views_worker, views_workers, views_workflows
 
 urlpatterns = [
     path("workflows/", views_workflows.WorkflowListView.as_view(), name="workflow-list"),
@@ -23,6 +23,7 @@ urlpatterns = [
          name="run-task-mark-succeeded"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/skip/", views_recovery.TaskRunSkipView.as_view(),
          name="run-task-skip"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/", views_tasks.RunTaskDetailView.as_view(), name="run-task-detail"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/output/", views_runs.RunTaskOutputView.as_view(),
          name="run-task-output"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/logs/", views_workers.TaskRunLogsView.as_view(),

@@ -12,17 +12,20 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         and completions recorded together, behind the Completer interface), combiner
         (the batching's thread hand-over), heartbeat (extends worker leases), handoff
         (generations a busy thread gives back to the broker), output (the result's
-        size and shape).
+        size and shape, the failure's traceback), log_shipper (writes the lines the
+        attempts capture).
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.
-    services.py | signals.py | worker_queues.py | recovery.py
+    services.py | signals.py | worker_queues.py | recovery.py | task_detail.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
         worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
         fail) for the organizations' own workers (docs/workers.md). recovery: what a
         person does about a failed run (resume it in place; retry, mark succeeded or
-        skip one of its task runs).
+        skip one of its task runs). task_detail: one task run read whole for the API and
+        the run page's task panel (its attempts with their logs and tracebacks, its input
+        as configured, its upstream outputs).
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -48,11 +51,13 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (no remote references, RE2 patterns, a work budget).
         conditions: a task's CEL condition, checked for definitions and evaluated, with
         bounded cost, before the handler (the worker, and the worker API's poll).
-    handlers/ : egress.py : secret_refs.py
+    handlers/ : egress.py : secret_refs.py : attempt_log.py
         task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
-        what the attempt leaves behind (it reads tenancy.vault).
+        what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
+        running handler logs and prints, kept per attempt (per thread, by context
+        variable), redacted and capped.
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).

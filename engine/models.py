@@ -756,15 +756,35 @@ class WorkerConnection(models.Model):
 
 
 class TaskLog(models.Model):
-    """A log line a worker sent for one attempt of a task run (issue 18; seed 001's
-    TaskLogs). Written only while the sender holds the generation (``fencing_token``), with
-    secret values redacted. Read by task run, oldest first (idx_tasklog_taskrun)."""
+    """A log line of one attempt (generation) of a task run (seed 001's TaskLogs): one a
+    worker of the organization sent (issue 18; written only while the sender holds the
+    generation), or one a shared worker captured while the handler ran (issue 19: its
+    ``logging`` records, stdout and stderr, the http task's request summary). Secret values
+    are redacted before a line is stored, and each attempt's lines are capped
+    (FLOWFORGE_TASK_LOG_MAX_LINES / _MAX_BYTES) behind a ``system`` line saying so. Read by
+    task run, oldest first (idx_tasklog_taskrun); ``id`` is the order."""
 
     class Level(models.TextChoices):
         DEBUG = "debug"
         INFO = "info"
         WARNING = "warning"
         ERROR = "error"
+
+    class Stream(models.TextChoices):
+        """Where a line came from."""
+
+        #: Sent by an organization's own worker (POST /api/v1/worker/tasks/{id}/logs/).
+        WORKER = "worker"
+        #: A ``logging`` record the handler emitted (its logger's name leads the message).
+        LOGGING = "logging"
+        #: What the handler printed to stdout, one line each.
+        STDOUT = "stdout"
+        #: What the handler wrote to stderr, one line each.
+        STDERR = "stderr"
+        #: The http task's request summary (method, URL with secrets redacted, status, duration).
+        HTTP = "http"
+        #: Written by FlowForge about the log itself: the truncation markers.
+        SYSTEM = "system"
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -773,6 +793,8 @@ class TaskLog(models.Model):
     attempt = models.IntegerField()
     fencing_token = models.BigIntegerField()
     level = models.CharField(max_length=10, choices=Level.choices)
+    # Lines written before issue 19 were all sent by workers: the default.
+    stream = models.CharField(max_length=10, choices=Stream.choices, db_default="worker")
     message = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
 
@@ -783,6 +805,8 @@ class TaskLog(models.Model):
         constraints = [
             models.CheckConstraint(condition=_in("level", ["debug", "info", "warning", "error"]),
                                    name="tasklog_level_valid"),
+            models.CheckConstraint(condition=_in("stream", ["worker", "logging", "stdout", "stderr", "http", "system"]),
+                                   name="tasklog_stream_valid"),
         ]
         indexes = [
             # A task run's lines in order (the run page); the run's deletion cascades by it too.

@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from engine import conditions, metrics, queue_hub, secret_refs
+from engine.attempt_log import cap_middle
 from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
@@ -384,13 +385,20 @@ def heartbeat(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_tok
 def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
                 lines: list[tuple[str, str]]) -> int:
     """Keep ``lines`` ((level, message), validated by the caller) for the generation the
-    caller holds, each message redacted of the attempt's secret values. Returns how many
-    were kept. Raises NotAWorkerTask or WorkerCallRefused."""
+    caller holds, each message redacted of the attempt's secret values, within the
+    attempt's caps (FLOWFORGE_TASK_LOG_MAX_LINES, FLOWFORGE_TASK_LOG_MAX_BYTES; past them a
+    ``system`` line says the log was truncated and later lines are dropped). Returns how
+    many were kept. Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held(organization_id, task_run_id, fencing_token)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    max_lines, max_bytes = settings.FLOWFORGE_TASK_LOG_MAX_LINES, settings.FLOWFORGE_TASK_LOG_MAX_BYTES
     kept = worker_queues.append_logs(
         organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
         lines=[(level, _redact(message, values)) for level, message in lines],
+        max_lines=max_lines, max_bytes=max_bytes,
+        marker=(f"log truncated: this attempt's log reached its limit of {max_lines} lines "
+                f"(FLOWFORGE_TASK_LOG_MAX_LINES) or {max_bytes} bytes (FLOWFORGE_TASK_LOG_MAX_BYTES); later lines "
+                "are dropped"),
     )
     if kept == 0 and lines:
         gen = _held(organization_id, task_run_id, fencing_token)  # raises: the lease ran out meanwhile
@@ -472,15 +480,20 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
 
 
 def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, error: str,
-         retryable: bool) -> tuple[str, float | None]:
+         retryable: bool, traceback: str = "") -> tuple[str, float | None]:
     """Record that the generation the caller holds failed with ``error`` (redacted of the
     attempt's secret values): back to its queue after its backoff while ``retryable`` and
-    attempts remain, else failed (its descendants skipped, its run advanced). Returns
-    (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
+    attempts remain, else failed (its descendants skipped, its run advanced). ``traceback``
+    ('' for none) is kept beside the error in the attempt's event, redacted and cut to
+    FLOWFORGE_TASK_TRACEBACK_MAX_CHARS (its start and end). Returns (state, seconds until
+    the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    trace = cap_middle(_redact(traceback, values), limit=settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS, values=values,
+                       what="the traceback", setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS") if traceback else ""
     result = atomic_retry(lambda: task_runs.fail_attempt(
         task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
+        traceback=trace,
     ), connection_attempts=2)
     publish_dispatches(list(result.dispatches))
     if not result.accepted:

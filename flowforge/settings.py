@@ -628,3 +628,33 @@ MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"
 # and the web process warns at start-up (frontend.W001). With DEBUG on, links print whole.
 if not os.environ.get("EMAIL_HOST") and not DEBUG:
     MAILERS = {"default": {"BACKEND": "frontend.mail_backends.RedactingConsoleEmailBackend"}}
+# --- issue 19: every attempt's log lines and traceback (engine/attempt_log.py) --------------
+# What one attempt's log keeps (core_tasklog): lines, and bytes of their messages (UTF-8),
+# whoever wrote them (a shared worker capturing the handler's logging, stdout and stderr and
+# the http task's request summary, or an organization's worker sending lines). Past either
+# limit one line says the log was truncated and later lines are dropped (and, for a shared
+# worker's attempt, a last line counts them).
+FLOWFORGE_TASK_LOG_MAX_LINES = int(os.environ.get("FLOWFORGE_TASK_LOG_MAX_LINES", "2000"))
+FLOWFORGE_TASK_LOG_MAX_BYTES = int(os.environ.get("FLOWFORGE_TASK_LOG_MAX_BYTES", str(512 * 1024)))
+# Seconds between two writes of the lines a shared worker's running attempts captured (one
+# statement for every attempt of the process); an attempt's last lines are written when it
+# ends, before its completion. A running attempt's lines show after at most this long.
+FLOWFORGE_TASK_LOG_FLUSH_SECONDS = env_float("FLOWFORGE_TASK_LOG_FLUSH_SECONDS", 1.0)
+# Characters kept of a failed attempt's traceback (its start and its end; the middle is cut),
+# at most 100,000.
+FLOWFORGE_TASK_TRACEBACK_MAX_CHARS = int(os.environ.get("FLOWFORGE_TASK_TRACEBACK_MAX_CHARS", "16000"))
+for _name in ("FLOWFORGE_TASK_LOG_MAX_LINES", "FLOWFORGE_TASK_LOG_MAX_BYTES", "FLOWFORGE_TASK_TRACEBACK_MAX_CHARS"):
+    if globals()[_name] < 1:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{_name} ({globals()[_name]}) must be at least 1")
+if FLOWFORGE_TASK_TRACEBACK_MAX_CHARS > 100_000:  # engine.repositories.task_runs.MAX_TRACEBACK_CHARS
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_TASK_TRACEBACK_MAX_CHARS ({FLOWFORGE_TASK_TRACEBACK_MAX_CHARS}) must be at most 100000")
+if FLOWFORGE_TASK_LOG_FLUSH_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_TASK_LOG_FLUSH_SECONDS ({FLOWFORGE_TASK_LOG_FLUSH_SECONDS:g}) must be above 0 seconds")

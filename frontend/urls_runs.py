@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontend.views import audit, recovery, runs, workers
+from frontend.views import audit, recovery, runs, tasks, workers
 
 urlpatterns: list = [
     path("runs/", runs.run_list, name="run_list"),
@@ -10,6 +10,8 @@ urlpatterns: list = [
     path("runs/<uuid:run_id>/live/", runs.run_live, name="run_live"),
     path("runs/<uuid:run_id>/stream/", runs.run_stream, name="run_stream"),
     path("runs/<uuid:run_id>/events/", runs.run_events, name="run_events"),
+    path("runs/<uuid:run_id>/input/", tasks.run_input, name="run_input"),
+    path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/", tasks.run_task, name="run_task"),
     path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/output/", runs.run_task_output, name="run_task_output"),
     path("runs/<uuid:run_id>/tasks/<uuid:task_run_id>/logs/", runs.run_task_logs, name="run_task_logs"),
     path("runs/<uuid:run_id>/cancel/", runs.run_cancel, name="run_cancel"),

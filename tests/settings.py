@@ -12,6 +12,11 @@ FLOWFORGE_TASK_CALLABLES = [
     *_DEPLOYMENT_CALLABLES,
     "tests.callables.echo",  # tests/unit/test_handlers.py, tests/unit/test_definitions.py
     "tests.faults.tasks.kill_own_worker",  # the fault suite's self_killing_task scenario
+    # Issue 19: what an attempt logs, prints and raises (tests/unit/test_attempt_logs.py,
+    # tests/integration/test_task_logs.py, tests/e2e/test_browser_task_panel.py).
+    "tests.callables.log_print_raise",
+    "tests.callables.chatty",
+    "tests.callables.slow_logger",
 ]
 
 # The unit tests follow one transition at a time: a new run's roots stay ready until the

@@ -57,6 +57,9 @@ from tenancy.limits import plan_table
 
 # Characters of a failure's error kept on the task run and its event.
 _MAX_ERROR_CHARS = 10_000
+# Characters of a failed attempt's traceback its event keeps, at most: the ceiling of
+# FLOWFORGE_TASK_TRACEBACK_MAX_CHARS, which cuts it before (with a line saying so).
+MAX_TRACEBACK_CHARS = 100_000
 
 # A batch of successes, in one round trip and one transaction (``run_prepared``): the
 # conditional UPDATE + events; then, each statement with a fresh snapshot taken after the
@@ -449,9 +452,12 @@ def extend_leases(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: flo
 # --- Failures, and what follows them ----------------------------------------------------------
 
 
-def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retryable: bool = True) -> CompletionResult:
+def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retryable: bool = True,
+                 traceback: str = "") -> CompletionResult:
     """Record that the started generation ``fencing_token`` of a task run failed with
-    ``error`` (``task_run_fail_attempt``), then advance its run.
+    ``error`` (``task_run_fail_attempt``), then advance its run. ``traceback`` (redacted
+    and cut by the caller; '' for none) is kept beside the error in the attempt's event
+    (``detail.traceback``), cut to MAX_TRACEBACK_CHARS whatever the caller sent.
 
     Retried (back to ``ready``, attempt + 1, exponential backoff up to
     MAX_RETRY_BACKOFF_SECONDS) while attempts remain and ``retryable``; otherwise
@@ -468,6 +474,7 @@ def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retr
                 "error": strip_nul(error)[:_MAX_ERROR_CHARS],
                 "retryable": retryable,
                 "kind": "attempt_failed",
+                "traceback": strip_nul(traceback)[:MAX_TRACEBACK_CHARS],
             },
         )
         if not rows:
@@ -486,7 +493,7 @@ def fail_undelivered(*, task_run_id: uuid.UUID, fencing_token: int, error: str) 
     rows = fetch(
         queries["task_run_fail_undelivered"],
         {"id": task_run_id, "token": fencing_token, "error": strip_nul(error)[:_MAX_ERROR_CHARS], "retryable": False,
-         "kind": "dispatch_dead_lettered"},
+         "kind": "dispatch_dead_lettered", "traceback": ""},
     )
     if not rows:
         return CompletionResult(accepted=False)
@@ -524,7 +531,7 @@ def expire_lease(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionRes
         kind = "lease_expired"
     rows = fetch(
         queries["task_run_fail_expired_lease"],
-        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind},
+        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind, "traceback": ""},
     )
     if not rows:
         return CompletionResult(accepted=False)

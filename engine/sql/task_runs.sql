@@ -697,7 +697,7 @@ RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - clock_timestamp())::floa
 
 
 -- name: task_run_fail_attempt
--- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind; core_taskrun_pkey.
+-- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind with the error and, unless '', the traceback; core_taskrun_pkey.
 -- SET expressions read the row's old values, so t.attempt - t.attempt_base < k.max_attempts is about this attempt.
 -- 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS (tests/unit/test_sql_statements.py checks it).
 WITH done AS (
@@ -721,7 +721,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
@@ -767,7 +770,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
@@ -813,7 +819,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn

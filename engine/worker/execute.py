@@ -22,10 +22,13 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
     handler.run(context) ──▶ secret_refs.redact ──▶ output.encode_output (size and JSON
       │                      checks) / error_text: no value used reaches the completion,
       │                      its events or a log line (logs.redacting)
-      │
+      │  inside attempt_log.capturing: the handler's logging records, stdout and stderr
+      │  (and the http task's request summary) are the attempt's lines, redacted and
+      │  capped; log_shipper writes them while it runs (FLOWFORGE_TASK_LOG_FLUSH_SECONDS).
+      │  A failure of the handler's own also keeps its traceback (output.traceback_text).
       ▼
-    heartbeat.unregister
-      │
+    heartbeat.unregister, log_shipper.finish (the lines not written yet: no statement for
+      │                                       an attempt that wrote none)
       ├─ failed and lease lost ──▶ "abandoned" (the reaper or the cancellation owns the outcome)
       ▼
     completer.complete(Success | Failure)
@@ -54,15 +57,16 @@ import uuid
 
 from django.conf import settings
 
-from engine import conditions, metrics, secret_refs
+from engine import attempt_log, conditions, metrics, secret_refs
 from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.repositories import task_runs, types
+from engine.worker import log_shipper
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
 from engine.worker.handoff import Group, hand_off_watchdog
 from engine.worker.heartbeat import heartbeater
-from engine.worker.output import encode_output, error_text
+from engine.worker.output import encode_output, error_text, traceback_text
 from flowforge import logs
 
 log = logging.getLogger(__name__)
@@ -200,10 +204,17 @@ def _execute(
     )
     hb = heartbeater()
     hb.register(context)
+    # What the handler logs and prints, kept with the attempt (engine.attempt_log); written
+    # by the process's shipper, so an attempt that says nothing costs no statement.
+    lines = log_shipper.shipper().open(
+        organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
+        task_run_id=started.task_run_id, attempt=started.attempt, fencing_token=started.fencing_token)
     succeeded = False
     retryable = True
     output_json = ""
     error = ""
+    trace = ""
+    in_handler = False
     began = time.monotonic()
     # The values of the secrets this attempt's config references: resolved here, at the
     # start, and redacted from everything it leaves behind before that is recorded.
@@ -214,12 +225,20 @@ def _execute(
         context.config, secret_values = secret_refs.resolve(started.organization_id, started.config)
         context.secret_values = secret_values
         redaction = secret_refs.redaction_pattern(secret_values)
+        lines.redact_with(secret_values, redaction)
         with logs.redacting(redaction):
-            output_json = encode_output(secret_refs.redact(handler.run(context), secret_values))
+            with attempt_log.capturing(lines):
+                in_handler = True
+                result = handler.run(context)
+                in_handler = False
+            output_json = encode_output(secret_refs.redact(result, secret_values))
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)
         error = error_text(exc, redaction=redaction)
+        if in_handler:  # the handler's own failure: its traceback is kept with the attempt
+            trace = traceback_text(exc, values=secret_values, redaction=redaction,
+                                   limit=settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS)
         with logs.redacting(redaction):
             log.info(
                 "task %s (run %s) attempt %s failed: %s",
@@ -230,6 +249,8 @@ def _execute(
         hb.unregister(context)
         context.config, context.secret_values = started.config, []  # the values leave with the attempt
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
+    # Before the completion: once the task run shows its outcome, its lines are all there.
+    log_shipper.shipper().finish(lines)
     if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
@@ -247,7 +268,7 @@ def _execute(
         if recorded is None:  # written behind: counted and logged by the thread that records it
             return "succeeded", None
     else:
-        recorded = completer.complete(Failure(task_run_id, fencing_token, error, retryable))
+        recorded = completer.complete(Failure(task_run_id, fencing_token, error, retryable, trace))
     result, following = recorded
     if count_completion(result) == "rejected":
         return "rejected", None

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from django.core.cache import cache
-from django.db.models import F, TextField
+from django.db.models import F, Func, JSONField, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
@@ -174,8 +174,22 @@ class RunView:
         return sorted(counts.items())
 
 
-# The columns of an event-log row, in EventRow's order after ``seq``/``created_at``.
-EVENT_COLUMNS = ("seq", "created_at", "task_run_id", "kind", "from_state", "to_state", "attempt", "detail")
+class WithoutTraceback(Func):
+    """SQL: an event's detail without its ``traceback`` (issue 19: a failed attempt's, up to
+    FLOWFORGE_TASK_TRACEBACK_MAX_CHARS; the task panel shows it, an event row would cut it)."""
+
+    template = "(%(expressions)s - 'traceback')"
+    output_field = JSONField()
+
+
+# The columns of an event-log row, in EventRow's order after ``seq``/``created_at``: read
+# from ``with_shown_detail`` (the detail as ``shown_detail``, its traceback left in the database).
+EVENT_COLUMNS = ("seq", "created_at", "task_run_id", "kind", "from_state", "to_state", "attempt", "shown_detail")
+
+
+def with_shown_detail(events: QuerySet) -> QuerySet:
+    """``events`` (TaskRunEvents) annotated with ``shown_detail``: EVENT_COLUMNS' last."""
+    return events.annotate(shown_detail=WithoutTraceback(F("detail")))
 
 
 def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[EventRow]:
@@ -293,7 +307,7 @@ def build_run_view(
             # A preview that was cut links to the whole output.
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
-            concurrency_key=concurrency_key or "", queue=queue,
+            concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
              output, error, output_bytes, queue, attempt_base) in task_runs
@@ -326,7 +340,7 @@ def build_run_view(
     if events_after is not None:
         log = log.filter(seq__gt=events_after)
     latest = list(
-        log.order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
+        with_shown_detail(log).order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
     )
     truncated = len(latest) > EVENT_LOG_LIMIT
     if truncated and events_after is not None:

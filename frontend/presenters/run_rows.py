@@ -114,9 +114,13 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
         if r.output_url:
             output += (f' <a class="output-link" href="{_esc(r.output_url)}">whole output'
                        f' ({_esc(human_bytes(r.output_bytes or 0))})</a>')
+        # The key opens the task's panel on the run page (htmx), or its own page without script.
+        link = (f'<a class="task-link" href="{_esc(r.panel_url)}" hx-get="{_esc(r.panel_url)}" '
+                f'hx-target="#task-panel" hx-swap="innerHTML show:#task-panel:top" hx-push-url="true">{key}</a>'
+                if r.panel_url else key)
         out.append(
             f'<tr id="task-{key}" class="task-row state-{state}" data-task-key="{key}">'
-            f'<td class="mono key">{key}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
+            f'<td class="mono key">{link}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
             f'<td><span class="badge state-{state}">{_esc(r.state.capitalize())}</span>{waiting}</td>'
             f'<td class="num">{len(r.attempts)}<span class="muted">/{r.max_attempts}</span></td>'
             f'<td class="num">{_esc(r.duration)}</td><td class="error-cell">{error}</td>'

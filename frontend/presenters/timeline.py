@@ -211,6 +211,7 @@ class TaskRow:
     # "mark_succeeded", "skip"), and the path its actions are posted under (".../tasks/<id>/").
     actions: tuple[str, ...] = ()
     actions_path: str = ""
+    panel_url: str = ""  # the task's panel (frontend.views.tasks)
 
     @property
     def duration(self) -> str:

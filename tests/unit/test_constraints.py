@@ -896,3 +896,16 @@ def test_an_unknown_log_level_violates_tasklog_level_valid(run):
         organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
         level="loud", message="x"))
     assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 1
+
+
+def test_an_unknown_log_stream_violates_tasklog_stream_valid(run):
+    from engine.models import TaskLog
+
+    tr = task_run(run, "a")
+    for stream in ("worker", "logging", "stdout", "stderr", "http", "system"):
+        TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1,
+                               fencing_token=0, level="info", stream=stream, message="ok")
+    violation("tasklog_stream_valid", lambda: TaskLog.objects.create(
+        organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
+        level="info", stream="syslog", message="x"))
+    assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 6
