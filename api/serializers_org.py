@@ -114,6 +114,22 @@ class IPAddressText(serializers.CharField):
 # --- cron triggers ---------------------------------------------------------------------------------
 
 
+class MissedInstantsSerializer(serializers.Serializer):
+    """Due instants a tick of the clock did not fire (engine.cron.missed_note)."""
+
+    at = serializers.DateTimeField(help_text="When the clock found them.")
+    policy = serializers.CharField(help_text="The trigger's catch_up policy then.")
+    reason = serializers.ChoiceField(choices=["catch_up_bound", "catch_up_policy"], help_text=(
+        "catch_up_bound: more were due than the `all` policy fires at once (max_catch_up, the most recent); "
+        "catch_up_policy: `skip` or `latest` left them."))
+    due = serializers.IntegerField()
+    fired = serializers.IntegerField()
+    not_fired = serializers.IntegerField()
+    first_not_fired = serializers.DateTimeField()
+    last_not_fired = serializers.DateTimeField()
+    max_catch_up = serializers.IntegerField()
+
+
 class TriggerSerializer(serializers.ModelSerializer):
     """A cron trigger with its next fire instants.
 
@@ -126,11 +142,17 @@ class TriggerSerializer(serializers.ModelSerializer):
     input = JSONObjectField(read_only=True)
     next_fire_times = serializers.SerializerMethodField()
     created_by = serializers.SerializerMethodField()
+    missed_instants = MissedInstantsSerializer(
+        read_only=True, allow_null=True,
+        help_text="The last time the clock left due instants unfired (downtime past the catch-up bound, or its "
+        "policy): how many and which; a backfill of first_not_fired .. last_not_fired fires them. Null when it "
+        "never happened.")
 
     class Meta:
         model = ScheduledTrigger
         fields = ["id", "name", "workflow_name", "cron_expression", "timezone", "input", "catch_up", "enabled",
-                  "priority", "next_fire_at", "next_fire_times", "last_fired_at", "created_by", "created_at"]
+                  "priority", "next_fire_at", "next_fire_times", "last_fired_at", "missed_instants", "created_by",
+                  "created_at"]
         read_only_fields = fields
 
     @extend_schema_field({"type": "array", "items": {"type": "string", "format": "date-time"},

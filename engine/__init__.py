@@ -13,6 +13,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (the batching's thread hand-over), heartbeat (extends worker leases), handoff
         (generations a busy thread gives back to the broker), output (the result's
         size and shape).
+    backfill.py
+        backfills of cron triggers: one run per past instant of a range, through cron's
+        start of an instant (preview, create, cancel, and the pass that goes on with them).
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.

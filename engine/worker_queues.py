@@ -235,6 +235,8 @@ def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any
         "input": task_input,
         "run_input": a.run_input,
         "upstream": a.upstream,
+        # A cron run's instant and data interval (ISO 8601, UTC); null for other runs.
+        "schedule": a.schedule.as_dict() if a.schedule is not None else None,
         "timeout_seconds": a.timeout_seconds,
         "lease_seconds": min(lease, a.timeout_seconds) if a.timeout_seconds else lease,
         "heartbeat_interval_seconds": round(lease / 3, 3),

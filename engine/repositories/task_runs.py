@@ -48,7 +48,7 @@ from engine.repositories.types import (
     SuccessRequest,
 )
 from engine.sql import queries
-from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES
+from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES, RunSchedule
 from flowforge.jsonb import strip_nul
 from tenancy.limits import plan_table
 
@@ -326,6 +326,7 @@ def start_and_complete_many(
             upstream=_json(r[11]) or {},
             dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
             has_dependents=r[13],
+            schedule=RunSchedule(r[14], r[15], r[16]) if r[14] is not None else None,
         )
         for r in start_rows
     }

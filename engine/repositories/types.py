@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from typing import Any
 
-from engine.states import TASK_QUEUE
+from engine.states import TASK_QUEUE, RunSchedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,8 @@ class StartedAttempt:
     dispatch_latency_seconds: float | None = None
     # Whether any task depends on this one (a success then has dependents to promote).
     has_dependents: bool = True
+    # The cron instant and data interval of the run (None for a run no trigger or backfill started).
+    schedule: RunSchedule | None = None
 
 
 @dataclasses.dataclass(frozen=True)
