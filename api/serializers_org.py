@@ -13,6 +13,7 @@ an unpaired surrogate), so such input is a 400 naming the field, never a 500.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -114,10 +115,20 @@ class IPAddressText(serializers.CharField):
 # --- cron triggers ---------------------------------------------------------------------------------
 
 
+class StoredInstantField(serializers.DateTimeField):
+    """An instant kept as ISO 8601 text in a JSON column, shown as every other instant of
+    the API is (UTC, ``Z``)."""
+
+    def to_representation(self, value):
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return super().to_representation(value)
+
+
 class MissedInstantsSerializer(serializers.Serializer):
     """Due instants a tick of the clock did not fire (engine.cron.missed_note)."""
 
-    at = serializers.DateTimeField(help_text="When the clock found them.")
+    at = StoredInstantField(help_text="When the clock found them.")
     policy = serializers.CharField(help_text="The trigger's catch_up policy then.")
     reason = serializers.ChoiceField(choices=["catch_up_bound", "catch_up_policy"], help_text=(
         "catch_up_bound: more were due than the `all` policy fires at once (max_catch_up, the most recent); "
@@ -125,8 +136,8 @@ class MissedInstantsSerializer(serializers.Serializer):
     due = serializers.IntegerField()
     fired = serializers.IntegerField()
     not_fired = serializers.IntegerField()
-    first_not_fired = serializers.DateTimeField()
-    last_not_fired = serializers.DateTimeField()
+    first_not_fired = StoredInstantField()
+    last_not_fired = StoredInstantField()
     max_catch_up = serializers.IntegerField()
 
 

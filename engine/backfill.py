@@ -68,6 +68,9 @@ BATCH = 25
 #: Seconds a backfill at its max_active_runs waits before it looks again (the clock's
 #: FLOWFORGE_CLOCK_BACKFILL_SECONDS pass is what wakes it).
 ACTIVE_RUNS_WAIT_SECONDS = 1.0
+#: A backfill lets the clock fire its trigger's due instant first, when it came due this
+#: recently (an older one means the clock is down: the backfill goes on).
+CLOCK_FIRST_SECONDS = dt.timedelta(seconds=30)
 #: How many of a preview's instants it lists.
 PREVIEW_SAMPLE = 5
 #: The earliest instant a range may start at.
@@ -328,12 +331,28 @@ def advance_backfill(backfill_id: uuid.UUID, *, batch: int = BATCH) -> tuple[int
     started = 0
     for _ in range(batch):
         with transaction.atomic():
+            # The trigger's row first (FOR KEY SHARE): the clock's tick, an edit and a delete
+            # lock it first too, so no cycle can form; and while this instant is fired the
+            # clock's tick passes the trigger by (SKIP LOCKED), its firings never waiting on
+            # this one's unique firing row while this one waits on theirs.
+            with connection.cursor() as cur:
+                cur.execute(sql.queries["trigger_lock_for_backfill"], {"backfill": backfill_id})
+                trigger_row = cur.fetchone()
+            if trigger_row is None:
+                return started, False
             backfill = (TriggerBackfill.objects.unscoped().select_for_update(skip_locked=True, of=("self",))
                         .select_related("trigger__organization")
                         .filter(pk=backfill_id, state=BackfillState.RUNNING).first())
             if backfill is None:
                 return started, False
-            step = _step(backfill, timezone.now())
+            now = timezone.now()
+            enabled, next_fire_at = trigger_row
+            if enabled and next_fire_at is not None and now - CLOCK_FIRST_SECONDS <= next_fire_at <= now:
+                # The trigger's own instant is due: the clock's tick goes first.
+                backfill.not_before = now + dt.timedelta(seconds=ACTIVE_RUNS_WAIT_SECONDS)
+                backfill.save(update_fields=["not_before"])
+                return started, False
+            step = _step(backfill, now)
         if step == "started":
             started += 1
         elif step != "skipped":

@@ -42,3 +42,11 @@ SELECT id FROM core_triggerbackfill
 WHERE state = 'running' AND not_before <= %(now)s
 ORDER BY not_before
 LIMIT %(limit)s;
+
+
+-- name: trigger_lock_for_backfill
+-- Lock the trigger of backfill FOR KEY SHARE, before the backfill's own row (the order delete_trigger, edits and the clock's tick lock in: trigger first): a backfill's instant and the clock's firings of one trigger never interleave (each would wait on the other's unique firing otherwise); returns (enabled, next_fire_at), nothing once the trigger is gone; core_triggerbackfill_pkey, core_scheduledtrigger_pkey.
+SELECT t.enabled, t.next_fire_at
+FROM core_scheduledtrigger t
+WHERE t.id = (SELECT b.trigger_id FROM core_triggerbackfill b WHERE b.id = %(backfill)s)
+FOR KEY SHARE OF t;
