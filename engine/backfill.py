@@ -414,13 +414,30 @@ def _step(backfill: TriggerBackfill, now: dt.datetime) -> str:
     return "started" if claimed is not None else "skipped"
 
 
+def _covers(backfill: TriggerBackfill, note: dict[str, Any]) -> bool:
+    """True when the backfill's range holds every instant a missed-instants note names."""
+    try:
+        first = dt.datetime.fromisoformat(note["first_not_fired"])
+        last = dt.datetime.fromisoformat(note["last_not_fired"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    return backfill.range_start <= first and last <= backfill.range_end
+
+
 def _finish(backfill: TriggerBackfill, state: str, now: dt.datetime) -> None:
     """Close the backfill in ``state`` (succeeded or failed) and record
-    ``trigger.backfill_finished`` (the organization's system actor) with its counts."""
+    ``trigger.backfill_finished`` (the organization's system actor) with its counts. A
+    backfill that succeeded over the whole range of the trigger's missed-instants note
+    clears the note (its instants all have runs now)."""
     backfill.state = state
     backfill.finished_at = now
     backfill.next_instant = None
     backfill.save(update_fields=["state", "finished_at", "next_instant", "error"])
+    note = backfill.trigger.missed_instants
+    if state == BackfillState.SUCCEEDED and note and _covers(backfill, note):
+        # Every instant the clock had left now has a run: the trigger's warning is answered.
+        ScheduledTrigger.objects.for_organization(backfill.organization_id).filter(
+            pk=backfill.trigger_id, missed_instants=note).update(missed_instants=None)
     audit.record("trigger.backfill_finished", actor=Actor.system(backfill.trigger.organization),
                  target=backfill.trigger,
                  metadata={"backfill": str(backfill.pk), "name": backfill.trigger.name, "state": state,

@@ -334,7 +334,7 @@ def test_a_backfill_and_the_clock_racing_for_one_instant_start_one_run(org, make
         backfill = create_backfill(actor=actor(org), trigger=trig, start=day, end=day)
         barrier, errors = threading.Barrier(2), []
 
-        def clock(instant=instant):
+        def clock(instant=instant, barrier=barrier, errors=errors):
             try:
                 barrier.wait(timeout=10)
                 process_trigger(trig.pk, instant + dt.timedelta(seconds=1))
@@ -343,7 +343,7 @@ def test_a_backfill_and_the_clock_racing_for_one_instant_start_one_run(org, make
             finally:
                 connection.close()
 
-        def backfiller(backfill=backfill):
+        def backfiller(backfill=backfill, barrier=barrier, errors=errors):
             try:
                 barrier.wait(timeout=10)
                 advance_backfill(backfill.pk)
@@ -410,7 +410,7 @@ def api_trigger(team) -> ScheduledTrigger:
 
 
 @pytest.mark.django_db
-def test_the_api_previews_starts_lists_and_cancels_a_backfill(client, acme):
+def test_the_api_previews_starts_lists_and_cancels_a_backfill(client, acme):  # noqa: F811 (fixtures)
     trig = api_trigger(acme)
     base = f"/api/v1/triggers/{trig.pk}/backfills/"
     r = client.get(base + "preview/", {"start": MARCH[0], "end": MARCH[1]}, headers=acme.as_(Role.VIEWER))
@@ -446,7 +446,7 @@ def test_the_api_previews_starts_lists_and_cancels_a_backfill(client, acme):
 
 
 @pytest.mark.django_db
-def test_the_api_names_the_field_of_a_refused_backfill(client, acme):
+def test_the_api_names_the_field_of_a_refused_backfill(client, acme):  # noqa: F811 (fixtures)
     trig = api_trigger(acme)
     base = f"/api/v1/triggers/{trig.pk}/backfills/"
     body = assert_problem(client.get(base + "preview/", {"start": "soon", "end": "2026-03-31"},
@@ -469,7 +469,7 @@ def test_the_api_names_the_field_of_a_refused_backfill(client, acme):
 
 
 @pytest.mark.django_db
-def test_the_api_refuses_a_viewer_and_hides_another_organizations_backfills(client, acme, other):
+def test_the_api_refuses_a_viewer_and_hides_another_organizations_backfills(client, acme, other):  # noqa: F811 (fixtures)
     trig = api_trigger(acme)
     base = f"/api/v1/triggers/{trig.pk}/backfills/"
     assert_problem(client.post(base, {"start": MARCH[0], "end": MARCH[1]}, content_type="application/json",
@@ -494,7 +494,7 @@ def test_the_api_refuses_a_viewer_and_hides_another_organizations_backfills(clie
 
 
 @pytest.mark.django_db
-def test_the_api_shows_a_triggers_missed_instants(client, acme):
+def test_the_api_shows_a_triggers_missed_instants(client, acme):  # noqa: F811 (fixtures)
     trig = api_trigger(acme)
     ScheduledTrigger.objects.for_organization(acme.org).filter(pk=trig.pk).update(
         next_fire_at=utc(2026, 3, 1, 5), catch_up="latest")
@@ -526,3 +526,122 @@ def test_the_command_previews_then_starts_a_backfill(org, make_workflow):
         call_command("backfill_trigger", "daily", "--org", org.slug, "--start", "2026-03-05", "--end", "2026-03-01")
     with pytest.raises(CommandError, match=r"no trigger 'nope'"):
         call_command("backfill_trigger", "nope", "--org", org.slug, "--start", "2026-03-05", "--end", "2026-03-06")
+
+
+# --- the trigger's page --------------------------------------------------------------------------
+
+
+def web_team(org, make_workflow):
+    from tests.unit.test_web_workflows import make_team
+
+    team = make_team(org)
+    return team, daily_berlin(org, make_workflow)
+
+
+@pytest.mark.django_db
+def test_the_trigger_page_previews_then_starts_a_backfill(org, make_workflow):
+    from tests.unit.test_web_workflows import assert_csp_clean, client_for, text
+
+    team, trig = web_team(org, make_workflow)
+    browser = client_for(team["member"])
+    body = text(browser.get(f"/triggers/{trig.pk}/"))
+    assert 'data-action="preview"' in body and "No backfill yet." in body
+    resp = browser.get(f"/triggers/{trig.pk}/", {"start": MARCH[0], "end": MARCH[1], "max_active_runs": "31"})
+    assert resp.status_code == 200
+    body = text(resp)
+    assert_csp_clean(body)
+    assert "31 runs to start" in body and "Start backfill of 31 runs" in body
+    assert "First: Sun 1 Mar 2026, 06:00 CET; last: Tue 31 Mar 2026, 06:00 CEST." in body
+    assert not TriggerBackfill.objects.for_organization(org).exists()  # a preview starts nothing
+    resp = browser.post(f"/triggers/{trig.pk}/backfill/", {"start": MARCH[0], "end": MARCH[1],
+                                                           "max_active_runs": "31", "expect_runs": "31"})
+    assert resp.status_code == 302 and resp["Location"] == f"/triggers/{trig.pk}/#backfills"
+    backfill = TriggerBackfill.objects.for_organization(org).get()
+    assert (backfill.total, backfill.max_active_runs, backfill.created_by_id) == (31, 31, team["member"].user_id)
+    run_through(backfill)
+    body = text(browser.get(f"/triggers/{trig.pk}/"))
+    assert "31 / 31" in body and "Succeeded" in body
+    assert body.count('<a class="mono" href="/runs/') == 20  # the most recent firings, each linking its run
+    # A run it started shows its instant on the run page.
+    run = backfill_runs(trig)[-1]
+    body = text(browser.get(f"/runs/{run.pk}/"))
+    assert "Scheduled for" in body and 'datetime="2026-03-31T04:00:00+00:00"' in body and "Data interval" in body
+
+
+@pytest.mark.django_db
+def test_the_trigger_page_names_the_field_of_a_refused_backfill(org, make_workflow):
+    from tests.unit.test_web_triggers import field_errors
+    from tests.unit.test_web_workflows import client_for, text
+
+    team, trig = web_team(org, make_workflow)
+    browser = client_for(team["member"])
+    resp = browser.get(f"/triggers/{trig.pk}/", {"start": "2026-03-10", "end": "2026-03-01"})
+    assert resp.status_code == 400
+    assert "Must not be before start" in field_errors(text(resp), "end")
+    resp = browser.post(f"/triggers/{trig.pk}/backfill/", {"start": MARCH[0], "end": MARCH[1], "expect_runs": "7"})
+    assert resp.status_code == 400
+    assert "The range now has 31 runs to start, not 7" in text(resp)
+    assert not TriggerBackfill.objects.for_organization(org).exists()
+
+
+@pytest.mark.django_db
+def test_a_viewer_sees_no_backfill_form_and_gets_403_and_another_organization_404(org, make_org, make_workflow):
+    from tests.unit.test_web_workflows import client_for, make_team, text
+
+    team, trig = web_team(org, make_workflow)
+    viewer = client_for(team["viewer"])
+    body = text(viewer.get(f"/triggers/{trig.pk}/"))
+    assert 'data-action="preview"' not in body and trig.name in body
+    assert viewer.post(f"/triggers/{trig.pk}/backfill/", {"start": MARCH[0], "end": MARCH[1]}).status_code == 403
+    backfill = create_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1])
+    assert viewer.post(f"/triggers/{trig.pk}/backfills/{backfill.pk}/cancel/").status_code == 403
+    stranger = client_for(make_team(make_org())["owner"])
+    assert stranger.get(f"/triggers/{trig.pk}/").status_code == 404
+    assert stranger.post(f"/triggers/{trig.pk}/backfill/", {"start": MARCH[0], "end": MARCH[1]}).status_code == 404
+    assert stranger.post(f"/triggers/{trig.pk}/backfills/{backfill.pk}/cancel/").status_code == 404
+    backfill.refresh_from_db()
+    assert backfill.state == "running"
+    member = client_for(team["member"])
+    assert member.post(f"/triggers/{trig.pk}/backfills/{backfill.pk}/cancel/").status_code == 302
+    backfill.refresh_from_db()
+    assert backfill.state == "cancelled"
+
+
+@pytest.mark.django_db
+def test_the_trigger_page_says_which_instants_the_clock_missed_and_offers_their_backfill(org, make_workflow):
+    from tests.unit.test_web_workflows import client_for, text
+
+    team, trig = web_team(org, make_workflow)
+    ScheduledTrigger.objects.for_organization(org).filter(pk=trig.pk).update(
+        next_fire_at=utc(2026, 3, 1, 5), catch_up="latest")
+    process_trigger(trig.pk, utc(2026, 3, 4, 6))
+    body = text(client_for(team["viewer"]).get("/triggers/"))
+    assert ">missed</span>" in body
+    browser = client_for(team["member"])
+    body = text(browser.get(f"/triggers/{trig.pk}/"))
+    assert "3 due instants were not fired" in body
+    assert "(Sun 1 Mar 2026, 06:00 CET – Tue 3 Mar 2026, 06:00 CET)" in body
+    assert 'href="?start=2026-03-01T06%3A00&end=2026-03-03T06%3A00#backfill"' in body  # (unescaped)
+    preview = preview_backfill(actor=actor(org), trigger=trig, start="2026-03-01T06:00", end="2026-03-03T06:00")
+    assert (preview.instants, preview.runs) == (3, 3)
+    # A backfill of part of the range leaves the note; one of all of it answers it.
+    run_through(create_backfill(actor=actor(org), trigger=trig, start="2026-03-01", end="2026-03-02"))
+    trig.refresh_from_db()
+    assert trig.missed_instants is not None
+    run_through(create_backfill(actor=actor(org), trigger=trig, start="2026-03-01T06:00", end="2026-03-03T06:00"))
+    trig.refresh_from_db()
+    assert trig.missed_instants is None
+    assert "not fired" not in text(browser.get(f"/triggers/{trig.pk}/"))
+
+
+@pytest.mark.django_db
+def test_the_trigger_page_takes_a_constant_number_of_queries(org, make_workflow):
+    from tests.unit.test_web_workflows import client_for, sql_count
+
+    team, trig = web_team(org, make_workflow)
+    browser = client_for(team["member"])
+    before, _ = sql_count(browser, f"/triggers/{trig.pk}/")
+    for day in ("2026-03-01", "2026-03-05", "2026-03-09"):
+        run_through(create_backfill(actor=actor(org), trigger=trig, start=day, end=day))
+    after, _ = sql_count(browser, f"/triggers/{trig.pk}/")
+    assert after == before
