@@ -51,6 +51,7 @@ from audit import services as audit
 from engine import dispatch, sql
 from engine.cron import start_for_instant
 from engine.models import PRIORITY_MAX, PRIORITY_MIN, ScheduledTrigger, TriggerBackfill, TriggerSource
+from engine.repositories import runs
 from engine.services import WorkflowNotStartable
 from engine.states import BackfillState
 from engine.triggers import TooManyInstants, instants_in_range, next_instant, run_schedule
@@ -146,8 +147,8 @@ def parse_bound(value: Any, *, field: str, tz_name: str, end: bool) -> dt.dateti
         except (OverflowError, ValueError):
             raise BackfillError(field, "is out of range") from None
     if isinstance(value, dt.date):
-        day = value + dt.timedelta(days=1) if end else value
         try:
+            day = value + dt.timedelta(days=1) if end else value
             midnight = dt.datetime.combine(day, dt.time(0, 0), tzinfo=tz).astimezone(dt.UTC)
         except (OverflowError, ValueError):
             raise BackfillError(field, "is out of range") from None
@@ -237,6 +238,9 @@ def create_backfill(*, actor: Actor, trigger: ScheduledTrigger, start: Any, end:
         if expect_runs is not None and expect_runs != preview.runs:
             raise BackfillConflict("expect_runs", f"the range now has {preview.runs} runs to start, not "
                                    f"{expect_runs}; preview it again")
+        # The organization's backfill lock (after the trigger's row, as every create takes
+        # them): two creates on two triggers count each other's backfill.
+        runs.lock(f"backfills:{org.pk}")
         going = TriggerBackfill.objects.for_organization(org).filter(state=BackfillState.RUNNING)
         if going.filter(trigger=locked).exists():
             raise BackfillConflict("trigger", f"a backfill of trigger {locked.name!r} is already going; cancel it "

@@ -31,7 +31,8 @@ class RunFinished(typing.NamedTuple):
 def lock(key: str) -> None:
     """Take the transaction-scoped advisory lock on ``key`` (``run_lock``): held until
     the caller's transaction ends. Keys: ``runs-per-minute:<org id>`` (the organization's
-    start quota), ``workflow-runs:<org id>:<workflow name>`` (a name's run limit)."""
+    start quota), ``workflow-runs:<org id>:<workflow name>`` (a name's run limit),
+    ``backfills:<org id>`` (the organization's count of backfills going, engine.backfill)."""
     fetch(queries["run_lock"], {"key": key})
 
 
