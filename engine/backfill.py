@@ -57,7 +57,8 @@ from engine.states import BackfillState
 from engine.triggers import TooManyInstants, instants_in_range, next_instant, run_schedule
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded
-from tenancy.permissions import Action, require
+from tenancy.models import Membership
+from tenancy.permissions import Action, can, require
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +346,7 @@ def advance_backfill(backfill_id: uuid.UUID, *, batch: int = BATCH) -> tuple[int
             if trigger_row is None:
                 return started, False
             backfill = (TriggerBackfill.objects.unscoped().select_for_update(skip_locked=True, of=("self",))
-                        .select_related("trigger__organization")
+                        .select_related("trigger__organization", "created_by")
                         .filter(pk=backfill_id, state=BackfillState.RUNNING).first())
             if backfill is None:
                 return started, False
@@ -368,11 +369,17 @@ def _step(backfill: TriggerBackfill, now: dt.datetime) -> str:
     """Fire the backfill's next instant, in the caller's transaction, holding its row.
     Returns "started", "skipped" (the instant already had a run), "waiting" (its
     max_active_runs are going, or the start quota is full: ``not_before`` moved),
-    "finished" or "failed"."""
+    "finished", "failed" or "cancelled" (its creator may no longer start runs)."""
     instant = backfill.next_instant
     if instant is None or instant > backfill.range_end:
         _finish(backfill, BackfillState.SUCCEEDED, now)
         return "finished"
+    if not _creator_may_start_runs(backfill):
+        # Authority does not outlive its holder (as a departed member's triggers are paused):
+        # checked at each instant, so no lock of the member's removal is needed.
+        backfill.error = "cancelled: the member who started it may no longer start runs (removed or demoted)"
+        _finish(backfill, BackfillState.CANCELLED, now)
+        return "cancelled"
     with connection.cursor() as cur:
         cur.execute(sql.queries["trigger_backfill_open_runs"], {"backfill": backfill.pk})
         going = cur.fetchone()[0]
@@ -391,7 +398,7 @@ def _step(backfill: TriggerBackfill, now: dt.datetime) -> str:
             if claimed is not None:
                 run = start_for_instant(
                     trigger, run_schedule(backfill.cron_expression, backfill.timezone, instant),
-                    source=TriggerSource.BACKFILL, priority=backfill.priority,
+                    source=TriggerSource.BACKFILL, priority=backfill.priority, triggered_by=backfill.created_by,
                     audit_metadata={"backfill": str(backfill.pk)})
                 cur.execute(sql.queries["trigger_firing_set_run"], {"run": run.pk, "id": claimed[0]})
     except QuotaExceeded as exc:
@@ -418,6 +425,16 @@ def _step(backfill: TriggerBackfill, now: dt.datetime) -> str:
     return "started" if claimed is not None else "skipped"
 
 
+def _creator_may_start_runs(backfill: TriggerBackfill) -> bool:
+    """True when the backfill has no creator (the system, a command) or its creator is
+    still a member of its organization whose role may start runs (``run.operate``)."""
+    if backfill.created_by_id is None:
+        return True
+    role = (Membership.objects.for_organization(backfill.organization_id).filter(user_id=backfill.created_by_id)
+            .values_list("role", flat=True).first())
+    return can(role, Action.RUN_OPERATE)
+
+
 def _covers(backfill: TriggerBackfill, note: dict[str, Any]) -> bool:
     """True when the backfill's range holds every instant a missed-instants note names."""
     try:
@@ -429,7 +446,7 @@ def _covers(backfill: TriggerBackfill, note: dict[str, Any]) -> bool:
 
 
 def _finish(backfill: TriggerBackfill, state: str, now: dt.datetime) -> None:
-    """Close the backfill in ``state`` (succeeded or failed) and record
+    """Close the backfill in ``state`` (succeeded, failed, or cancelled for its creator) and record
     ``trigger.backfill_finished`` (the organization's system actor) with its counts. A
     backfill that succeeded over the whole range of the trigger's missed-instants note
     clears the note (its instants all have runs now)."""

@@ -95,11 +95,13 @@ def choose(instants: list[dt.datetime], policy: str, now: dt.datetime) -> list[d
 
 
 def start_for_instant(trigger: ScheduledTrigger, schedule: RunSchedule, *, source: str = TriggerSource.CRON,
-                      priority: int | None = None, audit_metadata: dict[str, Any] | None = None) -> WorkflowRun:
+                      priority: int | None = None, triggered_by=None,
+                      audit_metadata: dict[str, Any] | None = None) -> WorkflowRun:
     """Start a run of the latest active version of the trigger's workflow, with the
     trigger's input, for ``schedule`` (its instant and data interval), through
     ``services.start_run`` (quotas, run limits, the fair claim), acting as the
-    organization's system (channel ``cron``). ``priority`` defaults to the trigger's.
+    organization's system (channel ``cron``). ``priority`` defaults to the trigger's;
+    ``triggered_by``: the person on whose behalf (a backfill's creator), else none.
     Call inside the caller's transaction; the caller claims the instant first.
 
     Raises WorkflowNotStartable when the workflow has no active version, and what
@@ -116,7 +118,7 @@ def start_for_instant(trigger: ScheduledTrigger, schedule: RunSchedule, *, sourc
     return start_run(
         workflow=workflow, run_input=trigger.input,
         actor=Actor(organization=org, role="owner", channel="cron"),
-        trigger_source=source, trigger=trigger,
+        trigger_source=source, trigger=trigger, triggered_by=triggered_by,
         audit_metadata={"trigger": trigger.name, "scheduled_for": schedule.as_dict()["scheduled_for"],
                         **(audit_metadata or {})},
         priority=trigger.priority if priority is None else priority,

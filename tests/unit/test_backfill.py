@@ -402,6 +402,25 @@ def test_a_trigger_deleted_while_its_backfill_goes_on_is_deleted_without_a_deadl
         assert not TriggerBackfill.objects.for_organization(org).filter(pk=backfill.pk).exists()
 
 
+@pytest.mark.django_db
+def test_a_backfill_stops_when_its_creator_may_no_longer_start_runs(org, make_workflow):
+    from tenancy.models import Membership, User
+
+    trig = daily_berlin(org, make_workflow)
+    user = User.objects.create_user(email="temp@example.org")
+    member = Membership.objects.create(organization=org, user=user, role=Role.MEMBER)
+    person = Actor(organization=org, role=Role.MEMBER, user=user, channel="web")
+    backfill = create_backfill(actor=person, trigger=trig, start=MARCH[0], end=MARCH[1], max_active_runs=100)
+    advance_backfill(backfill.pk, batch=2)
+    assert {r.triggered_by_id for r in backfill_runs(trig)} == {user.pk}  # on the creator's behalf
+    Membership.objects.for_organization(org).filter(pk=member.pk).update(role=Role.VIEWER)
+    backfill = run_through(backfill)
+    assert (backfill.state, backfill.created_runs) == ("cancelled", 2)
+    assert "may no longer start runs" in backfill.error
+    finished = AuditLog.objects.for_organization(org).get(action="trigger.backfill_finished")
+    assert finished.metadata["state"] == "cancelled"
+
+
 # --- the REST API --------------------------------------------------------------------------------
 
 
