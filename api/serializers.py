@@ -334,6 +334,15 @@ class _RunFieldsMixin(_WaitingReasonMixin):
     priority = serializers.IntegerField(read_only=True, help_text="-10 to 10, set at start (a retry keeps the "
                                         "original's); each task run's is this plus its task's.")
     triggered_by = serializers.SerializerMethodField()
+    scheduled_for = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The cron instant the run is for (a trigger's or a backfill's run, and their retries); null for "
+        "other runs. Not part of `input`.")
+    data_interval_start = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The data interval the run covers: from the schedule's previous instant (included) ...")
+    data_interval_end = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="... to `scheduled_for` (excluded). Null for other runs.")
 
     @extend_schema_field(WorkflowRefSerializer)
     def get_workflow(self, run) -> dict[str, Any]:
@@ -344,8 +353,9 @@ class _RunFieldsMixin(_WaitingReasonMixin):
         return run.triggered_by.email if run.triggered_by_id else None
 
 
-RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "triggered_by", "retry_of",
-              "error", "created_at", "started_at", "finished_at", "resumed_at", "waiting_reason"]
+RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "scheduled_for",
+              "data_interval_start", "data_interval_end", "triggered_by", "retry_of", "error", "created_at",
+              "started_at", "finished_at", "resumed_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):

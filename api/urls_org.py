@@ -3,14 +3,21 @@ the organization's limits, secrets."""
 
 from django.urls import path
 
+from api import views_backfills, views_secrets
 from api import views_org as views
-from api import views_secrets
 
 urlpatterns = [
     path("triggers/", views.TriggerListView.as_view(), name="trigger-list"),
     path("triggers/<uuid:pk>/", views.TriggerDetailView.as_view(), name="trigger-detail"),
     path("triggers/<uuid:pk>/pause/", views.TriggerPauseView.as_view(), name="trigger-pause"),
     path("triggers/<uuid:pk>/resume/", views.TriggerResumeView.as_view(), name="trigger-resume"),
+    path("triggers/<uuid:pk>/backfills/", views_backfills.BackfillListView.as_view(), name="trigger-backfill-list"),
+    path("triggers/<uuid:pk>/backfills/preview/", views_backfills.BackfillPreviewView.as_view(),
+         name="trigger-backfill-preview"),
+    path("triggers/<uuid:pk>/backfills/<uuid:backfill_pk>/", views_backfills.BackfillDetailView.as_view(),
+         name="trigger-backfill-detail"),
+    path("triggers/<uuid:pk>/backfills/<uuid:backfill_pk>/cancel/", views_backfills.BackfillCancelView.as_view(),
+         name="trigger-backfill-cancel"),
     path("members/", views.MemberListView.as_view(), name="member-list"),
     path("members/<uuid:pk>/", views.MemberDetailView.as_view(), name="member-detail"),
     path("invitations/", views.InvitationListView.as_view(), name="invitation-list"),

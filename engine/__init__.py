@@ -14,6 +14,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (generations a busy thread gives back to the broker), output (the result's
         size and shape, the failure's traceback), log_shipper (writes the lines the
         attempts capture).
+    backfill.py
+        backfills of cron triggers: one run per past instant of a range, through cron's
+        start of an instant (preview, create, cancel, and the pass that goes on with them).
     scheduler.py | reaper.py | sweeper.py | cron.py
         claim ready task runs; take back expired leases; close finished and timed-out
         runs; fire due cron triggers.

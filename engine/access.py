@@ -1,5 +1,5 @@
 """Reading one engine object by id for the API and the web UI: runs, workflow versions,
-task runs, cron triggers (tenancy.access explains the rule and holds the machinery).
+task runs, cron triggers and their backfills (tenancy.access explains the rule and holds the machinery).
 
 Each helper returns the object only when it belongs to the caller's organization and
 raises tenancy.access.ObjectNotFound otherwise — the same error, with the same message,
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models import ScheduledTrigger, TaskRun, Workflow, WorkflowRun
+from engine.models import ScheduledTrigger, TaskRun, TriggerBackfill, Workflow, WorkflowRun
 from tenancy.access import ObjectNotFound, Shape, access_by_id, parse_id
 
-__all__ = ["ObjectNotFound", "access_run", "access_task_run", "access_trigger", "access_workflow"]
+__all__ = ["ObjectNotFound", "access_backfill", "access_run", "access_task_run", "access_trigger",
+           "access_workflow"]
 
 
 def access_run(actor_or_org: Any, run_id: Any, *, shape: Shape | None = None) -> WorkflowRun:
@@ -41,3 +42,14 @@ def access_task_run(actor_or_org: Any, run_id: Any, task_run_id: Any, *, shape: 
 def access_trigger(actor_or_org: Any, trigger_id: Any, *, shape: Shape | None = None) -> ScheduledTrigger:
     """The cron trigger ``trigger_id`` of the organization; ObjectNotFound("no such trigger") otherwise."""
     return access_by_id(ScheduledTrigger, actor_or_org, trigger_id, what="trigger", shape=shape)
+
+
+def access_backfill(actor_or_org: Any, trigger_id: Any, backfill_id: Any, *, shape: Shape | None = None
+                    ) -> TriggerBackfill:
+    """The backfill ``backfill_id`` of the cron trigger ``trigger_id`` of the organization
+    (one query, the trigger is not read); ObjectNotFound("no such backfill") otherwise."""
+    trigger_pk = parse_id(trigger_id)
+    if trigger_pk is None:
+        raise ObjectNotFound("no such backfill")
+    return access_by_id(TriggerBackfill, actor_or_org, backfill_id, what="backfill", shape=shape,
+                        trigger_id=trigger_pk)

@@ -1,4 +1,5 @@
-"""Dramatiq actors: the scheduler, relay, reaper and task execution.
+"""Dramatiq actors: the scheduler, relay, reaper, cron triggers and their backfills, and task
+execution.
 
 Each is safe to run in many copies at once (SKIP LOCKED, unique constraints and
 conditional UPDATEs). They are woken by nudges sent on commit by the code that
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import dramatiq
 
-from engine import live, services
+from engine import backfill, live, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
@@ -57,6 +58,15 @@ def reap_leases() -> None:
 def fire_triggers() -> None:
     """Fire due cron triggers (each scheduled instant at most once)."""
     fire_due_triggers()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def advance_backfills() -> None:
+    """Let the cron triggers' backfills go on (each for a batch of instants, in turn);
+    sends itself again while one has more it could do now (a long backfill is not paced
+    by the clock's period)."""
+    if backfill.advance_backfills().more:
+        advance_backfills.send()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)

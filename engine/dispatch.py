@@ -33,6 +33,7 @@ ACTOR_QUEUES: dict[str, str] = {
     "relay_outbox": CONTROL_QUEUE,
     "reap_leases": CONTROL_QUEUE,
     "fire_triggers": CONTROL_QUEUE,
+    "advance_backfills": CONTROL_QUEUE,
     "sweep_runs": CONTROL_QUEUE,
     "housekeeping": CONTROL_QUEUE,
     "execute_task_run": TASK_QUEUE,

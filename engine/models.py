@@ -24,6 +24,7 @@ from django.db.models.lookups import LessThanOrEqual
 from engine.states import (  # noqa: F401
     RUN_TERMINAL_STATES,
     TASK_TERMINAL_STATES,
+    BackfillState,
     EventKind,
     RunState,
     SkipReason,
@@ -67,6 +68,8 @@ class TriggerSource(models.TextChoices):
     WEB = "web"
     CRON = "cron"
     RETRY = "retry"
+    #: Started by a backfill of a cron trigger (engine.backfill) for a past instant.
+    BACKFILL = "backfill"
 
 
 def _in(field: str, values) -> Q:
@@ -264,6 +267,14 @@ class WorkflowRun(models.Model):
     trigger = models.ForeignKey(
         "engine.ScheduledTrigger", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
+    # The cron instant this run is for and the data interval it covers, in UTC
+    # (engine.states.RunSchedule: [previous instant, scheduled_for)); NULL for a run no
+    # trigger or backfill started. A retry keeps its original's. No CHECK ties the three
+    # together: adding one would scan this (hot, large) table under an exclusive lock;
+    # run_insert is their only writer.
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    data_interval_start = models.DateTimeField(null=True, blank=True)
+    data_interval_end = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     # PRIORITY_MIN..PRIORITY_MAX, set at start; each task run's is this plus its task's.
     priority = models.SmallIntegerField(db_default=0)
@@ -579,6 +590,10 @@ class ScheduledTrigger(models.Model):
     # The next instant to fire, in UTC; the tick's query reads enabled rows due now.
     next_fire_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
+    # The last time the clock found instants it did not fire (catch-up past MAX_CATCH_UP,
+    # or by its policy): engine.cron.missed_note's object, shown on the trigger; NULL
+    # when it never happened.
+    missed_instants = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -666,6 +681,9 @@ class TriggerFiring(models.Model):
     trigger = models.ForeignKey(ScheduledTrigger, on_delete=models.CASCADE, related_name="firings")
     scheduled_for = models.DateTimeField()
     workflow_run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The backfill that fired this instant (NULL: the clock did). Indexed by idx_firing_backfill.
+    backfill = models.ForeignKey("engine.TriggerBackfill", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="firings", db_index=False)
     outcome = models.CharField(max_length=20, default="started")
     detail = models.TextField(blank=True, default="")
     fired_at = models.DateTimeField(db_default=Now())
@@ -680,9 +698,84 @@ class TriggerFiring(models.Model):
                 condition=Q(outcome__in=["started", "skipped", "failed"]), name="triggerfiring_outcome_valid"
             ),
         ]
+        indexes = [
+            # A backfill's firings: its runs still going (max_active_runs), its page's list.
+            models.Index(fields=["backfill", "scheduled_for"], name="idx_firing_backfill",
+                         condition=Q(backfill__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"firing of {self.trigger_id} for {self.scheduled_for}"
+
+
+class TriggerBackfill(models.Model):
+    """A backfill of a cron trigger: one run per instant of the trigger's schedule in
+    [range_start, range_end] (UTC, both inclusive), oldest first (engine.backfill).
+
+    The schedule (``cron_expression``, ``timezone``) is the trigger's when the backfill was
+    made, so the instants are the ones its preview counted. Each instant is claimed through
+    the trigger's firings (``uniq_triggerfiring_instant``), the key the clock's firings use
+    too, so an instant never gets two runs, whoever fires it. ``next_instant`` is the next
+    instant to fire (NULL once finished); ``not_before`` when the backfill may go on (its
+    ``max_active_runs`` runs are going, or the organization's start quota is full).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    # Indexed by idx_backfill_trigger_recent (it leads with the trigger).
+    trigger = models.ForeignKey(ScheduledTrigger, on_delete=models.CASCADE, related_name="backfills",
+                                db_index=False)
+    state = models.CharField(max_length=20, choices=BackfillState.choices, default=BackfillState.RUNNING)
+    range_start = models.DateTimeField()
+    range_end = models.DateTimeField()
+    cron_expression = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64)
+    # How many of its runs may be going (pending or running) at once (1..BACKFILL_MAX_ACTIVE_RUNS).
+    max_active_runs = models.SmallIntegerField()
+    # The priority of the runs it starts (PRIORITY_MIN..PRIORITY_MAX).
+    priority = models.SmallIntegerField(default=0)
+    # Instants in the range; runs it started; instants that already had a run.
+    total = models.IntegerField()
+    created_runs = models.IntegerField(default=0)
+    skipped = models.IntegerField(default=0)
+    next_instant = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(db_default=Now())
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_triggerbackfill"
+        constraints = [
+            models.CheckConstraint(condition=_in("state", BackfillState.values), name="backfill_state_valid"),
+            models.CheckConstraint(condition=Q(range_start__lte=F("range_end")), name="backfill_range_ordered"),
+            models.CheckConstraint(condition=Q(max_active_runs__gte=1), name="backfill_max_active_runs_positive"),
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="backfill_priority_range"),
+            # One backfill going per trigger: its instants are fired in one order.
+            models.UniqueConstraint(fields=["trigger"], condition=Q(state="running"),
+                                    name="uniq_backfill_running_per_trigger"),
+            # running <=> not finished.
+            models.CheckConstraint(
+                condition=(Q(state="running", finished_at__isnull=True)
+                           | (~Q(state="running") & Q(finished_at__isnull=False))),
+                name="backfill_finished_at_matches_state",
+            ),
+        ]
+        indexes = [
+            # The clock's pass: WHERE state = 'running' AND not_before <= now() ORDER BY not_before.
+            models.Index(fields=["not_before"], name="idx_backfill_due", condition=Q(state="running")),
+            # A trigger's backfills, newest first (its page, GET /triggers/<id>/backfills/).
+            models.Index(F("trigger"), F("created_at").desc(), name="idx_backfill_trigger_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"backfill {self.id} of {self.trigger_id} ({self.state})"
 
 
 class RunSubscription(models.Model):

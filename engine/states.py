@@ -1,4 +1,5 @@
-"""The engine's vocabulary: run states, task-run states, event kinds and queue names.
+"""The engine's vocabulary: run states, task-run states, event kinds, queue names, backfill
+states and the shape of a cron run's scheduled instant (``RunSchedule``).
 
 Every other module spells these through the names here. The database holds the same
 lists as CHECK constraints (seed 000, "Why varchar + CHECK"): ``wfrun_state_valid``,
@@ -12,6 +13,9 @@ both hold, and a member passed as a query parameter is its value.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import datetime as dt
 
 from django.db import models
 
@@ -228,3 +232,40 @@ __all__ = [
     "TaskRunState",
     "TriggerRule",
 ]
+
+
+class BackfillState(models.TextChoices):
+    """A cron trigger's backfill (``TriggerBackfill``, ``backfill_state_valid``)."""
+
+    #: Starting one run per instant of its range, oldest first (waiting while its
+    #: ``max_active_runs`` are going or the organization's start quota is full).
+    RUNNING = "running"
+    #: Every instant of its range has a run (started by it, or already there).
+    SUCCEEDED = "succeeded"
+    #: Stopped at an instant no run could start for (``error`` says why); the instants
+    #: before it keep their runs, and a new backfill of the range picks up from there.
+    FAILED = "failed"
+    #: Cancelled by a person or an API key; the runs it started go on.
+    CANCELLED = "cancelled"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSchedule:
+    """The cron instant a run is for and the data interval it covers (all UTC, aware).
+
+    ``scheduled_for`` is the instant of the trigger's schedule the run was started for
+    (by the clock, or by a backfill); the data interval is the period that ended at that
+    instant: from the schedule's previous instant (``data_interval_start``, inclusive) to
+    ``scheduled_for`` (``data_interval_end``, exclusive) — Airflow's data interval of a
+    cron schedule. A daily ``0 0 * * *`` run scheduled for 2026-03-02 00:00 covers
+    2026-03-01, the day that has just ended.
+    """
+
+    scheduled_for: dt.datetime
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+
+    def as_dict(self) -> dict[str, str]:
+        """The three instants as ISO 8601 strings in UTC (``...+00:00``), keyed by name."""
+        return {name: getattr(self, name).astimezone(dt.UTC).isoformat()
+                for name in ("scheduled_for", "data_interval_start", "data_interval_end")}

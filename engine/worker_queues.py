@@ -271,6 +271,8 @@ def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any
         "input": task_input,
         "run_input": a.run_input,
         "upstream": a.upstream,
+        # A cron run's instant and data interval (ISO 8601, UTC); null for other runs.
+        "schedule": a.schedule.as_dict() if a.schedule is not None else None,
         "timeout_seconds": a.timeout_seconds,
         "lease_seconds": lease,
         # A third of the lease granted (shorter than the setting's when the timeout is nearer).

@@ -441,6 +441,12 @@ FLOWFORGE_METRICS_TOP_ORGS = int(os.environ.get("FLOWFORGE_METRICS_TOP_ORGS", "1
 FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
 FLOWFORGE_CLOCK_SWEEP_SECONDS = env_float("FLOWFORGE_CLOCK_SWEEP_SECONDS", 10.0)
 FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)
+# How often the clock lets the cron triggers' backfills go on (engine.backfill), in seconds.
+FLOWFORGE_CLOCK_BACKFILL_SECONDS = env_float("FLOWFORGE_CLOCK_BACKFILL_SECONDS", 2.0)
+# Backfills (engine.backfill): the most instants (runs) one backfill may cover, and the most
+# backfills an organization may have going at once.
+FLOWFORGE_BACKFILL_MAX_RUNS = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNS", "1000"))
+FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG", "5"))
 # Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
 FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
 # Where example workflows write their reports.

@@ -52,3 +52,10 @@ def slow_logger(input, upstream, seconds=2.0, every=0.1, context=None):
         log.info("tick %d", n)
         time.sleep(every)
     return {"ticks": n}
+
+
+def schedule_of(input, upstream, context=None):
+    """Return the cron instant and data interval the run is for, as the handler's context
+    holds it (``TaskContext.schedule``: ISO 8601 strings in UTC), or None for a run that
+    has none."""
+    return context.schedule.as_dict() if context.schedule is not None else None

@@ -11,6 +11,7 @@ from flowforge.settings import FLOWFORGE_TASK_CALLABLES as _DEPLOYMENT_CALLABLES
 FLOWFORGE_TASK_CALLABLES = [
     *_DEPLOYMENT_CALLABLES,
     "tests.callables.echo",  # tests/unit/test_handlers.py, tests/unit/test_definitions.py
+    "tests.callables.schedule_of",  # tests/unit/test_cron_dates.py, tests/integration/test_cron_clock.py
     "tests.faults.tasks.kill_own_worker",  # the fault suite's self_killing_task scenario
     # Issue 19: what an attempt logs, prints and raises (tests/unit/test_attempt_logs.py,
     # tests/integration/test_task_logs.py, tests/e2e/test_browser_task_panel.py).

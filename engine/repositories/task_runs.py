@@ -51,7 +51,7 @@ from engine.repositories.types import (
     SuccessRequest,
 )
 from engine.sql import queries
-from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES
+from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES, RunSchedule
 from flowforge.jsonb import strip_nul
 from tenancy.limits import plan_table
 
@@ -345,6 +345,7 @@ def start_and_complete_many(
             dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
             has_dependents=r[13],
             condition=r[14] or "",
+            schedule=RunSchedule(r[15], r[16], r[17]) if r[15] is not None else None,
         )
         for r in start_rows
     }

@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from typing import Any
 
-from engine.states import TASK_QUEUE
+from engine.states import TASK_QUEUE, RunSchedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +55,8 @@ class StartedAttempt:
     # The task's condition (a CEL expression, engine.conditions), '' for none: evaluated
     # before the handler; false skips the task run (task_runs.skip_for_condition).
     condition: str = ""
+    # The cron instant and data interval of the run (None for a run no trigger or backfill started).
+    schedule: RunSchedule | None = None
 
 
 @dataclasses.dataclass(frozen=True)

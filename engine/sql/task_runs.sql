@@ -368,7 +368,9 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
            ORDER BY e.created_at DESC LIMIT 1)),
        EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
        -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).
-       s.condition
+       s.condition,
+       -- A cron run's instant and data interval (StartedAttempt.schedule; NULLs otherwise).
+       r.scheduled_for, r.data_interval_start, r.data_interval_end
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
@@ -480,7 +482,7 @@ WITH sreq AS (
 -- ('d', id, workflow_run_id, state at [4], fencing_token at [9]) per success, padded with
 -- NULLs to the starts' width, then ('s', task_run_start_many's row) per start.
 SELECT 'd', d.id, d.workflow_run_id, NULL, d.state, NULL, NULL, NULL, NULL, d.fencing_token,
-       NULL, NULL, NULL, NULL, NULL, NULL FROM done d
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done d
 UNION ALL
 SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
        s.fencing_token, s.timeout_seconds, r.input,
@@ -505,7 +507,9 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
            ORDER BY e.created_at DESC LIMIT 1)),
        EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
        -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).
-       s.condition
+       s.condition,
+       -- A cron run's instant and data interval (StartedAttempt.schedule; NULLs otherwise).
+       r.scheduled_for, r.data_interval_start, r.data_interval_end
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 

@@ -201,6 +201,7 @@ def _execute(
         config=started.config,
         input=started.run_input,
         upstream=started.upstream,
+        schedule=started.schedule,
     )
     hb = heartbeater()
     hb.register(context)

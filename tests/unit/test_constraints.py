@@ -909,3 +909,43 @@ def test_an_unknown_log_stream_violates_tasklog_stream_valid(run):
         organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
         level="info", stream="syslog", message="x"))
     assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 6
+
+
+# --- Backfills of cron triggers (issue 19) ------------------------------------------------------
+
+
+def _backfill(org, trig, **overrides):
+    from engine.models import TriggerBackfill
+
+    fields = {"organization": org, "trigger": trig, "state": "running",
+              "range_start": dt.datetime(2026, 3, 1, tzinfo=dt.UTC), "range_end": dt.datetime(2026, 3, 31, tzinfo=dt.UTC),
+              "cron_expression": "0 6 * * *", "timezone": "Europe/Berlin", "max_active_runs": 10, "total": 31}
+    fields.update(overrides)
+    return TriggerBackfill(**fields)
+
+
+def test_a_second_running_backfill_of_a_trigger_violates_uniq_backfill_running_per_trigger(org):
+    from engine.models import TriggerBackfill
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    TriggerBackfill.objects.bulk_create([_backfill(org, trig)])
+    violation("uniq_backfill_running_per_trigger", lambda: TriggerBackfill.objects.bulk_create([_backfill(org, trig)]))
+    # Finished ones do not count.
+    TriggerBackfill.objects.bulk_create([_backfill(org, trig, state="succeeded", finished_at=timezone.now())])
+    assert TriggerBackfill.objects.for_organization(org).count() == 2
+
+
+def test_backfill_rows_out_of_their_rules_violate_their_checks(org):
+    from engine.models import TriggerBackfill
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    (row,) = TriggerBackfill.objects.bulk_create([_backfill(org, trig)])
+    rows = TriggerBackfill.objects.for_organization(org).filter(pk=row.pk)
+    violation("backfill_state_valid", lambda: rows.update(state="paused", finished_at=timezone.now()))
+    violation("backfill_range_ordered", lambda: rows.update(range_end=dt.datetime(2026, 2, 1, tzinfo=dt.UTC)))
+    violation("backfill_max_active_runs_positive", lambda: rows.update(max_active_runs=0))
+    violation("backfill_priority_range", lambda: rows.update(priority=11))
+    violation("backfill_finished_at_matches_state", lambda: rows.update(state="succeeded"))
+    violation("backfill_finished_at_matches_state", lambda: rows.update(finished_at=timezone.now()))
+    rows.update(state="cancelled", finished_at=timezone.now())
+    assert rows.get().state == "cancelled"

@@ -58,6 +58,10 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:trigger-detail": {"pk": "trigger"},
     "api:trigger-pause": {"pk": "trigger"},
     "api:trigger-resume": {"pk": "trigger"},
+    "api:trigger-backfill-list": {"pk": "trigger"},
+    "api:trigger-backfill-preview": {"pk": "trigger"},
+    "api:trigger-backfill-detail": {"pk": "trigger", "backfill_pk": "backfill"},
+    "api:trigger-backfill-cancel": {"pk": "trigger", "backfill_pk": "backfill"},
     "api:member-detail": {"pk": "membership"},
     "api:invitation-revoke": {"pk": "invitation"},
     "frontend:member_role": {"membership_id": "membership"},
@@ -85,6 +89,9 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:trigger_pause": {"trigger_id": "trigger"},
     "frontend:trigger_resume": {"trigger_id": "trigger"},
     "frontend:trigger_delete": {"trigger_id": "trigger"},
+    "frontend:trigger_detail": {"trigger_id": "trigger"},
+    "frontend:trigger_backfill": {"trigger_id": "trigger"},
+    "frontend:trigger_backfill_cancel": {"trigger_id": "trigger", "backfill_id": "backfill"},
     "frontend:apikey_revoke": {"key_id": "api_key"},
     # The worker API (worker keys only: asked by A's worker key, see clients()).
     "api:worker-heartbeat": {"pk": "worker_task_run"},
@@ -132,6 +139,7 @@ class TenantData:
             "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
             "trigger": str(trigger_of(self).pk),
+            "backfill": str(backfill_of(self).pk),
             "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.worker_run).pk),
             "worker_run": str(self.worker_run.pk),
             "secret": secret_of(self),
@@ -146,6 +154,18 @@ def trigger_of(tenant: TenantData) -> ScheduledTrigger:
     actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
     return create_trigger(actor=actor, data={"name": f"{tenant.org.slug} nightly", "cron_expression": "0 2 * * *",
                                              "workflow_name": tenant.workflow.name, "timezone": "UTC"})
+
+
+def backfill_of(tenant: TenantData):
+    """The backfill of the tenant's trigger (made on first use by its owner, left running)."""
+    from engine.backfill import create_backfill
+    from engine.models import TriggerBackfill
+
+    found = TriggerBackfill.objects.for_organization(tenant.org).first()
+    if found is not None:
+        return found
+    actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+    return create_backfill(actor=actor, trigger=trigger_of(tenant), start="2026-03-01", end="2026-03-02")
 
 
 def secret_of(tenant: TenantData) -> str:
@@ -277,6 +297,7 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
     assert Invitation.objects.for_organization(b.org).get(pk=b.invitation.pk).revoked_at is None
     assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
     assert Secret.objects.for_organization(b.org).get(name=b_ids["secret"]).version == 1
+    assert backfill_of(b).state == "running"
 
 
 @pytest.mark.django_db
