@@ -11,10 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models import ScheduledTrigger, TaskRun, Workflow, WorkflowRun
+from engine.models import (
+    NotificationDelivery,
+    ScheduledTrigger,
+    TaskRun,
+    WebhookEndpoint,
+    Workflow,
+    WorkflowRun,
+)
 from tenancy.access import ObjectNotFound, Shape, access_by_id, parse_id
 
-__all__ = ["ObjectNotFound", "access_run", "access_task_run", "access_trigger", "access_workflow"]
+__all__ = ["ObjectNotFound", "access_delivery", "access_endpoint", "access_run", "access_task_run", "access_trigger",
+           "access_workflow"]
 
 
 def access_run(actor_or_org: Any, run_id: Any, *, shape: Shape | None = None) -> WorkflowRun:
@@ -41,3 +49,19 @@ def access_task_run(actor_or_org: Any, run_id: Any, task_run_id: Any, *, shape: 
 def access_trigger(actor_or_org: Any, trigger_id: Any, *, shape: Shape | None = None) -> ScheduledTrigger:
     """The cron trigger ``trigger_id`` of the organization; ObjectNotFound("no such trigger") otherwise."""
     return access_by_id(ScheduledTrigger, actor_or_org, trigger_id, what="trigger", shape=shape)
+
+
+def access_endpoint(actor_or_org: Any, endpoint_id: Any, *, shape: Shape | None = None) -> WebhookEndpoint:
+    """The webhook endpoint ``endpoint_id`` of the organization; ObjectNotFound("no such webhook") otherwise."""
+    return access_by_id(WebhookEndpoint, actor_or_org, endpoint_id, what="webhook", shape=shape)
+
+
+def access_delivery(actor_or_org: Any, endpoint_id: Any, delivery_id: Any, *,
+                    shape: Shape | None = None) -> NotificationDelivery:
+    """The delivery ``delivery_id`` to the webhook endpoint ``endpoint_id`` of the organization
+    (one query, the endpoint is not read); ObjectNotFound("no such delivery") for any other."""
+    endpoint_pk = parse_id(endpoint_id)
+    if endpoint_pk is None:
+        raise ObjectNotFound("no such delivery")
+    return access_by_id(NotificationDelivery, actor_or_org, delivery_id, what="delivery", shape=shape,
+                        endpoint_id=endpoint_pk)

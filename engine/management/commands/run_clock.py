@@ -15,8 +15,8 @@ log = logging.getLogger("flowforge.clock")
 
 class Command(BaseCommand):
     help = (
-        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases and fire_triggers "
-        "(and housekeeping every few minutes)."
+        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases, fire_triggers "
+        "and notify_tick (and housekeeping every few minutes)."
     )
 
     def add_arguments(self, parser):
@@ -31,6 +31,7 @@ class Command(BaseCommand):
             ("fire_triggers", settings.FLOWFORGE_CLOCK_TRIGGER_SECONDS),
             ("sweep_runs", settings.FLOWFORGE_CLOCK_SWEEP_SECONDS),
             ("housekeeping", settings.FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS),
+            ("notify_tick", settings.FLOWFORGE_CLOCK_NOTIFY_SECONDS),
         ]
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
