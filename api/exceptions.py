@@ -13,7 +13,8 @@ ran, Django's own 500 page) are turned into the same shape by
 
 Service-layer errors are translated here, so views can let them propagate:
 tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError, a refused
-start's InvalidStart and a refused secret's InvalidSecret → 400 naming its field, a missing
+start's InvalidStart, a refused secret's InvalidSecret and a refused webhook endpoint's
+InvalidWebhook → 400 naming its field, a missing
 (or another organization's) object → 404, a body over the limit → 413, an organization's
 quota (tenancy.limits.QuotaExceeded) → 429 with Retry-After for the runs-per-minute
 quota, else 422, both with code ``quota_exceeded`` and the members ``limit``,
@@ -47,6 +48,7 @@ from rest_framework.views import set_rollback
 from api.authentication import unsupported_scheme_detail
 from engine.services import InvalidStart
 from engine.triggers import TriggerError
+from engine.webhooks import InvalidWebhook
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
@@ -150,7 +152,7 @@ def _translate(exc: Exception) -> Exception:
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
-    if isinstance(exc, TriggerError | InvalidStart | InvalidSecret):
+    if isinstance(exc, TriggerError | InvalidStart | InvalidSecret | InvalidWebhook):
         return exceptions.ValidationError({exc.field: [exc.message]})
     if isinstance(exc, QuotaExceeded):
         return QuotaProblem(exc)

@@ -54,9 +54,9 @@ EVENT_TYPES: tuple[str, ...] = tuple(NotificationType.values)
 EDITABLE = ("url", "event_types", "workflow_name", "description", "enabled")
 
 __all__ = [
-    "EVENT_TYPES", "InvalidWebhook", "create_endpoint", "decrypt_secrets", "delete_endpoint",
-    "drop_subscriptions_of", "endpoints_of", "failure_subscribed", "replay_delivery", "rotate_secret",
-    "set_failure_subscription", "subscribed_workflow_names", "update_endpoint",
+    "EVENT_TYPES", "InvalidWebhook", "ReplayRefused", "create_endpoint", "decrypt_secrets", "delete_endpoint",
+    "drop_subscriptions_of", "endpoints_of", "failure_subscribed", "nudge_notifier", "replay_delivery",
+    "rotate_secret", "set_failure_subscription", "subscribed_workflow_names", "update_endpoint",
 ]
 
 

@@ -269,6 +269,9 @@ SPECTACULAR_SETTINGS = {
         # A member's role and an API key's (which adds "worker"): two fields named role.
         "RoleEnum": "tenancy.models.Role",
         "KeyRoleEnum": "tenancy.models.KeyRole",
+        # Notifications (issue 19): the types a webhook subscribes to, a delivery's state.
+        "NotificationTypeEnum": "engine.states.NotificationType",
+        "DeliveryStateEnum": "engine.states.DeliveryState",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).
