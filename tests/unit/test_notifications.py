@@ -11,14 +11,8 @@ sends go to this checkout's Redis namespace and are flushed after each test.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import threading
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.core import mail
@@ -38,59 +32,12 @@ from tenancy.models import Membership, Role, User
 from tenancy.permissions import Forbidden
 from tenancy.services import remove_member
 from tests.unit.test_web_runs import actor_for, drive_run, member
+from tests.webhook_receiver import receiver_server
 
 pytestmark = pytest.mark.django_db
 
 
 # --- a receiver ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Receiver:
-    """A local HTTP server's address, what it received, and how it answers (``status``,
-    ``body``, ``delay`` seconds before answering, ``location`` for a redirect)."""
-
-    url: str
-    received: list[dict] = field(default_factory=list)
-    status: int = 200
-    body: bytes = b'{"ok": true}'
-    delay: float = 0.0
-    location: str = ""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_POST(self):
-        receiver: Receiver = self.server.receiver
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length)
-        receiver.received.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                  "body": body})
-        if receiver.delay:
-            time.sleep(receiver.delay)
-        self.send_response(receiver.status)
-        if receiver.location:
-            self.send_header("Location", receiver.location)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(receiver.body)))
-        self.end_headers()
-        self.wfile.write(receiver.body)
-
-
-@contextlib.contextmanager
-def receiver_server() -> Iterator[Receiver]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.daemon_threads = True
-    httpd.receiver = Receiver(url=f"http://127.0.0.1:{httpd.server_address[1]}/hooks/flowforge?token=abc")
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield httpd.receiver
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @pytest.fixture
