@@ -35,7 +35,6 @@ from api.serializers_webhooks import (
 from api.views_org import AdminAPIView
 from engine import notifications
 from engine.access import access_delivery, access_endpoint
-from engine.models import NotificationDelivery
 from tenancy.permissions import Action
 
 ENDPOINT_ID = "6a7b8c9d-0e1f-4a2b-8c3d-4e5f6a7b8c9d"
@@ -221,8 +220,7 @@ class WebhookRotateView(_WebhookView):
 
 
 def _deliveries(organization, endpoint_id):
-    return (NotificationDelivery.objects.for_organization(organization).filter(endpoint_id=endpoint_id)
-            .select_related("event").prefetch_related("attempt_log"))
+    return notifications.deliveries_of(organization, endpoint_id)
 
 
 class WebhookDeliveryListView(_WebhookView):
@@ -266,9 +264,8 @@ class WebhookDeliveryDetailView(_WebhookView):
                    responses={200: DeliveryDetailSerializer, **NOT_FOUND, **FORBIDDEN},
                    examples=[_example("delivery", {**DELIVERY_EXAMPLE, "body": BODY_EXAMPLE})])
     def get(self, request, pk, delivery_id):
-        delivery = access_delivery(self.actor, pk, delivery_id,
-                                   shape=lambda qs: qs.select_related("event").prefetch_related("attempt_log"))
-        return Response(DeliveryDetailSerializer(delivery).data)
+        delivery = access_delivery(self.actor, pk, delivery_id)
+        return Response(DeliveryDetailSerializer(_deliveries(self.organization, pk).get(pk=delivery.pk)).data)
 
 
 class WebhookDeliveryReplayView(_WebhookView):

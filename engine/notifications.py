@@ -29,13 +29,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from audit import services as audit
 from engine import dispatch, webhooks
 from engine.definitions import NAME_RE as WORKFLOW_NAME_RE
-from engine.models import FailureSubscription, NotificationDelivery, NotificationType, WebhookEndpoint
+from engine.models import (
+    FailureSubscription,
+    NotificationAttempt,
+    NotificationDelivery,
+    NotificationType,
+    WebhookEndpoint,
+)
 from engine.states import DeliveryChannel, DeliveryState
 from engine.webhooks import InvalidWebhook
 from tenancy import vault
@@ -54,7 +60,8 @@ EVENT_TYPES: tuple[str, ...] = tuple(NotificationType.values)
 EDITABLE = ("url", "event_types", "workflow_name", "description", "enabled")
 
 __all__ = [
-    "EVENT_TYPES", "InvalidWebhook", "ReplayRefused", "create_endpoint", "decrypt_secrets", "delete_endpoint",
+    "EVENT_TYPES", "InvalidWebhook", "ReplayRefused", "create_endpoint", "decrypt_secrets", "deliveries_of",
+    "delete_endpoint",
     "drop_subscriptions_of", "endpoints_of", "failure_subscribed", "nudge_notifier", "replay_delivery",
     "rotate_secret", "set_failure_subscription", "subscribed_workflow_names", "update_endpoint",
 ]
@@ -82,6 +89,50 @@ def decrypt_secrets(organization_id: Any, endpoint_id: Any, current: str, previo
     if previous:
         out.append(vault.decrypt(previous, organization_id=organization_id, name=_vault_name(endpoint_id)))
     return out
+
+
+def rotate_endpoint_keys(*, batch_size: int = vault.ROTATE_BATCH_SIZE) -> vault.RotationResult:
+    """Re-encrypt every endpoint's signing secrets (current and previous) under the first
+    key of FLOWFORGE_SECRET_KEYS, ``batch_size`` rows per transaction, like
+    tenancy.vault.rotate_keys (idempotent; an undecryptable row is left and listed). Every
+    organization's rows: system code (``manage.py rotate_secret_keys``, through
+    tenancy.signals.secret_keys_rotated)."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    examined = rewritten = 0
+    undecryptable: list[uuid.UUID] = []
+    after: uuid.UUID | None = None
+    while True:
+        with transaction.atomic():
+            batch = (WebhookEndpoint.objects.unscoped().order_by("id").select_for_update()
+                     .only("id", "secret_ciphertext", "previous_secret_ciphertext"))
+            if after is not None:
+                batch = batch.filter(id__gt=after)
+            rows = list(batch[:batch_size])
+            changed = []
+            for row in rows:
+                try:
+                    tokens = [vault.reencrypt(row.secret_ciphertext),
+                              vault.reencrypt(row.previous_secret_ciphertext) if row.previous_secret_ciphertext
+                              else None]
+                except vault.DecryptionError:
+                    undecryptable.append(row.pk)
+                    continue
+                if tokens[0] is not None:
+                    row.secret_ciphertext = tokens[0]
+                if tokens[1] is not None:
+                    row.previous_secret_ciphertext = tokens[1]
+                if tokens != [None, None]:
+                    changed.append(row)
+            if changed:
+                WebhookEndpoint.objects.unscoped().bulk_update(changed, ["secret_ciphertext",
+                                                                         "previous_secret_ciphertext"])
+        examined += len(rows)
+        rewritten += len(changed)
+        if len(rows) < batch_size:
+            break
+        after = rows[-1].pk
+    return vault.RotationResult(examined=examined, rewritten=rewritten, undecryptable=undecryptable)
 
 
 # --- validation -------------------------------------------------------------------------------------
@@ -148,6 +199,15 @@ def _snapshot(endpoint: WebhookEndpoint) -> dict[str, Any]:
 
 
 # --- endpoints ---------------------------------------------------------------------------------------
+
+
+def deliveries_of(organization: Any, endpoint_id: Any) -> QuerySet[NotificationDelivery]:
+    """The deliveries to one endpoint of the organization, with their event and their
+    attempts (oldest first) fetched in two more queries whatever their number: the delivery
+    log's rows. The caller orders and pages them, and checks ``webhook.manage``."""
+    attempts = NotificationAttempt.objects.for_organization(organization).order_by("number")
+    return (NotificationDelivery.objects.for_organization(organization).filter(endpoint_id=endpoint_id)
+            .select_related("event").prefetch_related(Prefetch("attempt_log", queryset=attempts)))
 
 
 def endpoints_of(organization: Any) -> QuerySet[WebhookEndpoint]:

@@ -96,6 +96,12 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:webhook-deliveries": {"pk": "webhook"},
     "api:webhook-delivery-detail": {"pk": "webhook", "delivery_id": "delivery"},
     "api:webhook-delivery-replay": {"pk": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_detail": {"endpoint_id": "webhook"},
+    "frontend:webhook_rotate": {"endpoint_id": "webhook"},
+    "frontend:webhook_delete": {"endpoint_id": "webhook"},
+    "frontend:webhook_delivery": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_delivery_replay": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:workflow_failure_emails": {"workflow_id": "workflow"},
     "frontend:secret_rotate": {"name": "secret"},
     "frontend:secret_delete": {"name": "secret"},
 }

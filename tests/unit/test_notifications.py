@@ -605,3 +605,25 @@ def test_users_of_other_organizations_are_never_emailed(make_org):
     FailureSubscription.objects.create(organization=org, user=outsider, workflow_name="nightly")
     finished_run(org, "nightly", fail=True)
     assert NotificationDelivery.objects.unscoped().count() == 0
+
+
+def test_rotate_secret_keys_re_encrypts_the_webhook_secrets_too(make_org, settings):
+    from io import StringIO
+
+    from cryptography.fernet import Fernet
+    from django.core.management import call_command
+
+    old_key, new_key = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    settings.FLOWFORGE_SECRET_KEYS = [old_key]
+    org = make_org()
+    endpoint, secret = endpoint_for(org, "https://93.184.215.14/hook")
+    _rotated, current = notifications.rotate_secret(actor=actor_for(org), endpoint=endpoint,
+                                                    previous_valid_seconds=60)
+    settings.FLOWFORGE_SECRET_KEYS = [new_key, old_key]
+    out = StringIO()
+    call_command("rotate_secret_keys", stdout=out)
+    assert "1 webhook secrets examined, 1 re-encrypted" in out.getvalue()
+    settings.FLOWFORGE_SECRET_KEYS = [new_key]  # the old key dropped
+    row = type(endpoint).objects.for_organization(org).get(pk=endpoint.pk)
+    assert notifications.decrypt_secrets(org.pk, endpoint.pk, row.secret_ciphertext,
+                                         row.previous_secret_ciphertext) == [current, secret]
