@@ -13,14 +13,18 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (the batching's thread hand-over), heartbeat (extends worker leases), handoff
         (generations a busy thread gives back to the broker), output (the result's
         size and shape).
-    scheduler.py | reaper.py | sweeper.py | cron.py
+    scheduler.py | reaper.py | sweeper.py | cron.py | notifier.py
         claim ready task runs; take back expired leases; close finished and timed-out
-        runs; fire due cron triggers.
+        runs; fire due cron triggers; claim and send the notifications' outbox (webhook
+        POSTs, failure emails: docs/notifications.md).
     services.py | signals.py | worker_queues.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
         worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
         fail) for the organizations' own workers (docs/workers.md).
+    notifications.py
+        webhook endpoints (create, change, rotate the secret, delete), failure
+        subscriptions and the replay of a delivery: what the API and the pages call.
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -41,8 +45,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     limit_keys.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
-    handlers/ : egress.py : secret_refs.py
-        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
+    handlers/ : egress.py : secret_refs.py : webhooks.py
+        task types (noop, sleep, fail, python, http, worker) and the egress policy http
+        (and webhooks) obey; webhooks: an endpoint URL's rules, the signature, one POST;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
         what the attempt leaves behind (it reads tenancy.vault).
@@ -67,7 +72,9 @@ in one statement (``repositories``) and publishes them; the worker
 handler (``handlers``) and records the completion, which promotes the dependents and,
 in the same transaction, claims for its organization (the fair claim, below);
 ``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
-how organizations share the workers.
+how organizations share the workers. A run's end and a task run's failure are also
+recorded as notifications, in the same transaction, by a trigger on the run's history
+(migration 0023), and sent by ``notifier`` (docs/notifications.md).
 
 Glossary
 --------
