@@ -203,22 +203,26 @@ def _excerpt(raw: bytes) -> str:
 def post(url: str, body: bytes, headers: dict[str, str], *, timeout_seconds: float,
          max_response_bytes: int) -> PostResult:
     """POST ``body`` (JSON) to ``url`` with ``headers``, without following redirects, through
-    the egress policy; read at most ``max_response_bytes`` of the answer. Never raises for
-    what the network or the receiver does: every outcome is a PostResult."""
+    the egress policy; read at most ``max_response_bytes`` of the answer, as sent (asked
+    for without compression, and never decompressed). Never raises for what the network or
+    the receiver does: every outcome is a PostResult."""
     started = time.monotonic()
 
     def done(ok: bool, retryable: bool, status: int | None, error: str, raw: bytes = b"",
              truncated: bool = False) -> PostResult:
-        return PostResult(ok=ok, retryable=retryable, status=status, error=error[:1000], excerpt=_excerpt(raw),
+        return PostResult(ok=ok, retryable=retryable, status=status, error=error.replace("\x00", "")[:1000],
+                          excerpt=_excerpt(raw),
                           truncated=truncated, duration_ms=int((time.monotonic() - started) * 1000))
 
-    request_headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, **headers}
+    # identity: the answer is read as it comes, never decompressed (no zip bomb to inflate).
+    request_headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, "Accept-Encoding": "identity",
+                       **headers}
     try:
         with egress.client(timeout=timeout_seconds, follow_redirects=False) as client:
             with client.stream("POST", url, content=body, headers=request_headers) as response:
                 raw = bytearray()
                 truncated = False
-                for chunk in response.iter_bytes():
+                for chunk in response.iter_raw():
                     raw.extend(chunk)
                     if len(raw) > max_response_bytes:
                         truncated = True

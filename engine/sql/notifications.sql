@@ -42,7 +42,8 @@ WITH RECURSIVE targets(target) AS (
         LIMIT %(per_target)s
     ) c
     WHERE t.target IS NOT NULL
-      AND NOT EXISTS (SELECT 1 FROM core_webhookendpoint e WHERE e.id = t.target AND NOT e.enabled)
+      -- A probe of core_webhookendpoint_pkey per target (an email's recipient matches none).
+      AND coalesce((SELECT e.enabled FROM core_webhookendpoint e WHERE e.id = t.target), true)
 ), fits_target AS (
     SELECT d.* FROM due d
     WHERE d.target_rank + (SELECT count(*) FROM busy b WHERE b.target = d.target) <= %(per_target)s
