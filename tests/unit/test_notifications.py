@@ -627,3 +627,36 @@ def test_rotate_secret_keys_re_encrypts_the_webhook_secrets_too(make_org, settin
     row = type(endpoint).objects.for_organization(org).get(pk=endpoint.pk)
     assert notifications.decrypt_secrets(org.pk, endpoint.pk, row.secret_ciphertext,
                                          row.previous_secret_ciphertext) == [current, secret]
+
+
+def _trigger_calls(run, *, kind: str, task_run: bool, to_state: str, first_seq: int) -> dict[str, int]:
+    """{trigger: calls} of an INSERT of 200 history rows of ``kind`` for ``run`` (EXPLAIN ANALYZE)."""
+    import re
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) INSERT INTO core_taskrunevent (id, organization_id, "
+            "workflow_run_id, task_run_id, seq, kind, from_state, to_state, attempt, fencing_token, detail, "
+            "created_at) SELECT gen_random_uuid(), t.organization_id, t.workflow_run_id, "
+            "CASE WHEN %s THEN t.id END, %s + g, %s, 'running', %s, 1, 1, '{}', now() "
+            "FROM core_taskrun t, generate_series(1, 200) g WHERE t.workflow_run_id = %s",
+            [task_run, first_seq, kind, to_state, run.pk])
+        plan = "\n".join(row[0] for row in cur.fetchall())
+    return {name: int(calls) for name, calls in re.findall(r"Trigger (\w+): calls=(\d+)", plan)}
+
+
+def test_the_notification_trigger_runs_only_for_a_runs_end_and_a_task_runs_failure(make_org):
+    """What an organization without endpoints pays: claims, starts, successes and retries
+    never call ff_notification_record (its WHEN clause), and its end writes nothing."""
+    org = make_org()
+    run = start_run(workflow=workflow(org, "x"), actor=actor_for(org))
+    for n, (kind, task_run, to_state) in enumerate([("claimed", True, "running"), ("started", True, "running"),
+                                                    ("succeeded", True, "succeeded"),
+                                                    ("attempt_failed", True, "ready")]):
+        calls = _trigger_calls(run, kind=kind, task_run=task_run, to_state=to_state, first_seq=1000 * (n + 1))
+        assert "ff_notification_record" not in calls and calls["ff_taskrunevent_notify"] == 200, (kind, calls)
+    assert _trigger_calls(run, kind="run_finished", task_run=False, to_state="failed",
+                          first_seq=9000)["ff_notification_record"] == 200
+    assert _trigger_calls(run, kind="attempt_failed", task_run=True, to_state="failed",
+                          first_seq=10000)["ff_notification_record"] == 200
+    assert NotificationEvent.objects.unscoped().filter(organization_id=org.pk).count() == 0
