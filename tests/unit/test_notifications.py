@@ -710,3 +710,22 @@ def transaction_savepoint():
 
     with transaction.atomic():
         yield
+
+
+def test_staff_read_deliveries_in_the_admin_without_an_endpoints_url(make_org, receiver, settings):
+    from django.test import Client
+
+    settings.FLOWFORGE_NOTIFY_MAX_ATTEMPTS = 1
+    org = make_org()
+    endpoint_for(org, receiver.url, events=["run.failed"])
+    finished_run(org, "nightly", fail=True)
+    receiver.status = 500
+    assert deliver_all() == ["dead"]
+    delivery = NotificationDelivery.objects.for_organization(org).get()
+    staff = User.objects.create_user(email="staff@flowforge.example", is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(staff)
+    listing = client.get("/admin/engine/notificationdelivery/?state__exact=dead")
+    assert listing.status_code == 200 and str(delivery.pk) in listing.content.decode()
+    page = client.get(f"/admin/engine/notificationdelivery/{delivery.pk}/change/").content.decode()
+    assert "HTTP 500" in page and "token=abc" not in page and "hooks/flowforge" not in page
