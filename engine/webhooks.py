@@ -101,12 +101,14 @@ def validate_url(url: Any) -> str:
     try:
         egress.check_literal_host(host)
         if egress.literal_address(host) is None and not egress.host_is_allowed(host):
-            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-                future = pool.submit(_resolve, host)
-                try:
-                    addresses = future.result(timeout=RESOLVE_TIMEOUT_SECONDS)
-                except (OSError, UnicodeError, concurrent.futures.TimeoutError):
-                    addresses = []
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+            try:
+                addresses = pool.submit(_resolve, host).result(timeout=RESOLVE_TIMEOUT_SECONDS)
+            except (OSError, UnicodeError, concurrent.futures.TimeoutError):
+                addresses = []
+            finally:
+                # Not waiting for a resolver that overran: it ends on its own, its answer unused.
+                pool.shutdown(wait=False, cancel_futures=True)
             for address in addresses:
                 egress.check_address(address, host=host)
     except egress.EgressDenied as exc:
@@ -116,8 +118,11 @@ def validate_url(url: Any) -> str:
 
 def safe_url(url: str) -> str:
     """``url`` cut to its scheme, host and port: what an audit record or a log line may show
-    (a path or query can hold a receiver's token)."""
-    parts = urlsplit(url)
+    (a path or query can hold a receiver's token); '' for what is not a URL."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
     return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"
 
 
