@@ -1,7 +1,8 @@
 """A local HTTP server that receives webhook POSTs (issue 19's tests): it keeps each request
 (path, headers lower-cased, raw body) and answers with ``status`` and ``body`` (after
-``delay`` seconds; with a ``Location`` header when ``location`` is set), all of which a test
-may change while it runs."""
+``delay`` seconds; with a ``Location`` header when ``location`` is set; or, with ``trickle``
+seconds, a body of a byte every 0.2 s for that long: a receiver that never finishes), all of
+which a test may change while it runs."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Receiver:
     body: bytes = b'{"ok": true}'
     delay: float = 0.0
     location: str = ""
+    trickle: float = 0.0
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,6 +39,9 @@ class _Handler(BaseHTTPRequestHandler):
                                   "body": body, "at": time.time()})
         if receiver.delay:
             time.sleep(receiver.delay)
+        if receiver.trickle:
+            self._trickle(receiver)
+            return
         self.send_response(receiver.status)
         if receiver.location:
             self.send_header("Location", receiver.location)
@@ -44,6 +49,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(receiver.body)))
         self.end_headers()
         self.wfile.write(receiver.body)
+
+    def _trickle(self, receiver: Receiver) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        deadline = time.monotonic() + receiver.trickle
+        try:
+            while time.monotonic() < deadline:
+                self.wfile.write(b".")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client hung up
+            pass
+        self.close_connection = True
 
 
 @contextlib.contextmanager

@@ -155,3 +155,51 @@ def test_webhooks_are_delivered_once_signed_retried_dead_lettered_and_replayed(s
     # Every delivery is accounted for: 4 + 1 email + the dead one + its replay.
     states = sorted(d.state for d in _deliveries(org))
     assert states == ["dead"] + ["succeeded"] * 6
+
+
+def test_a_receiver_that_never_finishes_holds_a_worker_thread_for_the_attempt_limit_only(stack, org, settings):
+    """A hostile receiver trickles its answer a byte at a time (each read well within the read
+    timeout): the attempt is stopped at FLOWFORGE_NOTIFY_ATTEMPT_SECONDS, counted as a failure
+    and retried later; meanwhile the endpoint never has more than one delivery in flight
+    (FLOWFORGE_NOTIFY_IN_FLIGHT_PER_TARGET), and another organization's endpoint is served."""
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
+    stack.env.update(
+        FLOWFORGE_EGRESS_ALLOW="127.0.0.1/32",
+        FLOWFORGE_CLOCK_NOTIFY_SECONDS="0.2",
+        FLOWFORGE_NOTIFY_ATTEMPT_SECONDS="2",
+        FLOWFORGE_WEBHOOK_TIMEOUT_SECONDS="5",
+        FLOWFORGE_NOTIFY_BACKOFF_BASE_SECONDS="60",
+    )
+    from tenancy.services import create_organization
+
+    other, other_owner, _ = create_organization(slug="notify-other", name="Other", owner_email="o@other.example")
+    owner, their_owner = _owner(org), Actor(organization=other, role=Role.OWNER, user=other_owner, channel="cli")
+    mine = apply_definition(actor=owner, document={"name": "fine", "tasks": [{"key": "a", "type": "noop"}]})
+    theirs = apply_definition(actor=their_owner, document={"name": "fine", "tasks": [{"key": "a", "type": "noop"}]})
+    with receiver_server() as slow, receiver_server() as quick:
+        slow.trickle = 30.0
+        notifications.create_endpoint(actor=owner, url=slow.url, event_types=["run.succeeded"])
+        notifications.create_endpoint(actor=their_owner, url=quick.url, event_types=["run.succeeded"])
+        stack.start_worker(processes=1, threads=4)
+        stack.start_clock()
+        runs = [start_run(workflow=mine, actor=owner) for _ in range(3)]
+        theirs_run = start_run(workflow=theirs, actor=their_owner)
+        for run in [*runs, theirs_run]:
+            assert wait_for_run_terminal(run) == "succeeded"
+        # The other organization's delivery goes through while the slow one is held.
+        wait_until(lambda: len(quick.received) == 1, timeout=30, what="the other organization's delivery")
+
+        def first_stopped():
+            return NotificationAttempt.objects.for_organization(org).filter(error__startswith="stopped").first()
+
+        attempt = wait_until(first_stopped, timeout=30, what="the trickling attempt to be stopped")
+        assert attempt.error == "stopped after 2 s (FLOWFORGE_NOTIFY_ATTEMPT_SECONDS)"
+        assert attempt.retrying is True and attempt.duration_ms < 5000
+        time.sleep(1.0)
+        # Never two requests at once to the slow endpoint: its deliveries were sent one by one.
+        starts = sorted(r["at"] for r in slow.received)
+        stops = sorted(a.started_at.timestamp() + a.duration_ms / 1000
+                       for a in NotificationAttempt.objects.for_organization(org).exclude(duration_ms=None))
+        for i in range(1, len(starts)):
+            assert starts[i] >= stops[i - 1] - 0.05, (starts, stops)
+        assert len(slow.received) >= 2  # the next delivery went out once the first was stopped
