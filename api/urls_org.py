@@ -1,10 +1,11 @@
 """Routes of organization administration: API keys, members, invitations, triggers, audit events,
-the organization's limits, secrets."""
+the organization's limits, secrets, webhook endpoints and their deliveries."""
 
 from django.urls import path
 
 from api import views_backfills, views_secrets
 from api import views_org as views
+from api import views_secrets, views_webhooks
 
 urlpatterns = [
     path("triggers/", views.TriggerListView.as_view(), name="trigger-list"),
@@ -28,4 +29,13 @@ urlpatterns = [
     path("org/limits/", views.OrganizationLimitsView.as_view(), name="org-limits"),
     path("secrets/", views_secrets.SecretListView.as_view(), name="secret-list"),
     path("secrets/<str:name>/", views_secrets.SecretDetailView.as_view(), name="secret-detail"),
+    path("webhooks/", views_webhooks.WebhookListView.as_view(), name="webhook-list"),
+    path("webhooks/<uuid:pk>/", views_webhooks.WebhookDetailView.as_view(), name="webhook-detail"),
+    path("webhooks/<uuid:pk>/rotate-secret/", views_webhooks.WebhookRotateView.as_view(), name="webhook-rotate"),
+    path("webhooks/<uuid:pk>/deliveries/", views_webhooks.WebhookDeliveryListView.as_view(),
+         name="webhook-deliveries"),
+    path("webhooks/<uuid:pk>/deliveries/<uuid:delivery_id>/", views_webhooks.WebhookDeliveryDetailView.as_view(),
+         name="webhook-delivery-detail"),
+    path("webhooks/<uuid:pk>/deliveries/<uuid:delivery_id>/replay/",
+         views_webhooks.WebhookDeliveryReplayView.as_view(), name="webhook-delivery-replay"),
 ]

@@ -17,9 +17,10 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
     backfill.py
         backfills of cron triggers: one run per past instant of a range, through cron's
         start of an instant (preview, create, cancel, and the pass that goes on with them).
-    scheduler.py | reaper.py | sweeper.py | cron.py
+    scheduler.py | reaper.py | sweeper.py | cron.py | notifier.py
         claim ready task runs; take back expired leases; close finished and timed-out
-        runs; fire due cron triggers.
+        runs; fire due cron triggers; claim and send the notifications' outbox (webhook
+        POSTs, failure emails: docs/notifications.md).
     services.py | signals.py | worker_queues.py | recovery.py | task_detail.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
@@ -29,6 +30,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         skip one of its task runs). task_detail: one task run read whole for the API and
         the run page's task panel (its attempts with their logs and tracebacks, its input
         as configured, its upstream outputs).
+    notifications.py
+        webhook endpoints (create, change, rotate the secret, delete), failure
+        subscriptions and the replay of a delivery: what the API and the pages call.
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -54,8 +58,9 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (no remote references, RE2 patterns, a work budget).
         conditions: a task's CEL condition, checked for definitions and evaluated, with
         bounded cost, before the handler (the worker, and the worker API's poll).
-    handlers/ : egress.py : secret_refs.py : attempt_log.py
-        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
+    handlers/ : egress.py : secret_refs.py : attempt_log.py : webhooks.py
+        task types (noop, sleep, fail, python, http, worker) and the egress policy http
+        (and webhooks) obey; webhooks: an endpoint URL's rules, the signature, one POST;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
         what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
@@ -85,7 +90,9 @@ waiting) and, in the same transaction, claims for its organization (the fair cla
 below); a failure or a skip settles the dependents the same way
 (``task_runs.settle_dependents``);
 ``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
-how organizations share the workers.
+how organizations share the workers. A run's end and a task run's failure are also
+recorded as notifications, in the same transaction, by a trigger on the run's history
+(migration 0023), and sent by ``notifier`` (docs/notifications.md).
 
 Glossary
 --------

@@ -11,10 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.models import ScheduledTrigger, TaskRun, TriggerBackfill, Workflow, WorkflowRun
+from engine.models import (
+    NotificationDelivery,
+    ScheduledTrigger,
+    TaskRun,
+    TriggerBackfill,
+    WebhookEndpoint,
+    Workflow,
+    WorkflowRun,
+)
 from tenancy.access import ObjectNotFound, Shape, access_by_id, parse_id
 
-__all__ = ["ObjectNotFound", "access_backfill", "access_run", "access_task_run", "access_trigger",
+__all__ = ["ObjectNotFound", "access_backfill", "access_delivery", "access_endpoint", "access_run", "access_task_run", "access_trigger",
            "access_workflow"]
 
 
@@ -53,3 +61,19 @@ def access_backfill(actor_or_org: Any, trigger_id: Any, backfill_id: Any, *, sha
         raise ObjectNotFound("no such backfill")
     return access_by_id(TriggerBackfill, actor_or_org, backfill_id, what="backfill", shape=shape,
                         trigger_id=trigger_pk)
+
+
+def access_endpoint(actor_or_org: Any, endpoint_id: Any, *, shape: Shape | None = None) -> WebhookEndpoint:
+    """The webhook endpoint ``endpoint_id`` of the organization; ObjectNotFound("no such webhook") otherwise."""
+    return access_by_id(WebhookEndpoint, actor_or_org, endpoint_id, what="webhook", shape=shape)
+
+
+def access_delivery(actor_or_org: Any, endpoint_id: Any, delivery_id: Any, *,
+                    shape: Shape | None = None) -> NotificationDelivery:
+    """The delivery ``delivery_id`` to the webhook endpoint ``endpoint_id`` of the organization
+    (one query, the endpoint is not read); ObjectNotFound("no such delivery") for any other."""
+    endpoint_pk = parse_id(endpoint_id)
+    if endpoint_pk is None:
+        raise ObjectNotFound("no such delivery")
+    return access_by_id(NotificationDelivery, actor_or_org, delivery_id, what="delivery", shape=shape,
+                        endpoint_id=endpoint_pk)

@@ -217,16 +217,63 @@ TASK_QUEUE = "flowforge.tasks"
 #: of another organization's first task. One queue, so a worker's prefetch stays its own.
 TASK_FIRST_QUEUE = "flowforge.tasks.first"
 
+
+class NotificationType(models.TextChoices):
+    """What a notification tells (issue 19): a webhook endpoint subscribes to some of these
+    (``webhook_event_types_valid``); a failure email is sent for ``run.failed``. Recorded
+    from the run's history by the ``ff_notification_record`` trigger (migration 0023)."""
+
+    #: The run finished and every task run succeeded (a 'run_finished' event, to_state succeeded).
+    RUN_SUCCEEDED = "run.succeeded"
+    #: The run finished failed: a task failed, or it outlived its run timeout.
+    RUN_FAILED = "run.failed"
+    #: The run was cancelled before it finished.
+    RUN_CANCELLED = "run.cancelled"
+    #: A task run failed for good (no attempt left, or a failure that is not retried).
+    TASK_FAILED = "task.failed"
+
+
+class DeliveryState(models.TextChoices):
+    """Where one delivery of a notification is (``notifdelivery_state_valid``): a row of the
+    notifications' outbox (``engine.models.NotificationDelivery``)."""
+
+    #: Waiting for its next attempt (``next_attempt_at``).
+    PENDING = "pending"
+    #: Claimed by a worker that is sending it (``lease_expires_at``, ``claim_token``).
+    SENDING = "sending"
+    #: The receiver accepted it (a 2xx answer; the mailer took the email) (terminal).
+    SUCCEEDED = "succeeded"
+    #: Dead-lettered: refused for good, or its attempts ran out; kept and replayable (terminal).
+    DEAD = "dead"
+
+
+class DeliveryChannel(models.TextChoices):
+    """How a notification is delivered (``notifdelivery_channel_target``)."""
+
+    #: An HTTP POST to an organization's webhook endpoint.
+    WEBHOOK = "webhook"
+    #: An email to a member who subscribed to the workflow's failures.
+    EMAIL = "email"
+
+
+#: Queue of the notification deliveries (``deliver_notification``): their own, so a slow
+#: receiver's deliveries never stand in the task queue.
+NOTIFY_QUEUE = "flowforge.notifications"
+
 __all__ = [
     "CONTROL_QUEUE",
     "FAILURE_HANDLING_RULES",
+    "NOTIFY_QUEUE",
     "RUN_OPEN_STATES",
     "RUN_TERMINAL_STATES",
     "TASK_FIRST_QUEUE",
     "TASK_OPEN_STATES",
     "TASK_QUEUE",
     "TASK_TERMINAL_STATES",
+    "DeliveryChannel",
+    "DeliveryState",
     "EventKind",
+    "NotificationType",
     "RunState",
     "SkipReason",
     "TaskRunState",

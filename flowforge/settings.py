@@ -269,6 +269,9 @@ SPECTACULAR_SETTINGS = {
         # A member's role and an API key's (which adds "worker"): two fields named role.
         "RoleEnum": "tenancy.models.Role",
         "KeyRoleEnum": "tenancy.models.KeyRole",
+        # Notifications (issue 19): the types a webhook subscribes to, a delivery's state.
+        "NotificationTypeEnum": "engine.states.NotificationType",
+        "DeliveryStateEnum": "engine.states.DeliveryState",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).
@@ -664,3 +667,33 @@ if FLOWFORGE_TASK_LOG_FLUSH_SECONDS <= 0:
 
     raise ImproperlyConfigured(
         f"FLOWFORGE_TASK_LOG_FLUSH_SECONDS ({FLOWFORGE_TASK_LOG_FLUSH_SECONDS:g}) must be above 0 seconds")
+
+# --- notifications (issue 19): webhooks and failure emails (docs/notifications.md) ---
+# Webhook endpoints one organization may have.
+FLOWFORGE_MAX_WEBHOOKS_PER_ORG = int(os.environ.get("FLOWFORGE_MAX_WEBHOOKS_PER_ORG", "10"))
+# Workflows one member may subscribe to the failures of, per organization.
+FLOWFORGE_MAX_FAILURE_SUBSCRIPTIONS_PER_MEMBER = int(
+    os.environ.get("FLOWFORGE_MAX_FAILURE_SUBSCRIPTIONS_PER_MEMBER", "100"))
+# One webhook POST: each of connect, write and every read waits at most this many seconds.
+FLOWFORGE_WEBHOOK_TIMEOUT_SECONDS = env_float("FLOWFORGE_WEBHOOK_TIMEOUT_SECONDS", 5.0)
+# A delivery's whole attempt (connect to the last byte read, or the mail sent) is stopped after
+# this many seconds (the actor's Dramatiq time limit), so a receiver that trickles bytes holds a
+# worker thread no longer.
+FLOWFORGE_NOTIFY_ATTEMPT_SECONDS = env_float("FLOWFORGE_NOTIFY_ATTEMPT_SECONDS", 20.0)
+# Bytes of a receiver's answer read and kept in the delivery log; the rest is not read.
+FLOWFORGE_WEBHOOK_RESPONSE_BYTES = int(os.environ.get("FLOWFORGE_WEBHOOK_RESPONSE_BYTES", "1024"))
+# Attempts of one delivery before it is dead-lettered; failed attempts are retried after
+# min(MAX, BASE * 2^(n-1)) seconds times a random 0.5-1 (network errors, timeouts, 408, 429, 5xx).
+FLOWFORGE_NOTIFY_MAX_ATTEMPTS = int(os.environ.get("FLOWFORGE_NOTIFY_MAX_ATTEMPTS", "8"))
+FLOWFORGE_NOTIFY_BACKOFF_BASE_SECONDS = env_float("FLOWFORGE_NOTIFY_BACKOFF_BASE_SECONDS", 30.0)
+FLOWFORGE_NOTIFY_BACKOFF_MAX_SECONDS = env_float("FLOWFORGE_NOTIFY_BACKOFF_MAX_SECONDS", 3600.0)
+# Deliveries being sent at once (worker threads they may hold): deployment-wide, per
+# organization, per target (a webhook endpoint, or an email's recipient).
+FLOWFORGE_NOTIFY_IN_FLIGHT = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT", "4"))
+FLOWFORGE_NOTIFY_IN_FLIGHT_PER_ORG = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT_PER_ORG", "2"))
+FLOWFORGE_NOTIFY_IN_FLIGHT_PER_TARGET = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT_PER_TARGET", "1"))
+# How often the clock claims due deliveries (a delivery also claims the next ones when it ends).
+FLOWFORGE_CLOCK_NOTIFY_SECONDS = env_float("FLOWFORGE_CLOCK_NOTIFY_SECONDS", 1.0)
+# The address the web UI is served at (e.g. https://flowforge.example.com), for the links in
+# failure emails; empty: the emails name the run without a link.
+FLOWFORGE_PUBLIC_URL = os.environ.get("FLOWFORGE_PUBLIC_URL", "").rstrip("/")

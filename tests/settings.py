@@ -24,3 +24,9 @@ FLOWFORGE_TASK_CALLABLES = [
 # test claims them (the scheduler's path). tests/unit/test_claim_on_start.py and the
 # integration suite (tests/integration/conftest.py) run with the deployment's default, on.
 FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", False)  # noqa: F405
+
+# The integration tests' failure emails, sent by worker processes: written as files to this
+# directory when it is set (tests/integration/test_notifications.py), so the test can read them.
+if os.environ.get("FLOWFORGE_TEST_MAIL_DIR"):  # noqa: F405
+    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+                           "OPTIONS": {"file_path": os.environ["FLOWFORGE_TEST_MAIL_DIR"]}}}  # noqa: F405

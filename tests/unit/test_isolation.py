@@ -21,9 +21,20 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from audit.models import AuditLog
-from engine.models import ScheduledTrigger, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.models import (
+    NotificationDelivery,
+    NotificationEvent,
+    ScheduledTrigger,
+    TaskRun,
+    TaskRunEvent,
+    WebhookEndpoint,
+    Workflow,
+    WorkflowRun,
+)
+from engine.notifications import create_endpoint
 from engine.repositories.worker_queues import note_worker_seen
 from engine.services import apply_definition, start_run
 from engine.triggers import create_trigger
@@ -98,6 +109,17 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:worker-logs": {"pk": "worker_task_run"},
     "api:worker-complete": {"pk": "worker_task_run"},
     "api:worker-fail": {"pk": "worker_task_run"},
+    "api:webhook-detail": {"pk": "webhook"},
+    "api:webhook-rotate": {"pk": "webhook"},
+    "api:webhook-deliveries": {"pk": "webhook"},
+    "api:webhook-delivery-detail": {"pk": "webhook", "delivery_id": "delivery"},
+    "api:webhook-delivery-replay": {"pk": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_detail": {"endpoint_id": "webhook"},
+    "frontend:webhook_rotate": {"endpoint_id": "webhook"},
+    "frontend:webhook_delete": {"endpoint_id": "webhook"},
+    "frontend:webhook_delivery": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_delivery_replay": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:workflow_failure_emails": {"workflow_id": "workflow"},
     "frontend:secret_rotate": {"name": "secret"},
     "frontend:secret_delete": {"name": "secret"},
 }
@@ -143,6 +165,8 @@ class TenantData:
             "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.worker_run).pk),
             "worker_run": str(self.worker_run.pk),
             "secret": secret_of(self),
+            "webhook": str(webhook_of(self).pk),
+            "delivery": str(delivery_of(self).pk),
         }
 
 
@@ -166,6 +190,31 @@ def backfill_of(tenant: TenantData):
         return found
     actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
     return create_backfill(actor=actor, trigger=trigger_of(tenant), start="2026-03-01", end="2026-03-02")
+
+
+def webhook_of(tenant: TenantData) -> WebhookEndpoint:
+    """The tenant's webhook endpoint (created on first use, by its owner; a public address
+    written as a number, so no DNS lookup)."""
+    found = WebhookEndpoint.objects.for_organization(tenant.org).first()
+    if found is not None:
+        return found
+    actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+    endpoint, _secret = create_endpoint(actor=actor, url=f"https://93.184.215.14/{tenant.org.slug}-hook",
+                                        event_types=["run.failed"])
+    return endpoint
+
+
+def delivery_of(tenant: TenantData) -> NotificationDelivery:
+    """A dead-lettered delivery to the tenant's endpoint (written as the notifier would leave
+    one; created on first use): replayable, so a replay through another tenant would show."""
+    found = NotificationDelivery.objects.for_organization(tenant.org).filter(replay_of=None).first()
+    if found is not None:
+        return found
+    event = NotificationEvent.objects.create(organization=tenant.org, type="run.failed", workflow_run=tenant.run,
+                                             workflow_name=tenant.workflow.name, run_event_seq=1, payload={})
+    return NotificationDelivery.objects.create(organization=tenant.org, event=event, channel="webhook",
+                                               endpoint=webhook_of(tenant), state="dead", attempts=1,
+                                               dead_lettered_at=timezone.now(), last_error="HTTP 500")
 
 
 def secret_of(tenant: TenantData) -> str:
@@ -298,6 +347,9 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
     assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
     assert Secret.objects.for_organization(b.org).get(name=b_ids["secret"]).version == 1
     assert backfill_of(b).state == "running"
+    endpoint = WebhookEndpoint.objects.for_organization(b.org).get(pk=b_ids["webhook"])
+    assert (endpoint.enabled, endpoint.secret_rotated_at) == (True, None)
+    assert not NotificationDelivery.objects.for_organization(b.org).filter(replay_of_id=b_ids["delivery"]).exists()
 
 
 @pytest.mark.django_db

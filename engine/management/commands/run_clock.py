@@ -15,9 +15,8 @@ log = logging.getLogger("flowforge.clock")
 
 class Command(BaseCommand):
     help = (
-        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases, fire_triggers and "
-        "advance_backfills "
-        "(and housekeeping every few minutes)."
+        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases, fire_triggers, "
+        "advance_backfills and notify_tick (and housekeeping every few minutes)."
     )
 
     def add_arguments(self, parser):
@@ -33,6 +32,7 @@ class Command(BaseCommand):
             ("advance_backfills", settings.FLOWFORGE_CLOCK_BACKFILL_SECONDS),
             ("sweep_runs", settings.FLOWFORGE_CLOCK_SWEEP_SECONDS),
             ("housekeeping", settings.FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS),
+            ("notify_tick", settings.FLOWFORGE_CLOCK_NOTIFY_SECONDS),
         ]
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

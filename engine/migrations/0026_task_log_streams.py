@@ -13,7 +13,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('engine', '0022_attempt_secrets'),
+        ('engine', '0025_resume_and_task_actions'),
     ]
 
     operations = [

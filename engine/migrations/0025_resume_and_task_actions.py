@@ -44,7 +44,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('engine', '0022_attempt_secrets'),
+        ('engine', '0024_trigger_rules'),
         ('tenancy', '0007_secrets'),
     ]
 

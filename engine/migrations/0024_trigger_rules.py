@@ -19,7 +19,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('engine', '0022_attempt_secrets'),
+        ('engine', '0023_workflow_input_schema'),
     ]
 
     operations = [

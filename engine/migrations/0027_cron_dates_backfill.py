@@ -19,7 +19,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('engine', '0022_attempt_secrets'),
+        ('engine', '0026_task_log_streams'),
         ('tenancy', '0007_secrets'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
