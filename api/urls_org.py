@@ -3,9 +3,8 @@ the organization's limits, secrets, webhook endpoints and their deliveries."""
 
 from django.urls import path
 
-from api import views_backfills, views_secrets
+from api import views_backfills, views_secrets, views_webhooks
 from api import views_org as views
-from api import views_secrets, views_webhooks
 
 urlpatterns = [
     path("triggers/", views.TriggerListView.as_view(), name="trigger-list"),
