@@ -113,14 +113,28 @@ def _environment() -> celpy.Environment:
             sys.setrecursionlimit(previous)
 
 
-@functools.lru_cache(maxsize=1024)
-def _parse(expression: str) -> lark.Tree:
-    """The parse tree of ``expression`` (cached per process; a tree is only read after).
-    Raises celpy.CELParseError. The parser keeps the text of its last parse on itself,
-    hence the lock."""
+#: Conditions up to this many characters keep their parse tree in a process's cache (of
+#: _CACHED_TREES trees). A tree takes about 700 bytes per character (1.4 MiB for 2,000), so
+#: the cache holds at most about 45 MiB whatever the organizations write.
+_CACHED_CHARS = 500
+_CACHED_TREES = 128
+
+
+def _compile(expression: str) -> lark.Tree:
+    """The parse tree of ``expression``. Raises celpy.CELParseError. The parser keeps the
+    text of its last parse on itself, hence the lock."""
     env = _environment()
     with _lock:
         return env.compile(expression)
+
+
+_compile_cached = functools.lru_cache(maxsize=_CACHED_TREES)(_compile)
+
+
+def _parse(expression: str) -> lark.Tree:
+    """``_compile``, from the process's cache for a short condition (a tree is only read
+    after it is made, so threads share it)."""
+    return _compile_cached(expression) if len(expression) <= _CACHED_CHARS else _compile(expression)
 
 
 def check(expression: Any, *, dependencies: Collection[str]) -> str | None:
@@ -137,7 +151,8 @@ def check(expression: Any, *, dependencies: Collection[str]) -> str | None:
     if len(expression) > MAX_CONDITION_CHARS:
         return f"at most {MAX_CONDITION_CHARS} characters, got {len(expression)}"
     try:
-        tree = _parse(expression)
+        # Not cached: a definition is checked once, and its conditions may be long.
+        tree = _compile(expression)
     except celpy.CELParseError as exc:
         line, column = (exc.line or 1), (exc.column or 1)
         lines = expression.splitlines() or [""]
