@@ -949,3 +949,95 @@ def test_backfill_rows_out_of_their_rules_violate_their_checks(org):
     violation("backfill_finished_at_matches_state", lambda: rows.update(finished_at=timezone.now()))
     rows.update(state="cancelled", finished_at=timezone.now())
     assert rows.get().state == "cancelled"
+
+
+# --- Notifications (issue 19): webhook endpoints, failure subscriptions, the outbox ------------
+
+
+@pytest.fixture
+def outbox_rows(org, make_workflow):
+    """An endpoint, a member's failure subscription, an event of a run, a webhook delivery
+    (pending) and an email delivery (dead) of it, and one attempt."""
+    from engine.models import (
+        FailureSubscription,
+        NotificationAttempt,
+        NotificationDelivery,
+        NotificationEvent,
+        WebhookEndpoint,
+    )
+
+    wf = make_workflow(org, [{"key": "a", **NOOP}], name="notified")
+    run = start_run(workflow=wf)
+    user = User.objects.create_user(email="notified@example.com")
+    endpoint = WebhookEndpoint.objects.create(organization=org, url="https://93.184.215.14/hook",
+                                              event_types=["run.failed"], secret_ciphertext="x")
+    subscription = FailureSubscription.objects.create(organization=org, user=user, workflow_name="notified")
+    event = NotificationEvent.objects.create(organization=org, type="run.failed", workflow_run=run,
+                                             workflow_name="notified", run_event_seq=2, payload={})
+    webhook = NotificationDelivery.objects.create(organization=org, event=event, channel="webhook", endpoint=endpoint,
+                                                  state="pending", next_attempt_at=timezone.now())
+    email = NotificationDelivery.objects.create(organization=org, event=event, channel="email", recipient=user,
+                                                state="dead", attempts=1)
+    attempt = NotificationAttempt.objects.create(organization=org, delivery=email, number=1, outcome="failed",
+                                                 started_at=timezone.now())
+    return {"endpoint": endpoint, "subscription": subscription, "event": event, "webhook": webhook, "email": email,
+            "attempt": attempt, "user": user}
+
+
+def test_an_unknown_type_or_outcome_violates_the_notification_vocabulary(outbox_rows):
+    from engine.models import NotificationAttempt, NotificationEvent, NotificationType
+
+    events = NotificationEvent.objects.unscoped().filter(pk=outbox_rows["event"].pk)
+    for value in NotificationType.values:  # every member of the vocabulary is accepted
+        events.update(type=value)
+    violation("notifevent_type_valid", lambda: events.update(type="run.exploded"))
+    attempts = NotificationAttempt.objects.unscoped().filter(pk=outbox_rows["attempt"].pk)
+    violation("notifattempt_outcome_valid", lambda: attempts.update(outcome="maybe"))
+    violation("uniq_notifattempt_delivery_number", lambda: NotificationAttempt.objects.create(
+        organization_id=outbox_rows["email"].organization_id, delivery=outbox_rows["email"], number=1,
+        outcome="failed", started_at=timezone.now()))
+
+
+def test_a_delivery_in_an_impossible_shape_violates_its_constraints(outbox_rows):
+    from engine.models import NotificationDelivery
+    from engine.states import DeliveryState
+
+    webhook = outbox_rows["webhook"]
+    rows = NotificationDelivery.objects.unscoped().filter(pk=webhook.pk)
+    for state in DeliveryState.values:  # every member, with what its state needs
+        rows.update(state=state, next_attempt_at=timezone.now(),
+                    lease_expires_at=timezone.now() if state == "sending" else None)
+    rows.update(state="pending", lease_expires_at=None)
+    violation("notifdelivery_state_valid", lambda: rows.update(state="lost"))
+    violation("notifdelivery_lease_iff_sending", lambda: rows.update(state="sending"))
+    violation("notifdelivery_lease_iff_sending", lambda: rows.update(lease_expires_at=timezone.now()))
+    violation("notifdelivery_pending_due", lambda: rows.update(next_attempt_at=None))
+    violation("notifdelivery_attempts_non_negative", lambda: rows.update(attempts=-1))
+    violation("notifdelivery_channel_target", lambda: rows.update(channel="email"))
+    violation("notifdelivery_channel_target", lambda: rows.update(recipient=outbox_rows["user"]))
+    violation("uniq_notifdelivery_event_endpoint", lambda: NotificationDelivery.objects.create(
+        organization_id=webhook.organization_id, event=outbox_rows["event"], channel="webhook",
+        endpoint=outbox_rows["endpoint"], state="dead"))
+    violation("uniq_notifdelivery_event_recipient", lambda: NotificationDelivery.objects.create(
+        organization_id=webhook.organization_id, event=outbox_rows["event"], channel="email",
+        recipient=outbox_rows["user"], state="dead"))
+    # A replay is a second delivery of the same event to the same endpoint, by design.
+    NotificationDelivery.objects.create(organization_id=webhook.organization_id, event=outbox_rows["event"],
+                                        channel="webhook", endpoint=outbox_rows["endpoint"], state="dead",
+                                        replay_of=webhook)
+    assert rows.get().state == "pending"
+
+
+def test_an_endpoint_or_subscription_out_of_shape_violates_its_constraints(outbox_rows):
+    from engine.models import FailureSubscription, NotificationType, WebhookEndpoint
+
+    endpoints = WebhookEndpoint.objects.unscoped().filter(pk=outbox_rows["endpoint"].pk)
+    endpoints.update(event_types=NotificationType.values)
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types=["run.exploded"]))
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types=[]))
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types="run.failed"))
+    violation("webhook_url_http", lambda: endpoints.update(url="ftp://93.184.215.14/"))
+    subscription = outbox_rows["subscription"]
+    violation("uniq_failuresub_org_workflow_user", lambda: FailureSubscription.objects.create(
+        organization_id=subscription.organization_id, user=subscription.user, workflow_name="notified"))
+    assert endpoints.get().url == "https://93.184.215.14/hook"

@@ -11,7 +11,6 @@ sends go to this checkout's Redis namespace and are flushed after each test.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 
@@ -661,55 +660,6 @@ def test_the_notification_trigger_runs_only_for_a_runs_end_and_a_task_runs_failu
     assert _trigger_calls(run, kind="attempt_failed", task_run=True, to_state="failed",
                           first_seq=10000)["ff_notification_record"] == 200
     assert NotificationEvent.objects.unscoped().filter(organization_id=org.pk).count() == 0
-
-
-# --- the constraints hold when Python is bypassed ------------------------------------------------------
-
-
-def _violation(constraint: str, write) -> None:
-    from django.db import IntegrityError, transaction
-
-    with pytest.raises(IntegrityError) as refused:
-        with transaction.atomic():
-            write()
-    assert refused.value.__cause__.diag.constraint_name == constraint
-
-
-def test_the_outbox_constraints_hold_and_match_the_vocabulary(make_org):
-    from engine.states import DeliveryState, NotificationType
-
-    org = make_org()
-    endpoint, _ = endpoint_for(org, "https://93.184.215.14/hook", events=["run.failed"])
-    finished_run(org, "nightly", fail=True)
-    delivery = NotificationDelivery.objects.for_organization(org).get()
-    rows = NotificationDelivery.objects.for_organization(org).filter(pk=delivery.pk)
-    for state in DeliveryState.values:  # every member is accepted (with what its state needs)
-        with transaction_savepoint():
-            rows.update(state=state, lease_expires_at=timezone.now() if state == "sending" else None,
-                        next_attempt_at=timezone.now())
-    _violation("notifdelivery_state_valid", lambda: rows.update(state="lost"))
-    _violation("notifdelivery_lease_iff_sending", lambda: rows.update(state="sending", lease_expires_at=None))
-    _violation("notifdelivery_pending_due", lambda: rows.update(state="pending", next_attempt_at=None))
-    _violation("notifdelivery_channel_target", lambda: rows.update(channel="email"))
-    _violation("uniq_notifdelivery_event_endpoint", lambda: NotificationDelivery.objects.create(
-        organization=org, event=delivery.event, channel="webhook", endpoint=endpoint, state="dead"))
-    events = NotificationEvent.objects.for_organization(org)
-    assert set(NotificationType.values) == {"run.succeeded", "run.failed", "run.cancelled", "task.failed"}
-    _violation("notifevent_type_valid", lambda: events.update(type="run.exploded"))
-    endpoints = type(endpoint).objects.for_organization(org)
-    endpoints.update(event_types=NotificationType.values)
-    _violation("webhook_event_types_valid", lambda: endpoints.update(event_types=["run.exploded"]))
-    _violation("webhook_event_types_valid", lambda: endpoints.update(event_types=[]))
-    _violation("webhook_event_types_valid", lambda: endpoints.update(event_types="run.failed"))
-    _violation("webhook_url_http", lambda: endpoints.update(url="ftp://93.184.215.14/"))
-
-
-@contextlib.contextmanager
-def transaction_savepoint():
-    from django.db import transaction
-
-    with transaction.atomic():
-        yield
 
 
 def test_staff_read_deliveries_in_the_admin_without_an_endpoints_url(make_org, receiver, settings):
