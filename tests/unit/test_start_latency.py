@@ -7,6 +7,8 @@ Redis broker whose idle consumers are woken by enqueues and acks
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 
 import dramatiq
 import pytest
@@ -172,8 +174,11 @@ def test_the_wakeup_setting_selects_upstreams_polling_broker(settings):
 
 
 def test_an_enqueue_wakes_an_idle_consumer_before_its_poll_would(broker):
-    consumer = broker.consume(TASK_QUEUE, prefetch=2, timeout=30_000)
+    # A queue of the test's own: no other test or process publishes on its wake channel.
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    consumer = broker.consume(queue, prefetch=2, timeout=30_000)
     try:
+        settle_wakeups(broker, consumer)  # the listener's start, when this consume() started it
         got: list = []
         fetched = threading.Event()
 
@@ -187,38 +192,95 @@ def test_an_enqueue_wakes_an_idle_consumer_before_its_poll_would(broker):
                     fetched.set()
                     return
 
-        consumer.misses = 12  # backed off to its longest wait (the 30 s timeout)
+        consumer.misses = 12  # backed off to its longest wait (15 to 30 s, the timeout's half to all)
         thread = threading.Thread(target=consume, daemon=True)
         thread.start()
+        deadline = time.monotonic() + 10
+        while consumer.misses == 12 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        # Its first fetch found the queue empty (a miss counted), so it waits: only a wake-up
+        # ends that wait within the 10 s below.
+        assert consumer.misses == 13 and not got
         # Another process's enqueue (a second broker on the same Redis and namespace).
         sender = WakingRedisBroker(url=ff_broker.settings.BROKER_URL, namespace=broker.namespace)
-        sender.enqueue(dispatch.message("execute_task_run", args=("woken", 1)))
+        sender.enqueue(dispatch.message("execute_task_run", args=("woken", 1), queue_name=queue))
         assert fetched.wait(10), "the consumer was not woken by the enqueue"
         assert got[0].args == ("woken", 1)
         thread.join(5)
     finally:
         consumer.close()
+        broker.flush(queue)
+
+
+def settle_wakeups(broker: WakingRedisBroker, consumer: WakingConsumer, timeout: float = 10.0) -> None:
+    """Return once the broker's listener has handled every wake-up published so far, then
+    clear ``consumer.wake_event``: the test goes on from a known state.
+
+    The event is set, legitimately, by wake-ups that the listener handles after the
+    consumer was registered: the notifications of the messages the test enqueued before
+    (the listener, started by an earlier test, reads them a few ms later, later still
+    under load) and the listener's wake-all once it has subscribed (when this test's
+    consume() started it). The event keeps a set until the consumer's next wait, by
+    design (a wake-up must not be lost between a fetch and the wait), so either one
+    ended the consumer's first held-back wait at once.
+
+    A fence: a wake-up published on a channel of its own, after everything else. The
+    listener reads one connection, on which Redis delivers messages in the order it
+    executed the PUBLISHes, and it subscribes and wakes all before it reads any: once
+    it has handled the fence, it has handled every earlier wake-up (or never got them,
+    if it subscribed later). The fence is published again until it arrives (one sent
+    before the listener subscribed is lost); ``timeout`` only bounds a failure."""
+    fence = broker.consume(f"test-fence-{uuid.uuid4().hex}")
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            broker.notify([fence.queue_name])
+            if fence.wake_event.wait(0.2):
+                break
+            assert time.monotonic() < deadline, "the broker's wake-up listener did not deliver the fence"
+        consumer.wake_event.clear()
+    finally:
+        fence.close()
 
 
 def test_an_ack_wakes_a_consumer_held_back_by_its_prefetch(broker):
+    # A queue of the test's own: no other test or process publishes on its wake channel.
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
     for i in range(4):
-        broker.enqueue(dispatch.message("execute_task_run", args=(f"m{i}", 1)))
-    consumer: WakingConsumer = broker.consume(TASK_QUEUE, prefetch=3, timeout=30_000)
+        broker.enqueue(dispatch.message("execute_task_run", args=(f"m{i}", 1), queue_name=queue))
+    consumer: WakingConsumer = broker.consume(queue, prefetch=3, timeout=30_000)
     try:
+        settle_wakeups(broker, consumer)  # the enqueues' notifications and the listener's start
         held = [next(consumer) for _ in range(3)]
         assert all(m is not None for m in held)
         consumer.misses = 12  # its next wait would be its longest (15 to 30 s)
         got: list = []
-        waiting = threading.Thread(target=lambda: got.append(next(consumer)), daemon=True)
+        returned_at: list[float] = []
+
+        def wait_held_back():
+            got.append(next(consumer))
+            returned_at.append(time.monotonic())
+
+        waiting = threading.Thread(target=wait_held_back, daemon=True)
         waiting.start()
-        # Held back: 3 outstanding = its prefetch, so it waits instead of fetching.
-        assert not consumer.wake_event.wait(0.3)
+        deadline = time.monotonic() + 10
+        while not consumer._held_back and waiting.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        # Held back: 3 outstanding = its prefetch, so it waits instead of fetching, and
+        # nothing wakes it.
+        not_held = "the consumer was woken before any ack (or never waited as held back by its prefetch)"
+        assert consumer._held_back and waiting.is_alive(), not_held
+        assert not consumer.wake_event.wait(0.3), not_held
+        assert consumer._held_back and waiting.is_alive() and not got, not_held
+        acked_at = time.monotonic()
         consumer.ack(held[0])  # a place is free: it is woken and fetches the 4th message
-        waiting.join(10)
+        waiting.join(10)  # well under its 15 to 30 s wait: only a wake-up ends it in time
         assert not waiting.is_alive(), "the held-back consumer was not woken by the ack"
+        assert got == [None] and returned_at[0] >= acked_at
         assert next(consumer).args == ("m3", 1)
     finally:
         consumer.close()
+        broker.flush(queue)
 
 
 def test_enqueue_many_sends_one_wakeup_per_queue_after_its_messages(broker):
