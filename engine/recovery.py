@@ -456,13 +456,11 @@ def _apply(*, actor: Actor, run: WorkflowRun, action: str, reason: str, target: 
     frontier = {up for t in p.reopen for up in graph.upstream[t] if up not in p.reopen}
     if p.mark is not None:
         frontier.add(p.mark[0].task_id)
-    succeeded = sorted((graph.rows[t].task_run_id, current[t][1]) for t in frontier
-                       if current[t][0] == TaskRunState.SUCCEEDED)
-    rows.promote_dependents(succeeded)
-    for t in sorted(frontier, key=lambda t: graph.rows[t].key):
-        state = current[t][0]
-        if state in TASK_TERMINAL_STATES and state != TaskRunState.SUCCEEDED:
-            task_runs.skip_descendants(workflow_run_id=run.pk, task_id=t, reason=f"upstream_{state}")
+    # The trigger rules decide: each pending dependent of a finished task of the frontier
+    # goes ready, is skipped, or waits (task_runs.settle_dependents, as after any finish).
+    finished = sorted(graph.rows[t].task_run_id for t in frontier if current[t][0] in TASK_TERMINAL_STATES)
+    if finished:
+        task_runs.settle_dependents(task_run_ids=finished)
     end = runs.finish(workflow_run_id=run.pk)
 
     _audit(actor=actor, run=run, action=action, target=target, target_key=target_key, reason=reason,

@@ -289,7 +289,7 @@ def test_skipping_a_failed_task_decides_its_downstream_again(org, failed_run):
     c = by_key(failed_run)["c"]
     assert c.state == "skipped"
     assert [(e.kind, e.detail.get("reason")) for e in events(failed_run) if e.task_run_id == c.pk][-2:] == [
-        ("reset", "not needed today"), ("skipped", "upstream_skipped")]
+        ("reset", "not needed today"), ("skipped", "trigger_rule")]  # SkipReason: a skip upstream, no failure
 
 
 def test_retry_of_a_succeeded_task_reruns_it_and_its_downstream_only(org):
