@@ -84,7 +84,7 @@ def test_the_task_panel_shows_a_running_tasks_lines_and_a_failed_tasks_attempts_
     page.wait_for_selector("#task-tick .badge.state-running", timeout=30_000)
     page.locator("#task-tick a.task-link").click()
     panel = page.locator("#task-panel .task-panel")
-    panel.wait_for(timeout=10_000)
+    panel.wait_for(timeout=30_000)
     page.wait_for_url(re.compile(rf"/runs/{run.pk}/tasks/{ids['tick']}/$"))
     assert panel.get_attribute("data-task-key") == "tick"
     assert panel.locator(".attempt").get_attribute("data-outcome") == "running"
@@ -92,7 +92,7 @@ def test_the_task_panel_shows_a_running_tasks_lines_and_a_failed_tasks_attempts_
     first_count = panel.locator(".log-line").count()
     page.wait_for_function(
         "n => document.querySelectorAll('#task-panel .task-panel .attempt-running .log-line').length > n + 5",
-        arg=first_count, timeout=8_000)
+        arg=first_count, timeout=30_000)
     assert "tests.callables.slow: tick 1" in panel.locator(".log-lines").inner_text()
     page.locator("#task-panel").scroll_into_view_if_needed()
     page.screenshot(path=str(screenshots / "task-panel-running.png"), full_page=True)
@@ -109,7 +109,7 @@ def test_the_task_panel_shows_a_running_tasks_lines_and_a_failed_tasks_attempts_
     assert run_state(run.pk) == "failed"
     page.goto(run_url)
     page.locator("#task-load a.task-link").click()
-    page.wait_for_selector("#task-panel .task-panel[data-task-key='load']", timeout=10_000)
+    page.wait_for_selector("#task-panel .task-panel[data-task-key='load']", timeout=30_000)
     panel = page.locator("#task-panel .task-panel")
     attempts = panel.locator(".attempt")
     assert attempts.count() == 2
@@ -132,7 +132,7 @@ def test_the_task_panel_shows_a_running_tasks_lines_and_a_failed_tasks_attempts_
 
     # The upstream task's key opens its panel.
     panel.locator("tr[data-upstream='extract'] a").click()
-    page.wait_for_selector("#task-panel .task-panel[data-task-key='extract']", timeout=10_000)
+    page.wait_for_selector("#task-panel .task-panel[data-task-key='extract']", timeout=30_000)
     assert page.locator("#task-panel .attempt").get_attribute("data-outcome") == "succeeded"
 
     # The panel's URL is a page of its own.
