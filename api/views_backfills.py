@@ -24,6 +24,7 @@ from api.pagination import page, paginate_newest_first
 from api.schema import invalid, problem, problem_example
 from api.serializers_backfills import (
     BOUND_HELP,
+    BOUND_SCHEMA,
     BackfillCreateSerializer,
     BackfillPageSerializer,
     BackfillPreviewSerializer,
@@ -96,8 +97,8 @@ class BackfillPreviewView(_BackfillView):
         description="How many instants of the trigger's schedule the range holds (in the trigger's time zone, "
         "by the clock's daylight-saving rules), how many already have a run, and how many runs a backfill would "
         "start. Starts nothing.",
-        parameters=[OpenApiParameter("start", str, required=True, description=BOUND_HELP),
-                    OpenApiParameter("end", str, required=True, description=BOUND_HELP)],
+        parameters=[OpenApiParameter("start", BOUND_SCHEMA, required=True, description=BOUND_HELP),
+                    OpenApiParameter("end", BOUND_SCHEMA, required=True, description=BOUND_HELP)],
         responses={200: BackfillPreviewSerializer, **RANGE_INVALID, **NOT_FOUND},
         examples=[OpenApiExample("march", value=PREVIEW_EXAMPLE, response_only=True)],
     )

@@ -541,6 +541,11 @@ def test_the_command_previews_then_starts_a_backfill(org, make_workflow):
     assert f"backfill {backfill.pk} started" in out.getvalue() and backfill.max_active_runs == 1
     entry = AuditLog.objects.for_organization(org).get(action="trigger.backfill_started")
     assert entry.metadata["channel"] == "cli"
+    advance_backfill(backfill.pk, batch=1)
+    out = io.StringIO()
+    call_command("show_run", str(backfill_runs(trig)[0].pk), "--no-events", stdout=out)
+    assert ("scheduled for 2026-03-01T05:00:00+00:00  data interval 2026-02-28T05:00:00+00:00 .. "
+            "2026-03-01T05:00:00+00:00  (backfill)") in out.getvalue()
     with pytest.raises(CommandError, match=r"--end: must not be before start"):
         call_command("backfill_trigger", "daily", "--org", org.slug, "--start", "2026-03-05", "--end", "2026-03-01")
     with pytest.raises(CommandError, match=r"no trigger 'nope'"):
