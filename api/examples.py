@@ -21,7 +21,7 @@ DEFINITION_EXAMPLE = {
          "priority": 2, "concurrency": {"key": "source-{{ input.source }}", "limit": 2},
          "rate_limit": {"key": "example-api", "per_second": 10}},
         {"key": "load", "type": "noop", "depends_on": ["extract"], "edge_labels": {"extract": "rows"},
-         "position": {"x": 200, "y": 0}},
+         "position": {"x": 200, "y": 0}, "condition": "upstream.extract.status == 200"},
     ],
     "concurrency": {"max_running_tasks": 4},
     "input_schema": {"type": "object", "properties": {
@@ -38,10 +38,11 @@ WORKFLOW_EXAMPLE = {
          "config": {"url": "https://example.com/data.json", "method": "GET"}, "depends_on": [],
          "max_attempts": 3, "retry_backoff_seconds": 2.0, "timeout_seconds": None, "position": {"x": 0, "y": 0},
          "priority": 2, "concurrency": {"key": "source-{{ input.source }}", "limit": 2},
-         "rate_limit": {"key": "example-api", "per_second": 10}},
+         "rate_limit": {"key": "example-api", "per_second": 10}, "trigger_rule": "all_success", "condition": ""},
         {"id": "9a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d", "key": "load", "type": "noop", "config": {},
          "depends_on": ["extract"], "max_attempts": 1, "retry_backoff_seconds": 1.0, "timeout_seconds": None,
-         "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None},
+         "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None,
+         "trigger_rule": "all_success", "condition": "upstream.extract.status == 200"},
     ],
     "edges": [{"from": "extract", "to": "load", "label": "rows"}],
 }
@@ -50,9 +51,10 @@ WORKFLOW_SUMMARY_EXAMPLE |= {"task_count": 2, "created_at": WORKFLOW_EXAMPLE["cr
 RUN_SUMMARY_EXAMPLE = {
     "id": "3f2a8c1e-7b6d-4e5f-9a0b-1c2d3e4f5a6b",
     "workflow": {"id": WORKFLOW_EXAMPLE["id"], "name": "etl", "version": 2},
-    "state": "succeeded", "priority": 0, "trigger_source": "api", "trigger": None, "triggered_by": None, "retry_of": None,
+    "state": "succeeded", "priority": 0, "trigger_source": "api", "trigger": None, "scheduled_for": None,
+    "data_interval_start": None, "data_interval_end": None, "triggered_by": None, "retry_of": None,
     "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.000001Z",
-    "finished_at": "2026-01-05T10:00:03.250000Z", "waiting_reason": None,
+    "finished_at": "2026-01-05T10:00:03.250000Z", "resumed_at": None, "waiting_reason": None,
 }
 RUN_EXAMPLE = {
     **{k: v for k, v in RUN_SUMMARY_EXAMPLE.items() if k in ("id", "workflow", "state")},
@@ -62,7 +64,8 @@ RUN_EXAMPLE = {
         {"id": "aa2f0c55-1d1e-4c4e-8f7a-2b3c4d5e6f70", "key": "extract", "task_id": WORKFLOW_EXAMPLE["tasks"][0]["id"],
          "state": "succeeded", "attempt": 1, "priority": 2, "concurrency_key": "source-eu", "output": {"status": 200, "body": {"rows": 42}, "truncated": False},
          "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.5Z",
-         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None, "queue": "", "queue_live_workers": None},
+         "finished_at": "2026-01-05T10:00:01.75Z", "waiting_reason": None, "queue": "", "queue_live_workers": None,
+         "skip_reason": ""},
     ],
 }
 EVENT_EXAMPLE = {

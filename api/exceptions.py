@@ -13,7 +13,8 @@ ran, Django's own 500 page) are turned into the same shape by
 
 Service-layer errors are translated here, so views can let them propagate:
 tenancy Forbidden → 403, TenancyError → 400, a cron trigger's TriggerError, a refused
-start's InvalidStart and a refused secret's InvalidSecret → 400 naming its field (an input
+start's InvalidStart, a refused secret's InvalidSecret and a refused webhook endpoint's
+InvalidWebhook → 400 naming its field (an input
 that a workflow's input schema refuses: one ``errors.input`` entry per violation, and
 ``violations``, a list of {"path": JSON pointer, "message", "keyword"}), a missing
 (or another organization's) object → 404, a body over the limit → 413, an organization's
@@ -49,6 +50,7 @@ from rest_framework.views import set_rollback
 from api.authentication import unsupported_scheme_detail
 from engine.services import InvalidStart
 from engine.triggers import TriggerError
+from engine.webhooks import InvalidWebhook
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Forbidden
 from tenancy.services import TenancyError
@@ -152,7 +154,7 @@ def _translate(exc: Exception) -> Exception:
         return exceptions.PermissionDenied(str(exc))
     if isinstance(exc, TenancyError):
         return InvalidRequest(str(exc))
-    if isinstance(exc, TriggerError | InvalidStart | InvalidSecret):
+    if isinstance(exc, TriggerError | InvalidStart | InvalidSecret | InvalidWebhook):
         violations = getattr(exc, "violations", None)
         if violations:  # an input a workflow's input_schema refuses: one entry per violation
             return exceptions.ValidationError({exc.field: [f"{v['path'] or '(input)'}: {v['message']}"

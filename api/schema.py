@@ -104,8 +104,8 @@ class ProblemSerializer(serializers.Serializer):
     request_id = serializers.CharField(required=False, help_text="The request id (500 only): quote it when "
                                        "reporting the error.")
     limit = serializers.CharField(required=False, help_text="The organization's quota that refused the request "
-                                  "(`quota_exceeded` only): max_runs_per_minute, max_definition_bytes or "
-                                  "max_secrets.")
+                                  "(`quota_exceeded` only): max_runs_per_minute, max_definition_bytes, "
+                                  "max_secrets, max_webhooks or max_failure_subscriptions.")
     allowed = serializers.IntegerField(required=False, help_text="The quota's value (`quota_exceeded` only).")
     used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only).")
     retry_after_seconds = serializers.FloatField(required=False, help_text="Seconds until the request fits the "

@@ -19,8 +19,10 @@ from rest_framework import serializers
 from engine.models import (
     RunLimitPolicy,
     RunState,
+    SkipReason,
     TaskRun,
     TaskRunEvent,
+    TriggerRule,
     Workflow,
     WorkflowRun,
     WorkflowState,
@@ -158,8 +160,8 @@ class TaskSerializer(serializers.Serializer):
     """One task of a workflow version: its type and config, its upstream task keys, its
     retry settings (``max_attempts``, ``retry_backoff_seconds``: attempt n waits
     base × 2^(n-1) seconds; ``timeout_seconds`` per attempt), its canvas position and its
-    scheduling settings (``priority``, ``concurrency``, ``rate_limit``: null when not set)
-    in the definition document's field names."""
+    scheduling settings (``priority``, ``concurrency``, ``rate_limit``: null when not set),
+    its ``trigger_rule`` and ``condition``, in the definition document's field names."""
 
     id = serializers.UUIDField()
     key = serializers.CharField()
@@ -173,6 +175,13 @@ class TaskSerializer(serializers.Serializer):
     priority = serializers.IntegerField(help_text="-10 to 10, added to each run's priority (default 0).")
     concurrency = serializers.SerializerMethodField()
     rate_limit = serializers.SerializerMethodField()
+    trigger_rule = serializers.ChoiceField(
+        choices=TriggerRule.choices,
+        help_text="When it runs by its upstream task runs' outcomes (docs/api.md, \"Trigger rules and conditions\"); "
+        "all_success by default.")
+    condition = serializers.CharField(
+        help_text="A CEL expression on `input` and `upstream` evaluated before its handler: false skips it; "
+        "'' for none.")
 
     def get_depends_on(self, task) -> list[str]:
         # Filled by WorkflowDetailSerializer from the prefetched edges (no query per task).
@@ -318,9 +327,22 @@ class WorkflowRefSerializer(serializers.Serializer):
 
 class _RunFieldsMixin(_WaitingReasonMixin):
     workflow = serializers.SerializerMethodField()
+    resumed_at = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="When a person last sent the finished run back to running (a resume, or an action on one of its "
+        "task runs: docs/recovery.md; the run's `resumed` events say who and what); null if never.")
     priority = serializers.IntegerField(read_only=True, help_text="-10 to 10, set at start (a retry keeps the "
                                         "original's); each task run's is this plus its task's.")
     triggered_by = serializers.SerializerMethodField()
+    scheduled_for = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The cron instant the run is for (a trigger's or a backfill's run, and their retries); null for "
+        "other runs. Not part of `input`.")
+    data_interval_start = serializers.DateTimeField(
+        read_only=True, allow_null=True,
+        help_text="The data interval the run covers: from the schedule's previous instant (included) ...")
+    data_interval_end = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="... to `scheduled_for` (excluded). Null for other runs.")
 
     @extend_schema_field(WorkflowRefSerializer)
     def get_workflow(self, run) -> dict[str, Any]:
@@ -331,8 +353,9 @@ class _RunFieldsMixin(_WaitingReasonMixin):
         return run.triggered_by.email if run.triggered_by_id else None
 
 
-RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "triggered_by", "retry_of",
-              "error", "created_at", "started_at", "finished_at", "waiting_reason"]
+RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "scheduled_for",
+              "data_interval_start", "data_interval_end", "triggered_by", "retry_of", "error", "created_at",
+              "started_at", "finished_at", "resumed_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
@@ -367,11 +390,17 @@ class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
         help_text="For a ready task run of a worker queue: the live workers of its queue (polled within "
         "FLOWFORGE_WORKER_LIVE_SECONDS, or holding a task of it); 0 means none will take it until a worker "
         "with a worker key polls the queue. Null otherwise.")
+    skip_reason = serializers.ChoiceField(
+        choices=SkipReason.choices, read_only=True,
+        help_text="Why a skipped task run was skipped: upstream_failed (a failure upstream; its dependents' "
+        "trigger rules count it as a failure), trigger_rule (its rule could not be met otherwise), "
+        "condition_false; '' when it was not skipped.")
 
     class Meta:
         model = TaskRun
         fields = ["id", "key", "task_id", "state", "attempt", "priority", "concurrency_key", "output", "error",
-                  "created_at", "started_at", "finished_at", "waiting_reason", "queue", "queue_live_workers"]
+                  "created_at", "started_at", "finished_at", "waiting_reason", "queue", "queue_live_workers",
+                  "skip_reason"]
         read_only_fields = fields
 
     def get_queue_live_workers(self, task_run) -> int | None:

@@ -13,6 +13,7 @@ an unpaired surrogate), so such input is a 400 naming the field, never a 500.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 
@@ -114,6 +115,32 @@ class IPAddressText(serializers.CharField):
 # --- cron triggers ---------------------------------------------------------------------------------
 
 
+class StoredInstantField(serializers.DateTimeField):
+    """An instant kept as ISO 8601 text in a JSON column, shown as every other instant of
+    the API is (UTC, ``Z``)."""
+
+    def to_representation(self, value):
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        return super().to_representation(value)
+
+
+class MissedInstantsSerializer(serializers.Serializer):
+    """Due instants a tick of the clock did not fire (engine.cron.missed_note)."""
+
+    at = StoredInstantField(help_text="When the clock found them.")
+    policy = serializers.CharField(help_text="The trigger's catch_up policy then.")
+    reason = serializers.ChoiceField(choices=["catch_up_bound", "catch_up_policy"], help_text=(
+        "catch_up_bound: more were due than the `all` policy fires at once (max_catch_up, the most recent); "
+        "catch_up_policy: `skip` or `latest` left them."))
+    due = serializers.IntegerField()
+    fired = serializers.IntegerField()
+    not_fired = serializers.IntegerField()
+    first_not_fired = StoredInstantField()
+    last_not_fired = StoredInstantField()
+    max_catch_up = serializers.IntegerField()
+
+
 class TriggerSerializer(serializers.ModelSerializer):
     """A cron trigger with its next fire instants.
 
@@ -130,12 +157,17 @@ class TriggerSerializer(serializers.ModelSerializer):
         "`path`). Fix the input (PATCH) or the workflow.")
     next_fire_times = serializers.SerializerMethodField()
     created_by = serializers.SerializerMethodField()
+    missed_instants = MissedInstantsSerializer(
+        read_only=True, allow_null=True,
+        help_text="The last time the clock left due instants unfired (downtime past the catch-up bound, or its "
+        "policy): how many and which; a backfill of first_not_fired .. last_not_fired fires them. Null when it "
+        "never happened.")
 
     class Meta:
         model = ScheduledTrigger
         fields = ["id", "name", "workflow_name", "cron_expression", "timezone", "input", "input_rejected",
                   "catch_up", "enabled", "priority", "next_fire_at", "next_fire_times", "last_fired_at",
-                  "created_by", "created_at"]
+                  "missed_instants", "created_by", "created_at"]
         read_only_fields = fields
 
     def _rejections(self) -> dict:

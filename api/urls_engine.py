@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from api import views_runs, views_worker, views_workers, views_workflows
+from api import views_recovery, views_runs, views_tasks, views_worker, views_workers, views_workflows
 
 urlpatterns = [
     path("workflows/", views_workflows.WorkflowListView.as_view(), name="workflow-list"),
@@ -15,6 +15,15 @@ urlpatterns = [
     path("runs/<uuid:pk>/", views_runs.RunDetailView.as_view(), name="run-detail"),
     path("runs/<uuid:pk>/cancel/", views_runs.RunCancelView.as_view(), name="run-cancel"),
     path("runs/<uuid:pk>/retry/", views_runs.RunRetryView.as_view(), name="run-retry"),
+    # What a person does about a failed run (engine.recovery): resume it, act on one task run.
+    path("runs/<uuid:pk>/resume/", views_recovery.RunResumeView.as_view(), name="run-resume"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/retry/", views_recovery.TaskRunRetryView.as_view(),
+         name="run-task-retry"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/mark-succeeded/", views_recovery.TaskRunMarkSucceededView.as_view(),
+         name="run-task-mark-succeeded"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/skip/", views_recovery.TaskRunSkipView.as_view(),
+         name="run-task-skip"),
+    path("runs/<uuid:run_id>/task-runs/<uuid:pk>/", views_tasks.RunTaskDetailView.as_view(), name="run-task-detail"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/output/", views_runs.RunTaskOutputView.as_view(),
          name="run-task-output"),
     path("runs/<uuid:run_id>/task-runs/<uuid:pk>/logs/", views_workers.TaskRunLogsView.as_view(),

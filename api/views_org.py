@@ -85,6 +85,7 @@ TRIGGER_EXAMPLE = {
     "next_fire_times": ["2026-01-16T02:30:00+01:00", "2026-01-17T02:30:00+01:00", "2026-01-18T02:30:00+01:00",
                         "2026-01-19T02:30:00+01:00", "2026-01-20T02:30:00+01:00"],
     "last_fired_at": None,
+    "missed_instants": None,
     "created_by": "ada@example.com",
     "created_at": CREATED_AT,
 }

@@ -287,15 +287,17 @@ class RunCancelView(OwnTransactions, _RunView):
 
 
 class RunRetryView(_RunView):
-    """POST /runs/<id>/retry/ — start a new run with the same workflow version and input."""
+    """POST /runs/<id>/retry/ — re-run as a new run: the same workflow version and input, every
+    task again (``/resume/`` re-runs only what did not succeed, in place: api.views_recovery)."""
 
     required_action = {"POST": Action.RUN_OPERATE}
 
     @extend_schema(
         operation_id="runs_retry",
-        summary="Retry a run",
+        summary="Re-run a run as a new run",
         description="Start a new run of the same workflow version with the same input, linked to this one by "
-        "`retry_of`. Only a finished run can be retried.",
+        "`retry_of`: every task runs again, succeeded ones included. Only a finished run can be re-run. To run "
+        "again only what did not succeed, in this same run, use `POST /runs/{id}/resume/`.",
         request=None,
         responses={201: RunSerializer, **problem(
             409, "The run is still going, or its workflow version is no longer active.",

@@ -42,8 +42,9 @@ MAX_OUTPUT_BYTES = 1024 * 1024
 #: Log lines per call, and characters per message.
 MAX_LOG_LINES = 100
 MAX_LOG_MESSAGE_CHARS = 4000
-#: Characters of a failure's error.
+#: Characters of a failure's error, and of its traceback (engine.repositories.task_runs.MAX_TRACEBACK_CHARS).
 MAX_ERROR_CHARS = 10_000
+MAX_TRACEBACK_CHARS = 100_000
 
 
 class WorkerRefusal(exceptions.APIException):
@@ -148,6 +149,10 @@ def _check_output_size(value: Any) -> Any:
 class FailSerializer(TokenSerializer):
     error = TextField(max_length=MAX_ERROR_CHARS, allow_blank=False)
     retryable = StrictBooleanField(required=False, default=True)
+    traceback = TextField(required=False, allow_blank=True, default="", max_length=MAX_TRACEBACK_CHARS,
+                          trim_whitespace=False,
+                          help_text="The handler's traceback (optional), kept beside the error: redacted of the "
+                          "attempt's secret values and cut to FLOWFORGE_TASK_TRACEBACK_MAX_CHARS (its start and end).")
 
 
 class LogLineSerializer(serializers.Serializer):
@@ -365,10 +370,13 @@ class WorkerFailView(_WorkerView):
                    responses={200: inline_serializer("WorkerFailResult", {
                        "state": serializers.CharField(), "retry_in_seconds": serializers.FloatField(allow_null=True)}),
                    **REFUSED},
-                   examples=_examples({"fencing_token": 1, "error": "ValueError: image too large", "retryable": True},
+                   examples=_examples({"fencing_token": 1, "error": "ValueError: image too large", "retryable": True,
+                                       "traceback": "Traceback (most recent call last):\n  File \"resize.py\", "
+                                                    "line 12, in resize\n    raise ValueError(\"image too large\")\n"
+                                                    "ValueError: image too large\n"},
                                       {"state": "ready", "retry_in_seconds": 2.0}))
     def post(self, request, pk):
         data = _validated(FailSerializer, request)
         state, retry_in = self._call(worker_queues.fail, task_run_id=pk, fencing_token=data["fencing_token"],
-                                     error=data["error"], retryable=data["retryable"])
+                                     error=data["error"], retryable=data["retryable"], traceback=data["traceback"])
         return Response({"state": state, "retry_in_seconds": retry_in})

@@ -1,6 +1,6 @@
 """REST API v1: the organization's own workers as its members see them (issue 18, item 6):
-the workers seen polling its queues, the queues with their depth, and the log lines a
-worker sent for a task run.
+the workers seen polling its queues, the queues with their depth; and a task run's log
+lines (those a worker sent, and, issue 19, those a shared worker captured).
 
 Reads only (``read``: every member role, viewers included; a worker key, which may only
 ``worker.serve``, gets 403). Each list is keyset-paginated (api.pagination) and scoped to
@@ -79,15 +79,26 @@ class QueueSerializer(serializers.Serializer):
 
 
 class TaskLogSerializer(serializers.Serializer):
-    """A log line a worker sent for one attempt (generation) of a task run, secret values
-    redacted."""
+    """A log line of one attempt (generation) of a task run, secret values redacted."""
 
     id = serializers.IntegerField(help_text="Increasing: the order, and the `after` cursor.")
     attempt = serializers.IntegerField()
-    fencing_token = serializers.IntegerField(help_text="The generation that sent it.")
+    fencing_token = serializers.IntegerField(help_text="The generation that wrote it.")
+    stream = serializers.ChoiceField(choices=TaskLog.Stream.choices, help_text=(
+        "Where it came from: `worker` (sent by the organization's own worker), `logging` (a logging record of "
+        "a shared worker's handler, its logger's name first), `stdout`, `stderr`, `http` (the http task's "
+        "request summary), `system` (FlowForge's: the attempt's log was truncated)."))
     level = serializers.ChoiceField(choices=TaskLog.Level.choices)
     message = serializers.CharField()
     created_at = serializers.DateTimeField()
+
+
+class TaskLogFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /runs/{run}/task-runs/{id}/logs/ (``after`` and ``page_size``
+    are the pagination's)."""
+
+    attempt = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    fencing_token = serializers.IntegerField(required=False, min_value=0, max_value=2**63 - 1)
 
 
 WorkerPageSerializer = page_of(WorkerSerializer, "WorkerPageSerializer")
@@ -111,8 +122,8 @@ QUEUE_EXAMPLE = {
     "queue": "images", "ready": 12, "oldest_ready_at": "2026-01-05T10:01:58.004000Z",
     "oldest_ready_age_seconds": 43.5, "running": 4, "live_workers": 1,
 }
-LOG_EXAMPLE = {"id": 1042, "attempt": 1, "fencing_token": 1, "level": "info", "message": "resized 1 of 3",
-               "created_at": "2026-01-05T10:02:40.250000Z"}
+LOG_EXAMPLE = {"id": 1042, "attempt": 1, "fencing_token": 1, "stream": "worker", "level": "info",
+               "message": "resized 1 of 3", "created_at": "2026-01-05T10:02:40.250000Z"}
 
 
 class _ReadView(OrganizationAPIView):
@@ -189,27 +200,40 @@ class QueueListView(_ReadView):
 
 
 class TaskRunLogsView(_ReadView):
-    """GET /runs/<run_id>/task-runs/<id>/logs/ — the log lines workers sent for one task
-    run, oldest first (every attempt's)."""
+    """GET /runs/<run_id>/task-runs/<id>/logs/ — the log lines of one task run, oldest
+    first (every attempt's, or one's)."""
 
     @extend_schema(
         operation_id="runs_task_logs",
         summary="List a task run's log lines",
-        description="The lines the organization's workers sent for this task run (`POST /worker/tasks/{id}/logs/`), "
-        "every attempt's, oldest first, secret values redacted; each names its attempt and generation "
-        "(`fencing_token`). `?after=<id>` returns only later lines; `next` is this URL with `after` set to the "
-        "page's last id, null when no more lines exist yet. A task run of the shared workers has none.",
-        parameters=[OpenApiParameter("after", int, description="Only lines with a greater id."),
+        description="The log lines of this task run, every attempt's (or one's: `attempt`, `fencing_token`), "
+        "oldest first, secret values redacted; each names its attempt, its generation (`fencing_token`) and its "
+        "`stream`: what a shared worker captured while the handler ran (its `logging` records, `stdout`, "
+        "`stderr`, the http task's request summary `http`) or what the organization's own worker sent "
+        "(`POST /worker/tasks/{id}/logs/`: `worker`). An attempt keeps at most FLOWFORGE_TASK_LOG_MAX_LINES "
+        "lines and FLOWFORGE_TASK_LOG_MAX_BYTES bytes (2,000 and 512 KiB by default); a `system` line says "
+        "when its log was truncated. `?after=<id>` returns only later lines; `next` is this URL with `after` "
+        "set to the page's last id, null when no more lines exist yet.",
+        parameters=[OpenApiParameter("attempt", {"type": "integer", "minimum": 1},
+                                     description="Only the lines of this attempt."),
+                    OpenApiParameter("fencing_token", {"type": "integer", "minimum": 0},
+                                     description="Only the lines of this generation."),
+                    OpenApiParameter("after", int, description="Only lines with a greater id."),
                     OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 500},
                                      description="Rows per page, 1 to 500 (default 50).")],
         responses={200: TaskLogPageSerializer,
-                   **invalid("`after` or `page_size` is malformed; `errors` names it.",
+                   **invalid("A filter, `after` or `page_size` is malformed; `errors` names it.",
                              {"after": ["must be a whole number of at least 0"]})},
         examples=[OpenApiExample("lines", response_only=True, value={"results": [LOG_EXAMPLE], "next": None})],
     )
     def get(self, request, run_id, pk):
+        filters = validated_query(request, TaskLogFilterSerializer)
         task_run = access_task_run(self.actor, run_id, pk, shape=lambda qs: qs.only("id", "organization_id",
                                                                                       "workflow_run_id"))
         lines = TaskLog.objects.for_organization(self.organization).filter(task_run=task_run)  # idx_tasklog_taskrun
+        if "attempt" in filters:
+            lines = lines.filter(attempt=filters["attempt"])
+        if "fencing_token" in filters:
+            lines = lines.filter(fencing_token=filters["fencing_token"])
         rows, next_url = paginate_by_int(lines, request, field="id", param="after", descending=False)
         return Response(page(TaskLogSerializer(rows, many=True).data, next_url))

@@ -12,15 +12,27 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         and completions recorded together, behind the Completer interface), combiner
         (the batching's thread hand-over), heartbeat (extends worker leases), handoff
         (generations a busy thread gives back to the broker), output (the result's
-        size and shape).
-    scheduler.py | reaper.py | sweeper.py | cron.py
+        size and shape, the failure's traceback), log_shipper (writes the lines the
+        attempts capture).
+    backfill.py
+        backfills of cron triggers: one run per past instant of a range, through cron's
+        start of an instant (preview, create, cancel, and the pass that goes on with them).
+    scheduler.py | reaper.py | sweeper.py | cron.py | notifier.py
         claim ready task runs; take back expired leases; close finished and timed-out
-        runs; fire due cron triggers.
-    services.py | signals.py | worker_queues.py
+        runs; fire due cron triggers; claim and send the notifications' outbox (webhook
+        POSTs, failure emails: docs/notifications.md).
+    services.py | signals.py | worker_queues.py | recovery.py | task_detail.py
         services: what the API, the web UI and the commands call (start, cancel, retry
         runs; apply workflows). signals: the engine's receivers of tenancy's hooks.
         worker_queues: what the worker API's calls do (poll, heartbeat, logs, complete,
-        fail) for the organizations' own workers (docs/workers.md).
+        fail) for the organizations' own workers (docs/workers.md). recovery: what a
+        person does about a failed run (resume it in place; retry, mark succeeded or
+        skip one of its task runs). task_detail: one task run read whole for the API and
+        the run page's task panel (its attempts with their logs and tracebacks, its input
+        as configured, its upstream outputs).
+    notifications.py
+        webhook endpoints (create, change, rotate the secret, delete), failure
+        subscriptions and the replay of a delivery: what the API and the pages call.
     relay.py
         publish outbox rows to the broker and stamp them (a new run's roots, claimed by
         services.start_run, are published through it after the commit).
@@ -38,17 +50,22 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (live_hub) and of the worker queues' long polls (queue_hub); output size
         helpers; stream limits; access_* (a tenant object by id: one "not found" for
         missing and foreign).
-    limit_keys.py | input_schema.py
+    limit_keys.py | input_schema.py | conditions.py
         concurrency keys' placeholders: their one written form, and their rendering from
         a run input (definitions store keys in that form; start_run and triggers render).
         input_schema: a workflow's run input JSON Schema, checked at definition time and
         applied (defaults, then validation) at every start, fenced for a shared deployment
         (no remote references, RE2 patterns, a work budget).
-    handlers/ : egress.py : secret_refs.py
-        task types (noop, sleep, fail, python, http, worker) and the egress policy http obeys;
+        conditions: a task's CEL condition, checked for definitions and evaluated, with
+        bounded cost, before the handler (the worker, and the worker API's poll).
+    handlers/ : egress.py : secret_refs.py : attempt_log.py : webhooks.py
+        task types (noop, sleep, fail, python, http, worker) and the egress policy http
+        (and webhooks) obey; webhooks: an endpoint URL's rules, the signature, one POST;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
-        what the attempt leaves behind (it reads tenancy.vault).
+        what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
+        running handler logs and prints, kept per attempt (per thread, by context
+        variable), redacted and capped.
     models.py | db.py | metrics.py | live.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log).
@@ -67,10 +84,15 @@ claim: room, permits and buckets decide) and publishes them after the commit
 (``dispatch.nudge_scheduler``): ``scheduler.schedule_once`` claims and writes outbox rows
 in one statement (``repositories``) and publishes them; the worker
 (``actors.execute_task_run`` -> ``worker``) starts the generation, heartbeats, runs the
-handler (``handlers``) and records the completion, which promotes the dependents and,
-in the same transaction, claims for its organization (the fair claim, below);
+handler (``handlers``; first its condition, ``conditions``: false skips it) and records
+the completion, which decides the dependents by their trigger rules (ready, skipped, or
+waiting) and, in the same transaction, claims for its organization (the fair claim,
+below); a failure or a skip settles the dependents the same way
+(``task_runs.settle_dependents``);
 ``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
-how organizations share the workers.
+how organizations share the workers. A run's end and a task run's failure are also
+recorded as notifications, in the same transaction, by a trigger on the run's history
+(migration 0023), and sent by ``notifier`` (docs/notifications.md).
 
 Glossary
 --------
@@ -79,12 +101,24 @@ run
     succeeded | failed | cancelled (``states.RunState``).
 task run
     One task of one run (``TaskRun``); a retry reuses the row (``states.TaskRunState``).
+trigger rule
+    ``Task.trigger_rule`` (``states.TriggerRule``, Airflow's names): when a task with
+    dependencies runs, by its upstream task runs' outcomes; ``all_success`` by default.
+condition
+    ``Task.condition``: a CEL expression on the run input and upstream outputs
+    (``conditions``); false skips the task run (``skip_reason`` ``condition_false``).
 attempt
     One execution of a task run's handler; ``TaskRun.attempt`` counts them, and a
     dispatch that never started uses none.
 generation
     One claim of a task run: each claim bumps its fencing token, and a message, a start
-    and a completion each name the generation they belong to.
+    and a completion each name the generation they belong to. A person's action on a
+    finished task run (engine.recovery) bumps it too.
+resume
+    A finished run sent back to running in place by a person (engine.recovery): the task
+    runs that did not succeed, and those downstream, are reopened as new generations;
+    succeeded ones keep their outputs. ``attempt`` counts on, ``attempt_base`` renews the
+    retry budget.
 fencing token
     ``TaskRun.fencing_token``, the generation's number. Every write by a worker matches
     it; a write for an older generation is rejected (``stale_completion_rejected``).

@@ -1,4 +1,5 @@
-"""Dramatiq actors: the scheduler, relay, reaper and task execution.
+"""Dramatiq actors: the scheduler, relay, reaper, cron triggers and their backfills, and task
+execution.
 
 Each is safe to run in many copies at once (SKIP LOCKED, unique constraints and
 conditional UPDATEs). They are woken by nudges sent on commit by the code that
@@ -14,13 +15,14 @@ explicit, it returns the same broker).
 from __future__ import annotations
 
 import dramatiq
+from django.conf import settings
 
-from engine import live, services
+from engine import backfill, live, notifier, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
 from engine.scheduler import note_waiting_if_due, schedule_once
-from engine.states import CONTROL_QUEUE, TASK_QUEUE
+from engine.states import CONTROL_QUEUE, NOTIFY_QUEUE, TASK_QUEUE
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
 from flowforge.broker import setup as setup_broker
@@ -57,6 +59,15 @@ def reap_leases() -> None:
 def fire_triggers() -> None:
     """Fire due cron triggers (each scheduled instant at most once)."""
     fire_due_triggers()
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
+def advance_backfills() -> None:
+    """Let the cron triggers' backfills go on (each for a batch of instants, in turn);
+    sends itself again while one has more it could do now (a long backfill is not paced
+    by the clock's period)."""
+    if backfill.advance_backfills().more:
+        advance_backfills.send()
 
 
 @dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=300_000)
@@ -104,3 +115,22 @@ def execute_task_runs(dispatches: list[list]) -> None:
     """Run several generations, [[task_run_id, fencing_token], ...], in turn (a message of
     a claim burst: ``engine.relay.group_rows``; see ``engine.worker.execute.execute_many``)."""
     execute_many([(task_run_id, int(token)) for task_run_id, token in dispatches])
+
+
+# After the task messages a worker has fetched: a notification waits behind a task, never the reverse.
+NOTIFY_PRIORITY = 20
+
+
+@dramatiq.actor(queue_name=CONTROL_QUEUE, max_retries=0, time_limit=60_000)
+def notify_tick() -> None:
+    """Take back lost claims of notification deliveries, claim the due ones within the
+    in-flight caps and send each to ``deliver_notification`` (engine.notifier.tick)."""
+    notifier.tick()
+
+
+@dramatiq.actor(queue_name=NOTIFY_QUEUE, max_retries=0, priority=NOTIFY_PRIORITY,
+                time_limit=int(settings.FLOWFORGE_NOTIFY_ATTEMPT_SECONDS * 1000))
+def deliver_notification(delivery_id: str, claim_token: int) -> None:
+    """One attempt of a claimed notification delivery (a webhook POST or a failure email),
+    stopped after FLOWFORGE_NOTIFY_ATTEMPT_SECONDS (engine.notifier.deliver)."""
+    notifier.deliver(delivery_id, int(claim_token))

@@ -1,11 +1,12 @@
-"""Staff's view of the engine: runs and the outbox (dead letters included). Read-only:
-state changes go through engine/repositories/, never through a form."""
+"""Staff's view of the engine: runs, the outbox (dead letters included) and the notifications'
+outbox (deliveries; never an endpoint's URL or secret). Read-only: state changes go through
+engine/repositories/, never through a form."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from engine.models import OutboxMessage, WorkflowRun
+from engine.models import NotificationDelivery, OutboxMessage, WorkflowRun
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -58,3 +59,22 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request):
         return OutboxMessage.objects.unscoped().select_related("organization")
+
+
+@admin.register(NotificationDelivery)
+class NotificationDeliveryAdmin(ReadOnlyAdmin):
+    """Deliveries of every organization (issue 19): state, attempts, the last answer; the
+    endpoint is named by its id only (its URL may hold a receiver's token)."""
+
+    list_display = ("id", "organization", "channel", "endpoint_id", "state", "attempts", "last_status",
+                    "next_attempt_at", "dead_lettered_at", "created_at")
+    list_filter = ("state", "channel")
+    search_fields = ("id", "event__id")
+    fields = ("id", "organization", "channel", "endpoint_id", "event_id", "replay_of_id", "state", "attempts",
+              "claim_token", "next_attempt_at", "lease_expires_at", "last_status", "last_error", "delivered_at",
+              "dead_lettered_at", "created_at")
+    readonly_fields = fields
+    show_full_result_count = False
+
+    def get_queryset(self, request):
+        return NotificationDelivery.objects.unscoped().select_related("organization")

@@ -17,6 +17,11 @@ A document is JSON (or YAML) of the shape::
 ``input_schema`` (issue 19, docs/api.md "Run input schemas"): a JSON Schema (Draft 2020-12)
 every run input of the version must satisfy, checked here by ``engine.input_schema``.
 
+A task's ``trigger_rule`` (one of TRIGGER_RULES, default all_success: when it runs by
+its upstream outcomes) and ``condition`` (a CEL expression on ``input`` and ``upstream``,
+engine.conditions: checked here, evaluated by the worker) are docs/api.md's "Trigger
+rules and conditions" (issue 19).
+
 Scheduling fields (issue 16; docs/api.md "Scheduling fields"): a task's ``priority``
 (PRIORITY_MIN..PRIORITY_MAX, added to its run's), ``concurrency`` (a named key of the
 organization, optionally templated from the run input, and the most task runs of this
@@ -40,8 +45,8 @@ from typing import Any
 
 import yaml
 
+from engine import conditions, secret_refs
 from engine import input_schema as input_schemas
-from engine import secret_refs
 from engine.handlers import REGISTRY, ConfigError
 from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
 from engine.limit_keys import RENDERED_KEY_MAX as RENDERED_KEY_MAX  # re-exported
@@ -55,8 +60,13 @@ KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z")
 KEY_FORM = "1-100 letters, digits, '_', '-' or '.'"  # what KEY_RE accepts, for error messages
 TASK_FIELDS = {
     "key", "type", "config", "depends_on", "max_attempts", "retry_backoff_seconds", "timeout_seconds",
-    "position", "edge_labels", "priority", "concurrency", "rate_limit",
+    "position", "edge_labels", "priority", "concurrency", "rate_limit", "trigger_rule", "condition",
 }
+# A task's trigger_rule (engine.states.TriggerRule, the CHECK task_trigger_rule_valid;
+# this module is imported without the app registry, so the names are written here and
+# tests/unit/test_trigger_rules.py checks they agree).
+TRIGGER_RULES = ("all_success", "all_failed", "all_done", "one_failed", "one_success", "none_failed", "always")
+DEFAULT_TRIGGER_RULE = "all_success"
 DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency", "input_schema"}
 # Priorities of tasks and runs: engine.models.PRIORITY_MIN/MAX, the CHECK constraints'
 # range (tests/unit/test_scheduling_definitions.py checks they agree; this module is
@@ -386,7 +396,13 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     per_minute, an unknown field in any of these objects, one key with two limits in one
     document (placeholders compared in their one written form: ``{{input.x}}`` is
     ``{{ input.x }}``), a run-limit policy other than queue, cancel_newest or
-    cancel_oldest, or cancel_* without max_running_runs), and an ``input_schema`` that
+    cancel_oldest, or cancel_* without max_running_runs), a trigger_rule not in
+    TRIGGER_RULES or on a task without dependencies, a condition that
+    ``engine.conditions.check`` refuses (a CEL syntax error, an unknown variable or
+    function, ``upstream.<key>`` naming a task it does not depend on, over
+    MAX_CONDITION_CHARS or MAX_CONDITION_DEPTH) or past MAX_CONDITION_CHARS_PER_WORKFLOW
+    distinct characters of conditions, each at ``tasks[<key>].trigger_rule`` or
+    ``tasks[<key>].condition``, and an ``input_schema`` that
     ``engine.input_schema.check_schema`` refuses (not Draft 2020-12, over its size or depth,
     a reference leaving the document, a pattern RE2 cannot run, a default its own schema
     refuses; each named by its path, ``input_schema.properties.x.type``). Raises DefinitionError with
@@ -449,6 +465,9 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     seen: dict[str, int] = {}
     # key (placeholders normalized, so two spellings of one key meet) -> (first task, its limit)
     concurrency_limits: dict[str, tuple[str, int]] = {}
+    # Distinct condition texts and their characters (MAX_CONDITION_CHARS_PER_WORKFLOW).
+    seen_conditions: set[str] = set()
+    condition_chars = 0
     for i, raw in enumerate(tasks):
         where = f"tasks[{i}]"
         if not isinstance(raw, dict):
@@ -533,6 +552,33 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
                     "one key has one limit within a workflow",
                 })
         rate_limit = _task_rate_limit(errors, where, raw.get("rate_limit"))
+        trigger_rule = raw.get("trigger_rule")
+        if trigger_rule is None:
+            trigger_rule = DEFAULT_TRIGGER_RULE
+        if trigger_rule not in TRIGGER_RULES:
+            errors.append({"path": f"{where}.trigger_rule",
+                           "message": f"unknown trigger rule {trigger_rule!r}; one of {', '.join(TRIGGER_RULES)}"})
+            trigger_rule = DEFAULT_TRIGGER_RULE
+        elif trigger_rule != DEFAULT_TRIGGER_RULE and not depends_on and not too_many:
+            errors.append({"path": f"{where}.trigger_rule",
+                           "message": f"{trigger_rule!r} needs depends_on: a trigger rule decides by the "
+                           "outcomes of the task's dependencies, and a task without any starts with its run"})
+        condition = raw.get("condition")
+        if condition == "":  # none, as a task without a condition reads back (its API shape)
+            condition = None
+        if isinstance(condition, str) and condition not in seen_conditions:
+            seen_conditions.add(condition)
+            condition_chars += len(condition)
+        if condition is not None and condition_chars > conditions.MAX_CONDITION_CHARS_PER_WORKFLOW:
+            errors.append({"path": f"{where}.condition",
+                           "message": f"the workflow's distinct conditions hold more than "
+                           f"{conditions.MAX_CONDITION_CHARS_PER_WORKFLOW} characters in all"})
+            condition = None
+        if condition is not None:
+            problem = conditions.check(condition, dependencies=depends_on)
+            if problem is not None:
+                errors.append({"path": f"{where}.condition", "message": problem})
+                condition = None
         position = raw.get("position")
         if position is not None and not (
             isinstance(position, dict)
@@ -583,6 +629,10 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
             task["concurrency"] = concurrency
         if rate_limit is not None:
             task["rate_limit"] = rate_limit
+        if trigger_rule != DEFAULT_TRIGGER_RULE:
+            task["trigger_rule"] = trigger_rule
+        if condition is not None:
+            task["condition"] = condition
         if position is not None:
             task["position"] = {"x": position["x"], "y": position["y"]}
         if edge_labels:

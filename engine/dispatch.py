@@ -25,7 +25,7 @@ from typing import Any
 import dramatiq
 
 import flowforge.broker
-from engine.states import CONTROL_QUEUE, TASK_FIRST_QUEUE, TASK_QUEUE
+from engine.states import CONTROL_QUEUE, NOTIFY_QUEUE, TASK_FIRST_QUEUE, TASK_QUEUE
 
 #: Each actor's name -> the queue ``engine.actors`` declares it on.
 ACTOR_QUEUES: dict[str, str] = {
@@ -33,11 +33,14 @@ ACTOR_QUEUES: dict[str, str] = {
     "relay_outbox": CONTROL_QUEUE,
     "reap_leases": CONTROL_QUEUE,
     "fire_triggers": CONTROL_QUEUE,
+    "advance_backfills": CONTROL_QUEUE,
     "sweep_runs": CONTROL_QUEUE,
     "housekeeping": CONTROL_QUEUE,
     "execute_task_run": TASK_QUEUE,
     "execute_task_run_first": TASK_QUEUE,
     "execute_task_runs": TASK_QUEUE,
+    "notify_tick": CONTROL_QUEUE,
+    "deliver_notification": NOTIFY_QUEUE,
 }
 
 # How long a claimer's own publish has the outbox rows of its claim to itself, in

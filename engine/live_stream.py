@@ -188,8 +188,9 @@ def event_data(event: TaskRunEvent, run_id: uuid.UUID) -> dict:
 
 class EventFeed:
     """Every event of the run after ``after`` (``id: <seq>`` / ``data: <json>``), then the
-    new ones as they commit; finished right after ``run_finished``, or at once when the run
-    is gone or terminal with nothing left to send (a client resuming past the end)."""
+    new ones as they commit; finished right after its last ``run_finished`` (one followed by
+    a ``resumed`` event is not the end), or at once when the run is gone or terminal with
+    nothing left to send (a client resuming past the end)."""
 
     heartbeat = ": heartbeat\n\n"
 
@@ -209,7 +210,7 @@ class EventFeed:
                 for event in batch:
                     yield format_event(event.seq, event_data(event, self._run_id))
                     self.cursor = event.seq
-                    if event.kind == "run_finished":
+                    if event.kind == "run_finished" and not self._resumed_after(event.seq):
                         self.finished = True
                         return
                 if len(batch) < EVENT_BATCH:
@@ -224,6 +225,11 @@ class EventFeed:
                 self.finished = True  # resumed after run_finished: nothing more will come
                 return
             # Terminal, and its last events committed after our read: read them now.
+
+    def _resumed_after(self, seq: int) -> bool:
+        """Whether the run was resumed after its ``run_finished`` event ``seq`` (engine.recovery):
+        its history goes on, and so does the stream (uniq_event_run_seq serves the range)."""
+        return self._events.filter(seq__gt=seq, kind="resumed").exists()
 
     def refused(self) -> Iterator[str]:
         return iter(())  # nothing more, not even a last message

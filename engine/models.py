@@ -15,17 +15,24 @@ from __future__ import annotations
 import uuid
 
 from django.db import models
-from django.db.models import F, Q
-from django.db.models.functions import Now
+from django.db.models import F, Func, Q
+from django.db.models.functions import Coalesce, Length, Now
+from django.db.models.lookups import Exact, LessThanOrEqual
 
 # The vocabulary lives in engine.states; these names are re-exported for the imports
 # that name engine.models.
 from engine.states import (  # noqa: F401
     RUN_TERMINAL_STATES,
     TASK_TERMINAL_STATES,
+    BackfillState,
+    DeliveryChannel,
+    DeliveryState,
     EventKind,
+    NotificationType,
     RunState,
+    SkipReason,
     TaskRunState,
+    TriggerRule,
 )
 from tenancy.models import Organization
 from tenancy.scoping import OrganizationScopedManager
@@ -64,10 +71,17 @@ class TriggerSource(models.TextChoices):
     WEB = "web"
     CRON = "cron"
     RETRY = "retry"
+    #: Started by a backfill of a cron trigger (engine.backfill) for a past instant.
+    BACKFILL = "backfill"
 
 
 def _in(field: str, values) -> Q:
     return Q(**{f"{field}__in": list(values)})
+
+
+#: Characters of a task's condition: engine.conditions.MAX_CONDITION_CHARS (this module
+#: does not import the CEL library; tests/unit/test_trigger_rules.py checks they agree).
+TASK_CONDITION_MAX_CHARS = 2000
 
 
 class Workflow(models.Model):
@@ -160,6 +174,12 @@ class Task(models.Model):
     # The queue of the organization's own workers a ``worker`` task waits on; '' for every
     # other type (the shared workers' tasks). Copied onto each task run at start.
     queue = models.CharField(max_length=64, blank=True, db_default="")
+    # When it runs, by its upstream task runs' outcomes (TriggerRule; the promotion and
+    # skip statements of engine/sql/task_runs.sql read it).
+    trigger_rule = models.CharField(max_length=20, choices=TriggerRule.choices, db_default=TriggerRule.ALL_SUCCESS)
+    # A CEL expression on the run input and upstream outputs (engine.conditions), evaluated
+    # by the worker before the handler: false skips the task run. '' for none.
+    condition = models.TextField(blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())
 
     objects = OrganizationScopedManager()
@@ -194,6 +214,9 @@ class Task(models.Model):
                     rate_window_seconds__isnull=False, rate_window_seconds__in=[1, 60]),
                 name="task_rate_limit_valid",
             ),
+            models.CheckConstraint(condition=_in("trigger_rule", TriggerRule.values), name="task_trigger_rule_valid"),
+            models.CheckConstraint(condition=LessThanOrEqual(Length("condition"), TASK_CONDITION_MAX_CHARS),
+                                   name="task_condition_length"),
         ]
 
     def __str__(self) -> str:
@@ -247,6 +270,14 @@ class WorkflowRun(models.Model):
     trigger = models.ForeignKey(
         "engine.ScheduledTrigger", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
     )
+    # The cron instant this run is for and the data interval it covers, in UTC
+    # (engine.states.RunSchedule: [previous instant, scheduled_for)); NULL for a run no
+    # trigger or backfill started. A retry keeps its original's. No CHECK ties the three
+    # together: adding one would scan this (hot, large) table under an exclusive lock;
+    # run_insert is their only writer.
+    scheduled_for = models.DateTimeField(null=True, blank=True)
+    data_interval_start = models.DateTimeField(null=True, blank=True)
+    data_interval_end = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     # PRIORITY_MIN..PRIORITY_MAX, set at start; each task run's is this plus its task's.
     priority = models.SmallIntegerField(db_default=0)
@@ -256,6 +287,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # When a person last sent the finished run back to running (engine.recovery: a resume or
+    # a task action); NULL if never. Its workflow's run timeout counts from then.
+    resumed_at = models.DateTimeField(null=True, blank=True)
 
     objects = OrganizationScopedManager()
 
@@ -316,6 +350,10 @@ class TaskRun(models.Model):
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs")
     state = models.CharField(max_length=20, choices=TaskRunState.choices, default=TaskRunState.PENDING)
     attempt = models.IntegerField(default=1)
+    # Attempts used before a person last reopened the task run (engine.recovery: resume,
+    # retry): ``attempt`` counts on across a reset, and the task's max_attempts and retry
+    # backoff apply to ``attempt - attempt_base`` (0 until a reset).
+    attempt_base = models.IntegerField(db_default=0)
     fencing_token = models.BigIntegerField(default=0)
     # The generation (fencing token) whose handler has started; at most one start per generation.
     started_fencing_token = models.BigIntegerField(null=True, blank=True)
@@ -339,6 +377,10 @@ class TaskRun(models.Model):
     queue = models.CharField(max_length=64, blank=True, db_default="")
     output = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
+    # Why a skipped task run was skipped (SkipReason; '' otherwise): its rule could not be
+    # met because of a failure upstream (which its own dependents' rules count as a
+    # failure), or for another reason, or its condition was false. Read only while skipped.
+    skip_reason = models.CharField(max_length=20, blank=True, choices=SkipReason.choices, db_default="")
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -351,6 +393,10 @@ class TaskRun(models.Model):
             models.UniqueConstraint(fields=["workflow_run", "task"], name="uniq_taskrun_per_run_task"),
             models.CheckConstraint(condition=_in("state", TaskRunState.values), name="taskrun_state_valid"),
             models.CheckConstraint(condition=Q(attempt__gte=1), name="taskrun_attempt_positive"),
+            # Every reset leaves the task run an attempt of its own to make (engine.recovery);
+            # an attempt below 1 is taskrun_attempt_positive's to report.
+            models.CheckConstraint(condition=Q(attempt_base__gte=0) & (Q(attempt__lt=1) | Q(attempt_base__lt=F("attempt"))),
+                                   name="taskrun_attempt_base_valid"),
             models.CheckConstraint(condition=Q(fencing_token__gte=0), name="taskrun_fencing_non_negative"),
             models.CheckConstraint(
                 condition=(
@@ -368,6 +414,7 @@ class TaskRun(models.Model):
                 ),
                 name="taskrun_lease_iff_running",
             ),
+            models.CheckConstraint(condition=_in("skip_reason", SkipReason.values), name="taskrun_skip_reason_valid"),
         ]
         indexes = [
             # The scheduler's "oldest ready task first" claim (seed 000).
@@ -546,6 +593,10 @@ class ScheduledTrigger(models.Model):
     # The next instant to fire, in UTC; the tick's query reads enabled rows due now.
     next_fire_at = models.DateTimeField(null=True, blank=True)
     last_fired_at = models.DateTimeField(null=True, blank=True)
+    # The last time the clock found instants it did not fire (catch-up past MAX_CATCH_UP,
+    # or by its policy): engine.cron.missed_note's object, shown on the trigger; NULL
+    # when it never happened.
+    missed_instants = models.JSONField(null=True, blank=True)
     created_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -633,6 +684,9 @@ class TriggerFiring(models.Model):
     trigger = models.ForeignKey(ScheduledTrigger, on_delete=models.CASCADE, related_name="firings")
     scheduled_for = models.DateTimeField()
     workflow_run = models.ForeignKey(WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The backfill that fired this instant (NULL: the clock did). Indexed by idx_firing_backfill.
+    backfill = models.ForeignKey("engine.TriggerBackfill", null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="firings", db_index=False)
     outcome = models.CharField(max_length=20, default="started")
     detail = models.TextField(blank=True, default="")
     fired_at = models.DateTimeField(db_default=Now())
@@ -647,9 +701,84 @@ class TriggerFiring(models.Model):
                 condition=Q(outcome__in=["started", "skipped", "failed"]), name="triggerfiring_outcome_valid"
             ),
         ]
+        indexes = [
+            # A backfill's firings: its runs still going (max_active_runs), its page's list.
+            models.Index(fields=["backfill", "scheduled_for"], name="idx_firing_backfill",
+                         condition=Q(backfill__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"firing of {self.trigger_id} for {self.scheduled_for}"
+
+
+class TriggerBackfill(models.Model):
+    """A backfill of a cron trigger: one run per instant of the trigger's schedule in
+    [range_start, range_end] (UTC, both inclusive), oldest first (engine.backfill).
+
+    The schedule (``cron_expression``, ``timezone``) is the trigger's when the backfill was
+    made, so the instants are the ones its preview counted. Each instant is claimed through
+    the trigger's firings (``uniq_triggerfiring_instant``), the key the clock's firings use
+    too, so an instant never gets two runs, whoever fires it. ``next_instant`` is the next
+    instant to fire (NULL once finished); ``not_before`` when the backfill may go on (its
+    ``max_active_runs`` runs are going, or the organization's start quota is full).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    # Indexed by idx_backfill_trigger_recent (it leads with the trigger).
+    trigger = models.ForeignKey(ScheduledTrigger, on_delete=models.CASCADE, related_name="backfills",
+                                db_index=False)
+    state = models.CharField(max_length=20, choices=BackfillState.choices, default=BackfillState.RUNNING)
+    range_start = models.DateTimeField()
+    range_end = models.DateTimeField()
+    cron_expression = models.CharField(max_length=200)
+    timezone = models.CharField(max_length=64)
+    # How many of its runs may be going (pending or running) at once (1..BACKFILL_MAX_ACTIVE_RUNS).
+    max_active_runs = models.SmallIntegerField()
+    # The priority of the runs it starts (PRIORITY_MIN..PRIORITY_MAX).
+    priority = models.SmallIntegerField(default=0)
+    # Instants in the range; runs it started; instants that already had a run.
+    total = models.IntegerField()
+    created_runs = models.IntegerField(default=0)
+    skipped = models.IntegerField(default=0)
+    next_instant = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(db_default=Now())
+    error = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(
+        "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_triggerbackfill"
+        constraints = [
+            models.CheckConstraint(condition=_in("state", BackfillState.values), name="backfill_state_valid"),
+            models.CheckConstraint(condition=Q(range_start__lte=F("range_end")), name="backfill_range_ordered"),
+            models.CheckConstraint(condition=Q(max_active_runs__gte=1), name="backfill_max_active_runs_positive"),
+            models.CheckConstraint(condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX),
+                                   name="backfill_priority_range"),
+            # One backfill going per trigger: its instants are fired in one order.
+            models.UniqueConstraint(fields=["trigger"], condition=Q(state="running"),
+                                    name="uniq_backfill_running_per_trigger"),
+            # running <=> not finished.
+            models.CheckConstraint(
+                condition=(Q(state="running", finished_at__isnull=True)
+                           | (~Q(state="running") & Q(finished_at__isnull=False))),
+                name="backfill_finished_at_matches_state",
+            ),
+        ]
+        indexes = [
+            # The clock's pass: WHERE state = 'running' AND not_before <= now() ORDER BY not_before.
+            models.Index(fields=["not_before"], name="idx_backfill_due", condition=Q(state="running")),
+            # A trigger's backfills, newest first (its page, GET /triggers/<id>/backfills/).
+            models.Index(F("trigger"), F("created_at").desc(), name="idx_backfill_trigger_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"backfill {self.id} of {self.trigger_id} ({self.state})"
 
 
 class RunSubscription(models.Model):
@@ -723,15 +852,35 @@ class WorkerConnection(models.Model):
 
 
 class TaskLog(models.Model):
-    """A log line a worker sent for one attempt of a task run (issue 18; seed 001's
-    TaskLogs). Written only while the sender holds the generation (``fencing_token``), with
-    secret values redacted. Read by task run, oldest first (idx_tasklog_taskrun)."""
+    """A log line of one attempt (generation) of a task run (seed 001's TaskLogs): one a
+    worker of the organization sent (issue 18; written only while the sender holds the
+    generation), or one a shared worker captured while the handler ran (issue 19: its
+    ``logging`` records, stdout and stderr, the http task's request summary). Secret values
+    are redacted before a line is stored, and each attempt's lines are capped
+    (FLOWFORGE_TASK_LOG_MAX_LINES / _MAX_BYTES) behind a ``system`` line saying so. Read by
+    task run, oldest first (idx_tasklog_taskrun); ``id`` is the order."""
 
     class Level(models.TextChoices):
         DEBUG = "debug"
         INFO = "info"
         WARNING = "warning"
         ERROR = "error"
+
+    class Stream(models.TextChoices):
+        """Where a line came from."""
+
+        #: Sent by an organization's own worker (POST /api/v1/worker/tasks/{id}/logs/).
+        WORKER = "worker"
+        #: A ``logging`` record the handler emitted (its logger's name leads the message).
+        LOGGING = "logging"
+        #: What the handler printed to stdout, one line each.
+        STDOUT = "stdout"
+        #: What the handler wrote to stderr, one line each.
+        STDERR = "stderr"
+        #: The http task's request summary (method, URL with secrets redacted, status, duration).
+        HTTP = "http"
+        #: Written by FlowForge about the log itself: the truncation markers.
+        SYSTEM = "system"
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -740,6 +889,8 @@ class TaskLog(models.Model):
     attempt = models.IntegerField()
     fencing_token = models.BigIntegerField()
     level = models.CharField(max_length=10, choices=Level.choices)
+    # Lines written before issue 19 were all sent by workers: the default.
+    stream = models.CharField(max_length=10, choices=Stream.choices, db_default="worker")
     message = models.TextField()
     created_at = models.DateTimeField(db_default=Now())
 
@@ -750,6 +901,8 @@ class TaskLog(models.Model):
         constraints = [
             models.CheckConstraint(condition=_in("level", ["debug", "info", "warning", "error"]),
                                    name="tasklog_level_valid"),
+            models.CheckConstraint(condition=_in("stream", ["worker", "logging", "stdout", "stderr", "http", "system"]),
+                                   name="tasklog_stream_valid"),
         ]
         indexes = [
             # A task run's lines in order (the run page); the run's deletion cascades by it too.
@@ -782,3 +935,238 @@ class AttemptSecrets(models.Model):
 
     def __str__(self) -> str:
         return f"secrets handed to {self.task_run_id}/{self.fencing_token}"
+
+
+# --- notifications (issue 19): webhooks and failure emails ------------------------------------------
+
+
+class WebhookEndpoint(models.Model):
+    """An organization's webhook endpoint: FlowForge POSTs the notifications it subscribes
+    to (``event_types``, optionally only for runs of ``workflow_name``) to ``url``, signed
+    with its secret (engine.webhooks: Stripe's scheme, HMAC-SHA256 of "{timestamp}.{body}").
+
+    The secret is generated by the server, shown once, and stored encrypted
+    (``secret_ciphertext``: tenancy.vault's Fernet keys, FLOWFORGE_SECRET_KEYS, bound to the
+    organization and this endpoint). After a rotation the previous secret also signs until
+    ``previous_secret_expires_at`` (a second ``v1=`` in the signature header), so receivers
+    can switch without a gap. The URL passes the egress policy when it is stored and again
+    at every connection. Owners and admins manage endpoints (``webhook.manage``).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # No index of its own: idx_webhook_org_enabled leads with it, and the list reads by it.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    url = models.CharField(max_length=2000)
+    description = models.CharField(max_length=200, blank=True, default="")
+    # A JSON array of NotificationType values, at least one, no other (webhook_event_types_valid).
+    event_types = models.JSONField()
+    # '' = runs of every workflow; else only runs of the workflow of this name.
+    workflow_name = models.CharField(max_length=200, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    secret_ciphertext = models.TextField()
+    previous_secret_ciphertext = models.TextField(blank=True, default="")
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey("tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_webhookendpoint"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(Exact(Func(F("event_types"), function="jsonb_typeof", output_field=models.CharField()),
+                                  "array"))
+                & Q(event_types__contained_by=NotificationType.values) & ~Q(event_types=[]),
+                name="webhook_event_types_valid",
+            ),
+            models.CheckConstraint(condition=Q(url__startswith="http://") | Q(url__startswith="https://"),
+                                   name="webhook_url_http"),
+        ]
+        indexes = [
+            # The notification trigger's probe, once per finished run or failed task run:
+            # WHERE organization_id = $1 AND enabled (migration 0023); also the list page.
+            models.Index(fields=["organization", "created_at"], name="idx_webhook_org_enabled",
+                         condition=Q(enabled=True)),
+            models.Index(fields=["organization", "created_at"], name="idx_webhook_org_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"webhook {self.id} ({self.url[:60]})"
+
+
+class FailureSubscription(models.Model):
+    """A member's wish to be emailed when a run of ``workflow_name`` fails (issue 19): one
+    row per (organization, workflow name, user). Only members of the organization get the
+    email (checked when it is sent); a member who leaves loses their subscriptions."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    user = models.ForeignKey("tenancy.User", on_delete=models.CASCADE, related_name="+")
+    workflow_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_failuresubscription"
+        constraints = [
+            # Also the notification trigger's probe (organization) and its fan-out
+            # (organization, workflow name).
+            models.UniqueConstraint(fields=["organization", "workflow_name", "user"],
+                                    name="uniq_failuresub_org_workflow_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} on failures of {self.workflow_name}"
+
+
+class NotificationEvent(models.Model):
+    """One notification, recorded in the transaction of the transition that caused it (the
+    ``ff_notification_record`` trigger on core_taskrunevent, migration 0023) and only when
+    the organization has an enabled endpoint subscribed to its type or, for ``run.failed``,
+    a member subscribed to the workflow's failures. ``id`` is the stable event id receivers
+    deduplicate by (every attempt and replay of it carries the same id and body);
+    ``payload`` is a snapshot of the run (and task run) as they were then."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
+    type = models.CharField(max_length=32, choices=NotificationType.choices)
+    # The run's deletion takes its notifications with it (the foreign key's index).
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+")
+    # No foreign key: a snapshot's reference (a constraint would make every task run's
+    # deletion probe this table).
+    task_run_id = models.UUIDField(null=True, blank=True)
+    workflow_name = models.CharField(max_length=200)
+    # The seq of the run event it was recorded from (core_taskrunevent).
+    run_event_seq = models.BigIntegerField()
+    payload = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_notificationevent"
+        constraints = [
+            models.CheckConstraint(condition=Q(type__in=NotificationType.values), name="notifevent_type_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.id}"
+
+
+class NotificationDelivery(models.Model):
+    """One delivery of a notification to one target: a webhook endpoint or a member's
+    email. The notifications' outbox: written with its event in the transition's
+    transaction, claimed by the clock's ``notify_tick`` (pending -> sending: a lease and a
+    bumped ``claim_token``, at most FLOWFORGE_NOTIFY_IN_FLIGHT* at once deployment-wide,
+    per organization and per endpoint), sent by ``deliver_notification``, and recorded
+    with a conditional UPDATE on (state, claim_token). A failure to be retried goes back to
+    pending with exponential backoff and jitter; the last one (or one not retried) is
+    dead-lettered (state dead), kept, and replayable as a new delivery (``replay_of``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
+    event = models.ForeignKey(NotificationEvent, on_delete=models.CASCADE, related_name="deliveries")
+    channel = models.CharField(max_length=10, choices=DeliveryChannel.choices)
+    # No index of its own: idx_notifdelivery_endpoint leads with it.
+    endpoint = models.ForeignKey(WebhookEndpoint, null=True, blank=True, on_delete=models.CASCADE,
+                                 related_name="deliveries", db_index=False)
+    recipient = models.ForeignKey("tenancy.User", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    replay_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replays")
+    state = models.CharField(max_length=10, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    attempts = models.IntegerField(default=0)
+    claim_token = models.BigIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_status = models.IntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    dead_lettered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_notificationdelivery"
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=DeliveryState.values), name="notifdelivery_state_valid"),
+            models.CheckConstraint(
+                condition=Q(channel=DeliveryChannel.WEBHOOK, endpoint__isnull=False, recipient__isnull=True)
+                | Q(channel=DeliveryChannel.EMAIL, endpoint__isnull=True, recipient__isnull=False),
+                name="notifdelivery_channel_target",
+            ),
+            # A claimed row holds a lease, no other does; a pending row knows when it is due.
+            models.CheckConstraint(
+                condition=(Q(state=DeliveryState.SENDING, lease_expires_at__isnull=False)
+                           | (~Q(state=DeliveryState.SENDING) & Q(lease_expires_at__isnull=True))),
+                name="notifdelivery_lease_iff_sending",
+            ),
+            models.CheckConstraint(condition=~Q(state=DeliveryState.PENDING) | Q(next_attempt_at__isnull=False),
+                                   name="notifdelivery_pending_due"),
+            models.CheckConstraint(condition=Q(attempts__gte=0), name="notifdelivery_attempts_non_negative"),
+            # Each event reaches each endpoint and each recipient once (replays aside).
+            models.UniqueConstraint(fields=["event", "endpoint"], name="uniq_notifdelivery_event_endpoint",
+                                    condition=Q(replay_of__isnull=True, endpoint__isnull=False)),
+            models.UniqueConstraint(fields=["event", "recipient"], name="uniq_notifdelivery_event_recipient",
+                                    condition=Q(replay_of__isnull=True, recipient__isnull=False)),
+        ]
+        indexes = [
+            # The claim's loose scan over targets with pending rows, then each target's due
+            # rows oldest first (notification_delivery_claim): a target is the endpoint, or
+            # the recipient of an email.
+            models.Index(Coalesce("endpoint", "recipient"), F("next_attempt_at"), name="idx_notifdelivery_pending",
+                         condition=Q(state=DeliveryState.PENDING)),
+            # Rows being sent: the claim's counts of what is in flight, and the expired leases.
+            models.Index(fields=["lease_expires_at"], name="idx_notifdelivery_sending",
+                         condition=Q(state=DeliveryState.SENDING)),
+            # An endpoint's delivery log, newest first (keyset pages).
+            models.Index(F("endpoint"), F("created_at").desc(), F("id").desc(),
+                         name="idx_notifdelivery_endpoint"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} delivery {self.id} ({self.state})"
+
+
+class NotificationAttempt(models.Model):
+    """One attempt of a delivery: when, how long, what came back (the HTTP status and the
+    first FLOWFORGE_WEBHOOK_RESPONSE_BYTES of the body, or the error). Written with the
+    delivery's outcome in one statement (notification_delivery_record)."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    id = models.BigAutoField(primary_key=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
+    # No index of its own: uniq_notifattempt_delivery_number leads with it.
+    delivery = models.ForeignKey(NotificationDelivery, on_delete=models.CASCADE, related_name="attempt_log",
+                                 db_index=False)
+    number = models.IntegerField()
+    outcome = models.CharField(max_length=10, choices=Outcome.choices)
+    # Whether the delivery will be tried again after this attempt.
+    retrying = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    duration_ms = models.IntegerField(null=True, blank=True)
+    status_code = models.IntegerField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    response_excerpt = models.TextField(blank=True, default="")
+    response_truncated = models.BooleanField(default=False)
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_notificationattempt"
+        constraints = [
+            models.UniqueConstraint(fields=["delivery", "number"], name="uniq_notifattempt_delivery_number"),
+            models.CheckConstraint(condition=Q(outcome__in=["succeeded", "failed"]), name="notifattempt_outcome_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.delivery_id}: {self.outcome}"

@@ -8,11 +8,19 @@ from django.db import connection
 
 from engine import metrics, sql
 from engine.db import atomic_retry
+from engine.dispatch import nudge_scheduler
 from engine.relay import publish_dispatches
 from engine.repositories import task_runs
 from engine.states import TaskRunState
 
 log = logging.getLogger(__name__)
+
+
+def _nudge() -> None:
+    try:
+        nudge_scheduler()
+    except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
+        log.warning("could not nudge the scheduler; the clock's next tick claims")
 
 
 def reap_once(*, limit: int = 500) -> int:
@@ -40,6 +48,9 @@ def reap_once(*, limit: int = 500) -> int:
                 metrics.incr("flowforge_runs_finished_total", result.run_state)
             log.info("reaped lease of task run %s generation %s -> %s", task_run_id, token, result.state)
             publish_dispatches(result.dispatches)
+            if result.promoted:
+                # The failure made dependents ready (a failure handler, a cleanup): claim them now.
+                _nudge()
     fail_dead_letters()
     return reaped
 
@@ -64,5 +75,7 @@ def fail_dead_letters(*, limit: int = 200) -> int:
             failed += 1
             if result.run_state is not None:
                 metrics.incr("flowforge_runs_finished_total", result.run_state)
+            if result.promoted:
+                _nudge()
             log.warning("task run %s generation %s failed: %s", task_run_id, token, error)
     return failed

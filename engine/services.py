@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from audit import services as audit
 from engine import dispatch, input_schema, metrics, relay, secret_refs, sql, triggers
 from engine.db import retry_transient
-from engine.definitions import DefinitionError, validate_document
+from engine.definitions import DEFAULT_TRIGGER_RULE, DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
 from engine.models import (
     PRIORITY_MAX,
@@ -32,7 +32,7 @@ from engine.models import (
     WorkflowState,
 )
 from engine.repositories import runs, task_runs
-from engine.states import RUN_OPEN_STATES
+from engine.states import RUN_OPEN_STATES, RunSchedule
 from flowforge.jsonb import jsonb_safe, strip_nul
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded, effective_limits
@@ -176,9 +176,20 @@ def retry_run(*, actor: Actor, run: WorkflowRun) -> WorkflowRun:
         raise RunNotFinished(f"run {run.pk} is {run.state}; only a finished run can be retried")
     with transaction.atomic():
         new = start_run(workflow=run.workflow, run_input=run.input, actor=actor,
-                        trigger_source=TriggerSource.RETRY, retry_of=run, priority=run.priority, claim_roots=True)
+                        trigger_source=TriggerSource.RETRY, retry_of=run, priority=run.priority, claim_roots=True,
+                        schedule=run_schedule(run))
         audit.record("run.retried", actor=actor, target=run, metadata={"new_run": str(new.pk), "channel": actor.channel})
     return new
+
+
+def run_schedule(run: WorkflowRun) -> RunSchedule | None:
+    """The cron instant and data interval ``run`` was started for (None when it has none):
+    a retry of a scheduled run is for the same instant."""
+    if run.scheduled_for is None:
+        return None
+    return RunSchedule(scheduled_for=run.scheduled_for,
+                       data_interval_start=run.data_interval_start or run.scheduled_for,
+                       data_interval_end=run.data_interval_end or run.scheduled_for)
 
 
 def _actor(actor: Actor | None, organization) -> Actor:
@@ -276,6 +287,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
                     rate_window_seconds=_rate(t)[1],
                     # A worker task waits on its queue of the organization's own workers.
                     queue=t["config"]["queue"] if t["type"] == "worker" else "",
+                    trigger_rule=t.get("trigger_rule", DEFAULT_TRIGGER_RULE),
+                    condition=t.get("condition", ""),
                 )
                 for t in normalized["tasks"]
             ]
@@ -348,7 +361,7 @@ CHANNEL_SOURCES = {"api": TriggerSource.API, "web": TriggerSource.WEB, "cli": Tr
 def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, actor: Actor | None = None,
               trigger_source: str | None = None, triggered_by=None, retry_of=None, trigger=None,
               audit_metadata: dict[str, Any] | None = None, priority: int = 0,
-              claim_roots: bool | None = None) -> WorkflowRun:
+              claim_roots: bool | None = None, schedule: RunSchedule | None = None) -> WorkflowRun:
     """Start a run of ``workflow``: the run and all its task runs in one transaction,
     roots ready. Records ``run.started`` with who started it and through which channel.
 
@@ -364,7 +377,9 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
 
     ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
     it plus its task's. Each task's concurrency key is rendered with ``run_input``
-    (``engine.limit_keys.render_concurrency_key``).
+    (``engine.limit_keys.render_concurrency_key``). ``schedule`` (a cron trigger's or a
+    backfill's run, and their retries) is stored beside the input, never in it: the
+    run's scheduled_for and data interval (``engine.states.RunSchedule``).
 
     The organization's start quota (``max_runs_per_minute``, every channel): its runs
     created in the last 60 s are counted under a per-organization advisory lock; at the
@@ -464,6 +479,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             queued_reason=queued_reason,
             held=held,
             run_id=run_id,
+            schedule=schedule,
         )
         audit.record(
             "run.started",

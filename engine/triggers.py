@@ -22,6 +22,7 @@ from audit import services as audit
 from engine import input_schema
 from engine.limit_keys import render_definition_keys
 from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
+from engine.states import RunSchedule
 from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
@@ -97,6 +98,66 @@ def next_instant(expression: str, tz_name: str, after: dt.datetime) -> dt.dateti
                 continue
         return candidate
     return candidate
+
+
+# How far before croniter's previous instant ``previous_instant`` looks when that one is not
+# an instant of ``next_instant``'s (a fall-back hour's second pass): more than any DST shift.
+_DST_SLACK = dt.timedelta(hours=3)
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def previous_instant(expression: str, tz_name: str, before: dt.datetime) -> dt.datetime:
+    """The last instant of ``expression`` in zone ``tz_name`` strictly before ``before``, in
+    UTC: the instant whose ``next_instant`` is the first one at or after ``before`` (the
+    same daylight-saving rules). Raises ValueError for an expression without one."""
+    tz = ZoneInfo(tz_name)
+    raw = croniter(expression, before.astimezone(tz)).get_prev(dt.datetime).astimezone(dt.UTC)
+    # croniter's answer, when next_instant agrees that it is an instant and that none lies
+    # between it and ``before`` (the usual case: two croniter calls).
+    if (next_instant(expression, tz_name, raw - _MICROSECOND) == raw
+            and next_instant(expression, tz_name, raw) >= before):
+        return raw
+    slack = _DST_SLACK
+    for _ in range(3):  # otherwise walk forward from before it, with next_instant's rules
+        cursor, found = raw - slack, None
+        while (candidate := next_instant(expression, tz_name, cursor)) < before:
+            found = cursor = candidate
+        if found is not None:
+            return found
+        slack *= 24
+    raise ValueError(f"{expression!r} has no instant before {before.isoformat()}")
+
+
+def run_schedule(expression: str, tz_name: str, instant: dt.datetime) -> RunSchedule:
+    """The RunSchedule of a run for ``instant`` (an instant of ``expression`` in ``tz_name``):
+    its data interval is [the schedule's previous instant, ``instant``)."""
+    instant = instant.astimezone(dt.UTC)
+    return RunSchedule(scheduled_for=instant, data_interval_start=previous_instant(expression, tz_name, instant),
+                       data_interval_end=instant)
+
+
+class TooManyInstants(ValueError):
+    """A range holds more instants than the caller's ``limit``; ``limit`` says how many."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"more than {limit} instants")
+
+
+def instants_in_range(expression: str, tz_name: str, start: dt.datetime, end: dt.datetime, *,
+                      limit: int) -> list[dt.datetime]:
+    """Every instant of ``expression`` in ``tz_name`` from ``start`` to ``end`` (both
+    inclusive), oldest first, in UTC, by ``next_instant``'s daylight-saving rules. Raises
+    TooManyInstants as soon as there are more than ``limit`` (so a huge range costs at
+    most ``limit`` + 1 steps)."""
+    out: list[dt.datetime] = []
+    cursor = next_instant(expression, tz_name, start - _MICROSECOND)
+    while cursor <= end:
+        out.append(cursor)
+        if len(out) > limit:
+            raise TooManyInstants(limit)
+        cursor = next_instant(expression, tz_name, cursor)
+    return out
 
 
 def preview(expression: str, tz_name: str, *, count: int = 5, after: dt.datetime | None = None) -> list[dt.datetime]:
@@ -266,8 +327,39 @@ def record_rejected_inputs(*, actor: Actor, workflow: Workflow) -> int:
 
 
 def _schedule_fields(trigger: ScheduledTrigger) -> list[str]:
-    trigger.next_fire_at = next_instant(trigger.cron_expression, trigger.timezone, timezone.now())
+    """A new trigger's next_fire_at: its first instant from now on."""
+    trigger.next_fire_at = next_instant(trigger.cron_expression, trigger.timezone, timezone.now() - _MICROSECOND)
     return ["next_fire_at"]
+
+
+def next_fire_after_edit(*, expression: str, tz_name: str, was_enabled: bool, pending: dt.datetime | None,
+                         last_fired: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+    """The next_fire_at of a trigger whose schedule (expression, zone) or state was just
+    changed, under its row lock, at ``now``. ``pending`` is its next_fire_at before the
+    change (every instant before it has been fired or decided by the clock);
+    ``last_fired`` its last_fired_at.
+
+    - ``pending`` already due (<= now) on a trigger that was enabled: kept. The instant came
+      due under the schedule then in force and the clock has not fired it yet (its tick
+      is periodic); it fires at the next tick, then the new schedule goes on from it. An
+      equivalent expression saved a second after 02:40:00, before the tick, still fires
+      02:40 (recomputing from now had moved it to 02:41 and lost it).
+    - otherwise: the new schedule's first instant at or after ``now`` (nor at or before
+      ``last_fired``). An instant the old schedule had still to fire (``pending`` in the
+      future) is then kept whenever the new schedule contains it, being at or after now.
+      An instant of the new schedule already past when the change is saved, which the
+      old schedule did not have, does not fire; nor do the instants of a paused period
+      (``was_enabled`` False: a resume).
+
+    So a change never skips an instant that both the old and the new schedule contain, and
+    never fires one twice (the clock's firings are unique per instant besides).
+    """
+    if was_enabled and pending is not None and pending <= now:
+        return pending
+    floor = now - _MICROSECOND
+    if last_fired is not None and last_fired > floor:
+        floor = last_fired
+    return next_instant(expression, tz_name, floor)
 
 
 def _input_digest(value: dict[str, Any]) -> str:
@@ -305,7 +397,8 @@ def create_trigger(*, actor: Actor, data: dict[str, Any]) -> ScheduledTrigger:
 
 
 def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, Any]) -> ScheduledTrigger:
-    """Change some fields of ``trigger``; a schedule change recomputes next_fire_at. A
+    """Change some fields of ``trigger``; a schedule change recomputes next_fire_at
+    (``next_fire_after_edit``: never skipping an instant both schedules contain). A
     change of ``input`` or ``workflow_name`` is refused (TriggerError naming ``input``)
     when the two together cannot fill a concurrency key or break the input schema, as
     ``create_trigger``.
@@ -315,6 +408,7 @@ def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, A
     with transaction.atomic():
         locked = ScheduledTrigger.objects.for_organization(actor.organization).select_for_update().get(pk=trigger.pk)
         before = _snapshot(locked)
+        pending = locked.next_fire_at
         for k, v in fields.items():
             setattr(locked, k, v)
         after = _snapshot(locked)
@@ -322,7 +416,11 @@ def update_trigger(*, actor: Actor, trigger: ScheduledTrigger, data: dict[str, A
             return locked
         update = list(fields)
         if {"cron_expression", "timezone", "enabled"} & set(fields):
-            update += _schedule_fields(locked)
+            # "now" is read under the row lock: a firing that held it is committed and seen.
+            locked.next_fire_at = next_fire_after_edit(
+                expression=locked.cron_expression, tz_name=locked.timezone, was_enabled=before["enabled"],
+                pending=pending, last_fired=locked.last_fired_at, now=timezone.now())
+            update.append("next_fire_at")
         adopted = None
         if locked.enabled and not before["enabled"]:
             adopted = _adopt_if_orphaned(actor, locked)

@@ -33,7 +33,8 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections
 
-from engine import metrics, queue_hub, secret_refs
+from engine import conditions, metrics, queue_hub, secret_refs
+from engine.attempt_log import cap_middle
 from engine.db import atomic_retry
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler
 from engine.relay import publish_dispatches
@@ -182,13 +183,48 @@ def _resolve_input(organization_id: uuid.UUID, value: Any) -> tuple[Any, list[st
     return resolved["input"], values
 
 
+#: Seconds one poll may spend evaluating the conditions of the tasks it claimed, all
+#: together (each one at most conditions.CONDITION_TIME_LIMIT_SECONDS): a poll runs in a web
+#: process, and one organization's slow conditions must not hold its thread for long. Once
+#: spent, the poll's remaining conditions get no time and their tasks fail saying so.
+MAX_CONDITION_SECONDS_PER_POLL = 2.0
+
+
+def _condition_holds(a: StartedAttempt, *, time_left: float) -> bool:
+    """Whether attempt ``a``'s condition (engine.conditions, evaluated here, before the
+    hand-out, as a shared worker does before its handler, within ``time_left`` seconds)
+    lets it run. False: the task run was skipped (condition false, its dependents settled)
+    or failed for good (the condition could not be evaluated), and the scheduler nudged
+    for what that made ready."""
+    try:
+        if conditions.evaluate(a.condition, run_input=a.run_input, upstream=a.upstream,
+                               time_limit_seconds=time_left):
+            return True
+        result = atomic_retry(lambda: task_runs.skip_for_condition(task_run_id=a.task_run_id,
+                                                                 fencing_token=a.fencing_token),
+                              connection_attempts=2)
+    except conditions.ConditionFailed as exc:
+        error = str(exc)
+        result = atomic_retry(lambda: task_runs.fail_attempt(
+            task_run_id=a.task_run_id, fencing_token=a.fencing_token, error=error, retryable=False),
+            connection_attempts=2)
+    if result.accepted:
+        metrics.incr("flowforge_task_attempts_total", result.state or "skipped")
+        nudge_scheduler()
+    return False
+
+
 def _payloads(attempts: list[StartedAttempt]) -> list[dict[str, Any]]:
     """Started attempts as the poll's answer shows them (docs/workers.md). An attempt whose
     input references a secret that is gone is failed at once, not retried (its message
-    names the secret, never a value), and left out of the answer."""
+    names the secret, never a value), and left out of the answer, as is one whose
+    condition is false (skipped) or cannot be evaluated (failed)."""
     names = worker_queues.workflow_names([a.workflow_run_id for a in attempts])
     out = []
+    conditions_until = time.monotonic() + MAX_CONDITION_SECONDS_PER_POLL
     for a in attempts:
+        if a.condition and not _condition_holds(a, time_left=conditions_until - time.monotonic()):
+            continue
         try:
             task_input, values = _resolve_input(a.organization_id, a.config.get("input") or {})
             if values:
@@ -235,6 +271,8 @@ def _payload(a: StartedAttempt, workflow: str, task_input: Any) -> dict[str, Any
         "input": task_input,
         "run_input": a.run_input,
         "upstream": a.upstream,
+        # A cron run's instant and data interval (ISO 8601, UTC); null for other runs.
+        "schedule": a.schedule.as_dict() if a.schedule is not None else None,
         "timeout_seconds": a.timeout_seconds,
         "lease_seconds": lease,
         # A third of the lease granted (shorter than the setting's when the timeout is nearer).
@@ -349,13 +387,20 @@ def heartbeat(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_tok
 def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,
                 lines: list[tuple[str, str]]) -> int:
     """Keep ``lines`` ((level, message), validated by the caller) for the generation the
-    caller holds, each message redacted of the attempt's secret values. Returns how many
-    were kept. Raises NotAWorkerTask or WorkerCallRefused."""
+    caller holds, each message redacted of the attempt's secret values, within the
+    attempt's caps (FLOWFORGE_TASK_LOG_MAX_LINES, FLOWFORGE_TASK_LOG_MAX_BYTES; past them a
+    ``system`` line says the log was truncated and later lines are dropped). Returns how
+    many were kept. Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held(organization_id, task_run_id, fencing_token)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    max_lines, max_bytes = settings.FLOWFORGE_TASK_LOG_MAX_LINES, settings.FLOWFORGE_TASK_LOG_MAX_BYTES
     kept = worker_queues.append_logs(
         organization_id=organization_id, task_run_id=task_run_id, fencing_token=fencing_token,
         lines=[(level, _redact(message, values)) for level, message in lines],
+        max_lines=max_lines, max_bytes=max_bytes,
+        marker=(f"log truncated: this attempt's log reached its limit of {max_lines} lines "
+                f"(FLOWFORGE_TASK_LOG_MAX_LINES) or {max_bytes} bytes (FLOWFORGE_TASK_LOG_MAX_BYTES); later lines "
+                "are dropped"),
     )
     if kept == 0 and lines:
         gen = _held(organization_id, task_run_id, fencing_token)  # raises: the lease ran out meanwhile
@@ -371,7 +416,7 @@ def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, tok
     try:
         return _held(organization_id, task_run_id, token)
     except WorkerCallRefused as refused:
-        code = refused.code
+        code = refused.code  # bound here: the lambda must not close over the except's name
         atomic_retry(lambda: events.append_stale_completion(
             task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=code, once=True),
             connection_attempts=2)
@@ -437,15 +482,20 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
 
 
 def fail(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, error: str,
-         retryable: bool) -> tuple[str, float | None]:
+         retryable: bool, traceback: str = "") -> tuple[str, float | None]:
     """Record that the generation the caller holds failed with ``error`` (redacted of the
     attempt's secret values): back to its queue after its backoff while ``retryable`` and
-    attempts remain, else failed (its descendants skipped, its run advanced). Returns
-    (state, seconds until the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
+    attempts remain, else failed (its descendants skipped, its run advanced). ``traceback``
+    ('' for none) is kept beside the error in the attempt's event, redacted and cut to
+    FLOWFORGE_TASK_TRACEBACK_MAX_CHARS (its start and end). Returns (state, seconds until
+    the retry or None). Raises NotAWorkerTask or WorkerCallRefused."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=False)
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
+    trace = cap_middle(_redact(traceback, values), limit=settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS, values=values,
+                       what="the traceback", setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS") if traceback else ""
     result = atomic_retry(lambda: task_runs.fail_attempt(
         task_run_id=task_run_id, fencing_token=fencing_token, error=_redact(error, values), retryable=retryable,
+        traceback=trace,
     ), connection_attempts=2)
     publish_dispatches(list(result.dispatches))
     if not result.accepted:

@@ -269,6 +269,9 @@ SPECTACULAR_SETTINGS = {
         # A member's role and an API key's (which adds "worker"): two fields named role.
         "RoleEnum": "tenancy.models.Role",
         "KeyRoleEnum": "tenancy.models.KeyRole",
+        # Notifications (issue 19): the types a webhook subscribes to, a delivery's state.
+        "NotificationTypeEnum": "engine.states.NotificationType",
+        "DeliveryStateEnum": "engine.states.DeliveryState",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).
@@ -441,6 +444,12 @@ FLOWFORGE_METRICS_TOP_ORGS = int(os.environ.get("FLOWFORGE_METRICS_TOP_ORGS", "1
 FLOWFORGE_CLOCK_TRIGGER_SECONDS = env_float("FLOWFORGE_CLOCK_TRIGGER_SECONDS", 5.0)
 FLOWFORGE_CLOCK_SWEEP_SECONDS = env_float("FLOWFORGE_CLOCK_SWEEP_SECONDS", 10.0)
 FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS = env_float("FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS", 300.0)
+# How often the clock lets the cron triggers' backfills go on (engine.backfill), in seconds.
+FLOWFORGE_CLOCK_BACKFILL_SECONDS = env_float("FLOWFORGE_CLOCK_BACKFILL_SECONDS", 2.0)
+# Backfills (engine.backfill): the most instants (runs) one backfill may cover, and the most
+# backfills an organization may have going at once.
+FLOWFORGE_BACKFILL_MAX_RUNS = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNS", "1000"))
+FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG", "5"))
 # Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
 FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
 # Where example workflows write their reports.
@@ -628,3 +637,63 @@ MFA_ADAPTER = "tenancy.mfa.EncryptingMFAAdapter"
 # and the web process warns at start-up (frontend.W001). With DEBUG on, links print whole.
 if not os.environ.get("EMAIL_HOST") and not DEBUG:
     MAILERS = {"default": {"BACKEND": "frontend.mail_backends.RedactingConsoleEmailBackend"}}
+# --- issue 19: every attempt's log lines and traceback (engine/attempt_log.py) --------------
+# What one attempt's log keeps (core_tasklog): lines, and bytes of their messages (UTF-8),
+# whoever wrote them (a shared worker capturing the handler's logging, stdout and stderr and
+# the http task's request summary, or an organization's worker sending lines). Past either
+# limit one line says the log was truncated and later lines are dropped (and, for a shared
+# worker's attempt, a last line counts them).
+FLOWFORGE_TASK_LOG_MAX_LINES = int(os.environ.get("FLOWFORGE_TASK_LOG_MAX_LINES", "2000"))
+FLOWFORGE_TASK_LOG_MAX_BYTES = int(os.environ.get("FLOWFORGE_TASK_LOG_MAX_BYTES", str(512 * 1024)))
+# Seconds between two writes of the lines a shared worker's running attempts captured (one
+# statement for every attempt of the process); an attempt's last lines are written when it
+# ends, before its completion. A running attempt's lines show after at most this long.
+FLOWFORGE_TASK_LOG_FLUSH_SECONDS = env_float("FLOWFORGE_TASK_LOG_FLUSH_SECONDS", 1.0)
+# Characters kept of a failed attempt's traceback (its start and its end; the middle is cut),
+# at most 100,000.
+FLOWFORGE_TASK_TRACEBACK_MAX_CHARS = int(os.environ.get("FLOWFORGE_TASK_TRACEBACK_MAX_CHARS", "16000"))
+for _name in ("FLOWFORGE_TASK_LOG_MAX_LINES", "FLOWFORGE_TASK_LOG_MAX_BYTES", "FLOWFORGE_TASK_TRACEBACK_MAX_CHARS"):
+    if globals()[_name] < 1:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{_name} ({globals()[_name]}) must be at least 1")
+if FLOWFORGE_TASK_TRACEBACK_MAX_CHARS > 100_000:  # engine.repositories.task_runs.MAX_TRACEBACK_CHARS
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_TASK_TRACEBACK_MAX_CHARS ({FLOWFORGE_TASK_TRACEBACK_MAX_CHARS}) must be at most 100000")
+if FLOWFORGE_TASK_LOG_FLUSH_SECONDS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_TASK_LOG_FLUSH_SECONDS ({FLOWFORGE_TASK_LOG_FLUSH_SECONDS:g}) must be above 0 seconds")
+
+# --- notifications (issue 19): webhooks and failure emails (docs/notifications.md) ---
+# Webhook endpoints one organization may have.
+FLOWFORGE_MAX_WEBHOOKS_PER_ORG = int(os.environ.get("FLOWFORGE_MAX_WEBHOOKS_PER_ORG", "10"))
+# Workflows one member may subscribe to the failures of, per organization.
+FLOWFORGE_MAX_FAILURE_SUBSCRIPTIONS_PER_MEMBER = int(
+    os.environ.get("FLOWFORGE_MAX_FAILURE_SUBSCRIPTIONS_PER_MEMBER", "100"))
+# One webhook POST: each of connect, write and every read waits at most this many seconds.
+FLOWFORGE_WEBHOOK_TIMEOUT_SECONDS = env_float("FLOWFORGE_WEBHOOK_TIMEOUT_SECONDS", 5.0)
+# A delivery's whole attempt (connect to the last byte read, or the mail sent) is stopped after
+# this many seconds (the actor's Dramatiq time limit), so a receiver that trickles bytes holds a
+# worker thread no longer.
+FLOWFORGE_NOTIFY_ATTEMPT_SECONDS = env_float("FLOWFORGE_NOTIFY_ATTEMPT_SECONDS", 20.0)
+# Bytes of a receiver's answer read and kept in the delivery log; the rest is not read.
+FLOWFORGE_WEBHOOK_RESPONSE_BYTES = int(os.environ.get("FLOWFORGE_WEBHOOK_RESPONSE_BYTES", "1024"))
+# Attempts of one delivery before it is dead-lettered; failed attempts are retried after
+# min(MAX, BASE * 2^(n-1)) seconds times a random 0.5-1 (network errors, timeouts, 408, 429, 5xx).
+FLOWFORGE_NOTIFY_MAX_ATTEMPTS = int(os.environ.get("FLOWFORGE_NOTIFY_MAX_ATTEMPTS", "8"))
+FLOWFORGE_NOTIFY_BACKOFF_BASE_SECONDS = env_float("FLOWFORGE_NOTIFY_BACKOFF_BASE_SECONDS", 30.0)
+FLOWFORGE_NOTIFY_BACKOFF_MAX_SECONDS = env_float("FLOWFORGE_NOTIFY_BACKOFF_MAX_SECONDS", 3600.0)
+# Deliveries being sent at once (worker threads they may hold): deployment-wide, per
+# organization, per target (a webhook endpoint, or an email's recipient).
+FLOWFORGE_NOTIFY_IN_FLIGHT = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT", "4"))
+FLOWFORGE_NOTIFY_IN_FLIGHT_PER_ORG = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT_PER_ORG", "2"))
+FLOWFORGE_NOTIFY_IN_FLIGHT_PER_TARGET = int(os.environ.get("FLOWFORGE_NOTIFY_IN_FLIGHT_PER_TARGET", "1"))
+# How often the clock claims due deliveries (a delivery also claims the next ones when it ends).
+FLOWFORGE_CLOCK_NOTIFY_SECONDS = env_float("FLOWFORGE_CLOCK_NOTIFY_SECONDS", 1.0)
+# The address the web UI is served at (e.g. https://flowforge.example.com), for the links in
+# failure emails; empty: the emails name the run without a link.
+FLOWFORGE_PUBLIC_URL = os.environ.get("FLOWFORGE_PUBLIC_URL", "").rstrip("/")

@@ -514,7 +514,8 @@ def load_graph(workflow) -> tuple[list[dict[str, Any]], list[tuple[str, str, str
 
     Tasks are dicts of id, key, type, position_x, position_y, max_attempts,
     retry_backoff_seconds, timeout_seconds, the scheduling columns (priority,
-    concurrency_key, concurrency_limit, rate_key, rate_limit, rate_window_seconds) and
+    concurrency_key, concurrency_limit, rate_key, rate_limit, rate_window_seconds, trigger_rule,
+    condition) and
     depends_on (upstream keys), in the definition's order; edges are (from_task_id, to_task_id, label) as strings.
     """
     from engine.models import Task, TaskDependency
@@ -539,6 +540,8 @@ def load_graph(workflow) -> tuple[list[dict[str, Any]], list[tuple[str, str, str
             "rate_key",
             "rate_limit",
             "rate_window_seconds",
+            "trigger_rule",
+            "condition",
         )
     )
     listed = {d.get("key"): d.get("depends_on", []) for d in (workflow.definition or {}).get("tasks", [])}

@@ -312,3 +312,23 @@ class SecretRotateForm(forms.Form):
     """Replace a secret's value (its version goes up by one)."""
 
     value = _secret_value_field()
+
+
+# --- backfills of cron triggers -----------------------------------------------------------------
+
+
+class BackfillForm(forms.Form):
+    """The range of a backfill (engine.backfill reads the bounds in the trigger's zone and
+    names the field it refuses) and how many of its runs may go at once."""
+
+    start = forms.CharField(
+        max_length=64, label="From",
+        widget=forms.TextInput(attrs={"placeholder": "2026-03-01", "autocomplete": "off", "class": "mono"}),
+        help_text="A day (2026-03-01) or a day and time (2026-03-01T06:00), in the trigger's time zone.")
+    end = forms.CharField(
+        max_length=64, label="To (included)",
+        widget=forms.TextInput(attrs={"placeholder": "2026-03-31", "autocomplete": "off", "class": "mono"}),
+        help_text="A day is included whole; a range ending after now stops at now.")
+    max_active_runs = WholeNumberField(
+        min_value=1, max_value=100, initial=10, required=False, label="Runs at once",
+        help_text="How many of its runs may be going at once (1: one after the other, in order).")

@@ -24,7 +24,8 @@ urlpatterns = [
 ]
 
 # Workflows, triggers, API keys and settings; runs and the audit log: each section owns its routes.
+from frontend.urls_notifications import urlpatterns as _notifications  # noqa: E402
 from frontend.urls_runs import urlpatterns as _runs  # noqa: E402
 from frontend.urls_workflows import urlpatterns as _workflows  # noqa: E402
 
-urlpatterns += _workflows + _runs
+urlpatterns += _workflows + _runs + _notifications

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from frontend.views import apikeys, secrets, settings, triggers, workflows
+from frontend.views import apikeys, secrets, settings, trigger_detail, triggers, workflows
 
 urlpatterns: list = [
     path("workflows/", workflows.workflow_list, name="workflows"),
@@ -14,6 +14,10 @@ urlpatterns: list = [
     path("triggers/", triggers.trigger_list, name="triggers"),
     path("triggers/new/", triggers.trigger_new, name="trigger_new"),
     path("triggers/preview/", triggers.trigger_preview, name="trigger_preview"),
+    path("triggers/<uuid:trigger_id>/", trigger_detail.trigger_detail, name="trigger_detail"),
+    path("triggers/<uuid:trigger_id>/backfill/", trigger_detail.trigger_backfill, name="trigger_backfill"),
+    path("triggers/<uuid:trigger_id>/backfills/<uuid:backfill_id>/cancel/", trigger_detail.trigger_backfill_cancel,
+         name="trigger_backfill_cancel"),
     path("triggers/<uuid:trigger_id>/edit/", triggers.trigger_edit, name="trigger_edit"),
     path("triggers/<uuid:trigger_id>/pause/", triggers.trigger_pause, name="trigger_pause"),
     path("triggers/<uuid:trigger_id>/resume/", triggers.trigger_resume, name="trigger_resume"),

@@ -4,11 +4,13 @@ the commands and the services all ask ``can`` / ``require``).
 | action            | owner | admin | member | viewer |
 |-------------------|:-----:|:-----:|:------:|:------:|
 | read              |  yes  |  yes  |  yes   |  yes   |
-| run.operate       |  yes  |  yes  |  yes   |   -    |  start, cancel, retry runs
+| run.operate       |  yes  |  yes  |  yes   |   -    |  start, cancel, re-run, resume runs; retry,
+|                   |       |       |        |        |  mark succeeded, skip a task run
 | workflow.edit     |  yes  |  yes  |  yes   |   -    |  workflows and cron triggers
 | member.manage     |  yes  |  yes  |   -    |   -    |  invite, change roles, remove (owner role: owners only)
 | apikey.manage     |  yes  |  yes  |   -    |   -    |
 | secret.manage     |  yes  |  yes  |   -    |   -    |  create, rotate, delete secrets (values are never read back)
+| webhook.manage    |  yes  |  yes  |   -    |   -    |  webhook endpoints: list, create, change, rotate, delete; delivery log, replay
 | audit.read        |  yes  |  yes  |   -    |   -    |
 | org.manage        |  yes  |   -   |   -    |   -    |  rename, settings
 
@@ -33,6 +35,10 @@ class Action(StrEnum):
     #: Create, rotate and delete the organization's secrets. Their names and metadata are
     #: READ; members reference them from definitions with WORKFLOW_EDIT; nobody reads a value.
     SECRET_MANAGE = "secret.manage"
+    #: The organization's webhook endpoints (issue 19): read them (their URLs may carry a
+    #: receiver's token), create, change, rotate their signing secret, delete, read their
+    #: delivery log and replay a delivery. Failure emails are each member's own (READ).
+    WEBHOOK_MANAGE = "webhook.manage"
     AUDIT_READ = "audit.read"
     ORG_MANAGE = "org.manage"
     WORKER_SERVE = "worker.serve"

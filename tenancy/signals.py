@@ -17,3 +17,10 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 member_departed = Signal()
+
+#: Sent by ``manage.py rotate_secret_keys`` once the organizations' secrets are re-encrypted
+#: under the first key of FLOWFORGE_SECRET_KEYS, with ``batch_size``: a receiver re-encrypts
+#: its own values under those keys (the engine: webhook signing secrets) the same way and
+#: returns ``(what, tenancy.vault.RotationResult)``, e.g. ``("webhook secrets", result)``,
+#: which the command reports (and fails on, when some value could not be decrypted).
+secret_keys_rotated = Signal()

@@ -47,8 +47,10 @@ def _refill_threads_stopped(django_db_setup):
     database is dropped: an open connection of theirs would keep it from being dropped."""
     yield
     from engine.worker.batching import Refiller
+    from engine.worker.log_shipper import LogShipper
 
     Refiller.stop_all()
+    LogShipper.stop_all()
 
 
 def _transactional(request) -> bool:
@@ -85,10 +87,12 @@ def _audit_log_flushable(request):
         cur.execute("ALTER TABLE core_auditlog ENABLE TRIGGER ff_auditlog_no_truncate")
     yield
     from engine.worker.batching import Refiller
+    from engine.worker.log_shipper import LogShipper
 
     # A refill thread started by this test's in-process batches may still be claiming:
-    # its row locks would deadlock the flush's TRUNCATE.
+    # its row locks would deadlock the flush's TRUNCATE (and a log shipper's connection too).
     Refiller.stop_all()
+    LogShipper.stop_all()
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE core_auditlog DISABLE TRIGGER ff_auditlog_no_truncate")
 

@@ -8,6 +8,8 @@ import threading
 import uuid
 from typing import Any, ClassVar
 
+from engine.states import RunSchedule
+
 
 class ConfigError(ValueError):
     """A task's ``config`` is not acceptable to its type. The message names the field."""
@@ -35,6 +37,12 @@ class TaskContext:
     text short must redact it first (``secret_refs.redact``, ``redact_tail``), or a cut
     through a value would leave part of it. ``lost`` is set by the worker's heartbeat once
     this attempt's worker lease could not be extended.
+
+    ``schedule`` is set for a run a cron trigger or a backfill started: the instant the run
+    is for and the data interval it covers (``engine.states.RunSchedule``: aware UTC
+    datetimes, the interval [previous instant of the schedule, ``scheduled_for``)); None
+    for any other run. It is not part of ``input``, so it never meets the keys of the
+    run's own input.
     """
 
     task_run_id: uuid.UUID
@@ -50,6 +58,7 @@ class TaskContext:
     upstream: dict[str, Any]
     lost: threading.Event = dataclasses.field(default_factory=threading.Event)
     secret_values: list[str] = dataclasses.field(default_factory=list)
+    schedule: RunSchedule | None = None
 
     @property
     def lease_lost(self) -> bool:

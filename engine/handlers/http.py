@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -11,7 +12,7 @@ import httpx
 
 # A module import (not ``from engine.secret_refs import ...``): secret_refs imports
 # engine.handlers.base, so whichever of the two is imported first, this works.
-from engine import egress, secret_refs
+from engine import attempt_log, egress, secret_refs
 from engine.handlers.base import (
     ConfigError,
     PermanentTaskError,
@@ -120,6 +121,14 @@ def check_url(url: str, *, shown: str, numeric_host: bool = True) -> None:
 class ResolvedConfigError(PermanentTaskError):
     """A config whose secret references were resolved is no longer valid (a secret's value
     put a line break in a header, or made the URL something else than an http(s) URL)."""
+
+
+def _summary(cfg: dict[str, Any], began: float, outcome: str, *, level: str) -> None:
+    """The attempt's request summary line (stream ``http``): method, URL, what happened
+    and how long it took. The attempt's log redacts the secret values the URL (or an
+    error quoting it) holds before it keeps the line (engine.attempt_log)."""
+    elapsed_ms = (time.monotonic() - began) * 1000
+    attempt_log.note("http", level, f"{cfg['method']} {cfg['url']} -> {outcome} in {elapsed_ms:.0f} ms")
 
 
 class HttpHandler(TaskHandler):
@@ -240,16 +249,28 @@ class HttpHandler(TaskHandler):
             kwargs["json"] = cfg["json"]
         # Every connection, each redirect hop included, goes through the egress policy; a
         # refusal raises EgressDenied (permanent) before anything is sent or read.
-        with egress.client(timeout=cfg.get("timeout_seconds", 30.0), follow_redirects=True) as client:
-            with client.stream(cfg["method"], cfg["url"], **kwargs) as response:
-                raw = bytearray()
-                truncated = False
-                for chunk in response.iter_bytes():
-                    raw.extend(chunk)
-                    if len(raw) > MAX_BODY_BYTES:
-                        truncated = True
-                        del raw[MAX_BODY_BYTES:]
-                        break
+        began = time.monotonic()
+        try:
+            with egress.client(timeout=cfg.get("timeout_seconds", 30.0), follow_redirects=True) as client:
+                with client.stream(cfg["method"], cfg["url"], **kwargs) as response:
+                    raw = bytearray()
+                    truncated = False
+                    for chunk in response.iter_bytes():
+                        raw.extend(chunk)
+                        if len(raw) > MAX_BODY_BYTES:
+                            truncated = True
+                            del raw[MAX_BODY_BYTES:]
+                            break
+        except Exception as exc:
+            _summary(cfg, began, f"failed: {type(exc).__name__}: {exc}", level="error")
+            raise
+        outcome = f"{response.status_code} {response.reason_phrase}".rstrip() + f", {len(raw)} bytes"
+        if truncated:
+            outcome += f" (body cut at {MAX_BODY_BYTES} bytes)"
+        if response.history:
+            hops = len(response.history)
+            outcome += f", after {hops} redirect{'s' if hops != 1 else ''} to {response.url}"
+        _summary(cfg, began, outcome, level="info" if response.status_code in cfg["expected_status"] else "warning")
         text = raw.decode(response.encoding or "utf-8", errors="replace")
         if truncated:  # the cut may go through a secret's value: the worker redacts only whole ones
             text = secret_refs.redact_tail(text, context.secret_values)

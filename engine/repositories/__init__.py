@@ -13,9 +13,13 @@ module                 operations
 =====================  =====================================================================
 ``task_runs``          ``claim_ready_many``, ``start_and_complete_many``, ``heartbeat_many``,
                        ``fail_attempt``, ``fail_undelivered``, ``get_expired_leases``,
-                       ``expire_lease``, ``skip_descendants``
+                       ``expire_lease``, ``settle_dependents`` (the trigger rules after a
+                       finish), ``skip_for_condition``
 ``runs``               ``create_with_task_runs``, ``finish_if_done``, ``cancel``
 ``events``             ``append``, ``append_ignored_start``, ``append_stale_completion``
+``recovery``           a person's transitions (engine.recovery; ``engine/sql/recovery.sql``):
+                       ``lock_run``, ``reopen_run``, ``reopen_task_runs``,
+                       ``mark_succeeded``, ``mark_skipped``, ``promote_dependents``
 ``waiting``            ``reasons``, ``run_reasons`` (why ready task runs and queued runs
                        wait), ``note_waiting`` (``wait_reason`` and a ``waiting`` event
                        when the reason changes; ``engine/sql/waiting.sql``)

@@ -15,6 +15,7 @@ from django.db import transaction
 from engine.repositories import events
 from engine.repositories.driver import fetch
 from engine.sql import queries
+from engine.states import RunSchedule
 from flowforge.jsonb import jsonb_safe
 
 
@@ -30,7 +31,8 @@ class RunFinished(typing.NamedTuple):
 def lock(key: str) -> None:
     """Take the transaction-scoped advisory lock on ``key`` (``run_lock``): held until
     the caller's transaction ends. Keys: ``runs-per-minute:<org id>`` (the organization's
-    start quota), ``workflow-runs:<org id>:<workflow name>`` (a name's run limit)."""
+    start quota), ``workflow-runs:<org id>:<workflow name>`` (a name's run limit),
+    ``backfills:<org id>`` (the organization's count of backfills going, engine.backfill)."""
     fetch(queries["run_lock"], {"key": key})
 
 
@@ -52,6 +54,7 @@ def create_with_task_runs(
     queued_reason: str | None = None,
     held: bool = False,
     run_id: uuid.UUID | None = None,
+    schedule: RunSchedule | None = None,
 ) -> uuid.UUID:
     """Insert a WorkflowRun and all its TaskRuns in one go, and the ``run_started`` event.
     Returns the run id (``run_id`` when given).
@@ -66,6 +69,8 @@ def create_with_task_runs(
     Each task run's priority is ``priority`` + its task's, and its concurrency key
     ``concurrency_keys[task key]`` (the task's key rendered with the run input by the
     caller: ``engine.limit_keys.render_concurrency_key``), NULL for a task without one.
+    ``schedule`` (a cron run's instant and data interval) fills scheduled_for,
+    data_interval_start and data_interval_end; without it they stay NULL.
     The caller has checked that the workflow may be started (it is active).
     """
     run_id = run_id or uuid.uuid4()
@@ -84,6 +89,9 @@ def create_with_task_runs(
             "trigger": trigger_id,
             "state": state,
             "priority": priority,
+            "scheduled_for": schedule.scheduled_for if schedule else None,
+            "interval_start": schedule.data_interval_start if schedule else None,
+            "interval_end": schedule.data_interval_end if schedule else None,
         },
     )
     fetch(queries["task_run_insert_for_run"], {
@@ -94,7 +102,8 @@ def create_with_task_runs(
         workflow_run_id=run_id,
         kind="run_started",
         to_state=state,
-        detail={"trigger_source": trigger_source, "retry_of": str(retry_of_id) if retry_of_id else None},
+        detail={"trigger_source": trigger_source, "retry_of": str(retry_of_id) if retry_of_id else None,
+                **({"scheduled_for": schedule.as_dict()["scheduled_for"]} if schedule else {})},
     )
     if queued_reason is not None:
         events.append(workflow_run_id=run_id, kind="waiting", to_state=state, detail={"reason": queued_reason})
@@ -173,6 +182,12 @@ def cancel(*, workflow_run_id: uuid.UUID, reason: str, final_state: str = "cance
     Raises ValueError for another ``final_state``."""
     if final_state not in ("cancelled", "failed"):
         raise ValueError(f"final_state must be cancelled or failed, not {final_state!r}")
+    fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
+    # Then the run's row (task runs first, the run last: the engine's lock order), which a
+    # person's action on the run holds while it reopens finished task runs
+    # (engine.recovery): once it is ours, a new look closes what such an action reopened
+    # after the first look, so no task run of a cancelled run is left open.
+    fetch(queries["run_lock_row"], {"run": workflow_run_id})
     fetch(queries["task_run_cancel_open"], {"run": workflow_run_id, "reason": reason})
     rows = fetch(queries["run_cancel"], {"run": workflow_run_id, "reason": reason, "final": final_state})
     return bool(rows)

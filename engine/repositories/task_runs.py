@@ -21,8 +21,10 @@ The life of a generation here: ``claim_ready_many`` (ready -> running, outbox ro
 dependents promoted and claimed by the fan-in rule, finished runs derived),
 ``heartbeat_many``; a failure through ``fail_attempt``, ``expire_lease`` (the reaper)
 or ``fail_undelivered`` (a dead-lettered dispatch), each then advancing the run
-(``_advance_after_failure``: skip descendants, or schedule the retry; derive the
-run's end).
+(``_advance_after_failure``: settle its dependents by their trigger rules, or schedule
+the retry; derive the run's end); a false condition through ``skip_for_condition``.
+``settle_dependents`` is the one way to advance a run after a finish other than a
+worker's success (docs/api.md, "Trigger rules and conditions").
 
 Functions must be called inside ``transaction.atomic`` unless their docstring says
 otherwise.
@@ -38,6 +40,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from engine.db import atomic_retry
 from engine.repositories import events, runs
 from engine.repositories.driver import fetch, in_own_transaction, run_prepared
 from engine.repositories.types import (
@@ -48,12 +51,15 @@ from engine.repositories.types import (
     SuccessRequest,
 )
 from engine.sql import queries
-from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES
+from engine.states import TASK_FIRST_QUEUE, TASK_QUEUE, TASK_TERMINAL_STATES, RunSchedule
 from flowforge.jsonb import strip_nul
 from tenancy.limits import plan_table
 
 # Characters of a failure's error kept on the task run and its event.
 _MAX_ERROR_CHARS = 10_000
+# Characters of a failed attempt's traceback its event keeps, at most: the ceiling of
+# FLOWFORGE_TASK_TRACEBACK_MAX_CHARS, which cuts it before (with a line saying so).
+MAX_TRACEBACK_CHARS = 100_000
 
 # A batch of successes, in one round trip and one transaction (``run_prepared``): the
 # conditional UPDATE + events; then, each statement with a fresh snapshot taken after the
@@ -230,10 +236,12 @@ def start_and_complete_many(
     A start marks its generation started by its owner (at most once per generation) and
     takes the worker's lease of ``worker_lease_seconds`` (bounded by the task's
     ``timeout_seconds``); of starts naming the same task run only the first can start. A
-    success matches only a generation that started; its dependents whose dependencies
-    have all succeeded are promoted to ready (``task_run_promote_dependents``, skipped
-    when no success ``has_dependents``); each run left with nothing open gets its
-    terminal state. With both kinds, the two UPDATEs are one statement
+    success matches only a generation that started; its pending dependents with the default
+    rule whose dependencies have all succeeded are promoted to ready
+    (``task_run_promote_dependents``, skipped when no success ``has_dependents``), and
+    those with another trigger rule are decided right after, in a transaction of their own
+    (``_settle_after_successes``: ready, skipped, or still pending); each run left with
+    nothing open gets its terminal state. With both kinds, the two UPDATEs are one statement
     (``task_run_start_and_succeed_many``), so the runs' rows are locked only after both
     have run.
 
@@ -272,6 +280,7 @@ def start_and_complete_many(
     params.update(lock_ids=lock_ids, org_of=lock_ids, orgs=[], only_ids=None,
                   refill=max(1, int(settings.FLOWFORGE_DISPATCH_AHEAD) // 4))
     statements: list[str] = [queries["task_run_lock_orgs_of"]] if claim else []
+    promote_at: int | None = None  # where task_run_promote_dependents' rows are in the results
     if successes:
         params.update(
             ids=[r.task_run_id for r in successes],
@@ -294,12 +303,23 @@ def start_and_complete_many(
     else:
         statements.append(queries["task_run_start_many"])
     if any(r.has_dependents for r in successes):
+        promote_at = len(statements)
         statements.append(queries["task_run_promote_dependents"])
     if claim:
         statements.append(queries["task_run_claim_fair"])
     if successes:
         statements.append(queries["run_finish_if_done_many"])
+
     out = in_own_transaction(lambda: run_prepared(statements, params), connection_attempts)
+    claimed = list((out[-2] if successes else out[-1]) if claim else [])
+    finished = list(out[-1] if successes else [])
+    if promote_at is not None and out[promote_at][0][0]:
+        # A success's task has a dependent with a rule other than all_success.
+        more_claimed, more_finished = _settle_after_successes(
+            [r.task_run_id for r in successes], params, claim=claim, connection_attempts=connection_attempts)
+        claimed += more_claimed
+        finished += more_finished
+    finished = _finish_with_failures(finished, connection_attempts)
     first_rows = out[1] if claim else out[0]
     if successes and to_start:
         done = [(r[1], r[9], r[2], r[4]) for r in first_rows if r[0] == "d"]
@@ -307,8 +327,6 @@ def start_and_complete_many(
     else:
         done = first_rows if successes else []
         start_rows = first_rows if not successes else []
-    finished = out[-1] if successes else []
-    claimed = (out[-2] if successes else out[-1]) if claim else []
 
     started = {
         (r[0], r[8]): StartedAttempt(
@@ -326,6 +344,8 @@ def start_and_complete_many(
             upstream=_json(r[11]) or {},
             dispatch_latency_seconds=float(r[12]) if r[12] is not None else None,
             has_dependents=r[13],
+            condition=r[14] or "",
+            schedule=RunSchedule(r[15], r[16], r[17]) if r[15] is not None else None,
         )
         for r in start_rows
     }
@@ -358,6 +378,51 @@ def start_and_complete_many(
     return start_results, results, tuple(_dispatches(claimed))
 
 
+def _settle_after_successes(succeeded: list[uuid.UUID], params: dict[str, Any], *, claim: bool,
+                            connection_attempts: int) -> tuple[list[tuple], list[tuple]]:
+    """A batch's successes have dependents with rules other than all_success (which the
+    batch's ``task_run_promote_dependents`` leaves alone): those are decided now
+    (``settle_dependents`` of the successes: ready, or skipped and what depends on them
+    settled in turn), in a transaction of its own right after the batch's (the batch goes
+    to the server as one message and is committed by then; the default rule's hops keep
+    their statements), with the claim locks first, then the claim of what that made ready
+    and the finish of any run it closed. Returns (claim rows, finish rows) as the batch's.
+    Should the process die between the two commits, the sweeper settles the run
+    (``settle_run``)."""
+
+    def follow_up() -> tuple[list[tuple], list[tuple]]:
+        with transaction.atomic(savepoint=False):
+            if claim:
+                fetch(queries["task_run_lock_orgs_of"], params)
+            settle_dependents(task_run_ids=succeeded)
+            follow = ([queries["task_run_claim_fair"]] if claim else []) + [queries["run_finish_if_done_many"]]
+            more = run_prepared(follow, params)
+        return (list(more[0]) if claim else []), list(more[-1])
+
+    if transaction.get_connection().in_atomic_block:
+        return follow_up()
+    return atomic_retry(follow_up, connection_attempts=connection_attempts)
+
+
+def _finish_with_failures(finished: list[tuple], connection_attempts: int) -> list[tuple]:
+    """The batch's finish rows (id, state, limited), with each run that
+    ``run_finish_if_done_many`` left to ``run_finish_if_done`` (done, with a failed task
+    run: state NULL) finished by it now, in a transaction of its own (a failure handler's
+    success; rare on the hot path): its row then says failed or succeeded, or is dropped
+    when another transaction finished the run first."""
+    if all(row[1] is not None for row in finished):
+        return finished
+    out = [row for row in finished if row[1] is not None]
+    for row in finished:
+        if row[1] is None:
+            done = (runs.finish(workflow_run_id=row[0]) if transaction.get_connection().in_atomic_block
+                    else atomic_retry(lambda rid=row[0]: runs.finish(workflow_run_id=rid),
+                                      connection_attempts=connection_attempts))
+            if done is not None:
+                out.append((row[0], done.state, done.limited))
+    return out
+
+
 def heartbeat_many(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: float) -> set[uuid.UUID]:
     """Extend the leases of running attempts, one statement for all of them
     (``task_run_heartbeat_many``).
@@ -388,9 +453,12 @@ def extend_leases(*, leases: Iterable[tuple[uuid.UUID, int]], lease_seconds: flo
 # --- Failures, and what follows them ----------------------------------------------------------
 
 
-def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retryable: bool = True) -> CompletionResult:
+def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retryable: bool = True,
+                 traceback: str = "") -> CompletionResult:
     """Record that the started generation ``fencing_token`` of a task run failed with
-    ``error`` (``task_run_fail_attempt``), then advance its run.
+    ``error`` (``task_run_fail_attempt``), then advance its run. ``traceback`` (redacted
+    and cut by the caller; '' for none) is kept beside the error in the attempt's event
+    (``detail.traceback``), cut to MAX_TRACEBACK_CHARS whatever the caller sent.
 
     Retried (back to ``ready``, attempt + 1, exponential backoff up to
     MAX_RETRY_BACKOFF_SECONDS) while attempts remain and ``retryable``; otherwise
@@ -407,6 +475,7 @@ def fail_attempt(*, task_run_id: uuid.UUID, fencing_token: int, error: str, retr
                 "error": strip_nul(error)[:_MAX_ERROR_CHARS],
                 "retryable": retryable,
                 "kind": "attempt_failed",
+                "traceback": strip_nul(traceback)[:MAX_TRACEBACK_CHARS],
             },
         )
         if not rows:
@@ -425,7 +494,7 @@ def fail_undelivered(*, task_run_id: uuid.UUID, fencing_token: int, error: str) 
     rows = fetch(
         queries["task_run_fail_undelivered"],
         {"id": task_run_id, "token": fencing_token, "error": strip_nul(error)[:_MAX_ERROR_CHARS], "retryable": False,
-         "kind": "dispatch_dead_lettered"},
+         "kind": "dispatch_dead_lettered", "traceback": ""},
     )
     if not rows:
         return CompletionResult(accepted=False)
@@ -463,7 +532,7 @@ def expire_lease(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionRes
         kind = "lease_expired"
     rows = fetch(
         queries["task_run_fail_expired_lease"],
-        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind},
+        {"id": task_run_id, "token": fencing_token, "error": error, "retryable": True, "kind": kind, "traceback": ""},
     )
     if not rows:
         return CompletionResult(accepted=False)
@@ -472,25 +541,75 @@ def expire_lease(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionRes
 
 def _advance_after_failure(row: tuple) -> CompletionResult:
     """What follows a failed attempt (a fail statement's row: id, workflow_run_id,
-    task_id, state, attempt, not_before): a final failure skips the task's descendants
-    and may finish the run; a retry reports its backoff."""
-    _task_run_id, run_id, task_id, state, _attempt, not_before = row
+    task_id, state, attempt, not_before): after a final failure the task's dependents go
+    by their trigger rules (``settle_dependents``: skipped, or ready for a rule that
+    reacts to it) and the run may finish; a retry reports its backoff."""
+    task_run_id, run_id, _task_id, state, _attempt, not_before = row
     retry_in = None
+    promoted = 0
     if state == "failed":
-        skip_descendants(workflow_run_id=run_id, task_id=task_id, reason="upstream_failed")
+        promoted = settle_dependents(task_run_ids=[task_run_id])
     elif state == "ready" and not_before is not None:
         now = fetch(queries["database_now"], {})[0][0]
         retry_in = max(0.0, (not_before - now).total_seconds())
     finished = runs.finish(workflow_run_id=run_id) if state in TASK_TERMINAL_STATES else None
     return CompletionResult(accepted=True, state=state, run_state=finished.state if finished else None,
-                            retry_in_seconds=retry_in, run_limited=bool(finished and finished.limited))
+                            retry_in_seconds=retry_in, run_limited=bool(finished and finished.limited),
+                            promoted=promoted)
 
 
-def skip_descendants(*, workflow_run_id: uuid.UUID, task_id: uuid.UUID, reason: str) -> int:
-    """Mark every not-yet-started descendant of ``task_id`` in the run ``skipped``
-    (``task_run_skip_descendants``): it can never run because something upstream failed.
-    Returns how many were skipped."""
-    return fetch(queries["task_run_skip_descendants"], {"run": workflow_run_id, "task": task_id, "reason": reason})[0][0]
+def settle_dependents(*, task_run_ids: Sequence[uuid.UUID]) -> int:
+    """Apply the trigger rules below ``task_run_ids``, task runs of one or more runs that
+    have just finished (succeeded, failed, skipped or cancelled) other than through the
+    worker's batch of successes, until nothing more changes: their pending descendants
+    that can no longer run are skipped (``task_run_skip_descendants``, the closure through
+    all_success and, below a failure, none_failed), then the pending dependents of all
+    those are decided (``task_run_settle_dependents``: ready, skipped, or left pending),
+    and what that skipped is settled in turn. Each transition writes its event.
+
+    The one way to advance a run after such a finish; a statement that finishes a task run
+    (or puts one back to pending, e.g. a retry of one task) calls it in the same
+    transaction, after its run's event counter was bumped (module docstring). Returns how
+    many task runs it made ready; they are not claimed here (the caller nudges the
+    scheduler: a claim takes its organizations' locks before any row lock, and this
+    transaction holds row locks already). Must be called inside a transaction."""
+    promoted = 0
+    changed = list(task_run_ids)
+    while changed:
+        skipped = [r[0] for r in fetch(queries["task_run_skip_descendants"], {"ids": changed})]
+        decided = fetch(queries["task_run_settle_dependents"], {"ids": changed + skipped})
+        promoted += sum(1 for r in decided if r[1] == "ready")
+        changed = [r[0] for r in decided if r[1] == "skipped"]
+    return promoted
+
+
+def settle_run(*, workflow_run_id: uuid.UUID) -> int:
+    """``settle_dependents`` over every finished task run of run ``workflow_run_id``
+    (``task_run_finished_of_run``): the repair of a run whose settle was lost (the sweeper's
+    ``run_list_stalled``: pending task runs and nothing ready or running). Idempotent: a
+    pending task whose rule is not decided stays pending. Returns how many task runs it made
+    ready. Must be called inside a transaction."""
+    ids = [r[0] for r in fetch(queries["task_run_finished_of_run"], {"run": workflow_run_id})]
+    return settle_dependents(task_run_ids=ids) if ids else 0
+
+
+def skip_for_condition(*, task_run_id: uuid.UUID, fencing_token: int) -> CompletionResult:
+    """Record that generation ``fencing_token``'s condition was false (its worker
+    evaluated it, engine.conditions, before the handler): the task run becomes skipped
+    (skip_reason ``condition_false``, a 'skipped' event naming the condition;
+    ``task_run_skip_condition_false``), its dependents are settled by their trigger rules
+    (``settle_dependents``) and the run may finish. Matches only that generation, started
+    and still running; returns ``accepted=False`` otherwise (reaped or cancelled meanwhile:
+    whoever moved it recorded why). Runs in its own transaction, or in the caller's."""
+    with transaction.atomic(savepoint=False):
+        rows = fetch(queries["task_run_skip_condition_false"], {"id": task_run_id, "token": fencing_token})
+        if not rows:
+            return CompletionResult(accepted=False)
+        _id, run_id, _task_id, state = rows[0]
+        promoted = settle_dependents(task_run_ids=[task_run_id])
+        finished = runs.finish(workflow_run_id=run_id)
+        return CompletionResult(accepted=True, state=state, run_state=finished.state if finished else None,
+                                run_limited=bool(finished and finished.limited), promoted=promoted)
 
 
 # --- The organizations' own workers (issue 18) --------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 import uuid
 from typing import Any
 
-from engine.states import TASK_QUEUE
+from engine.states import TASK_QUEUE, RunSchedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,11 @@ class StartedAttempt:
     dispatch_latency_seconds: float | None = None
     # Whether any task depends on this one (a success then has dependents to promote).
     has_dependents: bool = True
+    # The task's condition (a CEL expression, engine.conditions), '' for none: evaluated
+    # before the handler; false skips the task run (task_runs.skip_for_condition).
+    condition: str = ""
+    # The cron instant and data interval of the run (None for a run no trigger or backfill started).
+    schedule: RunSchedule | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +67,8 @@ class CompletionResult:
     ``run_state`` the run's state when this completion finished it, else None;
     ``run_limited`` True when it finished the run and the run's workflow has
     max_running_runs (a queued run may be admitted now: nudge the scheduler);
-    ``retry_in_seconds`` the backoff when the attempt will be retried."""
+    ``retry_in_seconds`` the backoff when the attempt will be retried; ``promoted`` the
+    task runs its advance made ready and left for the scheduler to claim."""
 
     accepted: bool
     state: str | None = None
@@ -70,6 +76,9 @@ class CompletionResult:
     run_state: str | None = None
     retry_in_seconds: float | None = None
     run_limited: bool = False
+    # Task runs this completion's advance made ready without claiming them (a failure's or
+    # a skip's dependents with a rule that runs on it): nudge the scheduler to claim them.
+    promoted: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

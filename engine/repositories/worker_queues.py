@@ -102,18 +102,23 @@ def generation(*, organization_id: uuid.UUID, task_run_id: uuid.UUID) -> WorkerG
 
 def append_logs(
     *, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int, lines: Sequence[tuple[str, str]],
+    max_lines: int, max_bytes: int, marker: str,
 ) -> int:
     """Append ``lines`` ((level, message) pairs, already validated and redacted) to the
     generation ``fencing_token`` of the task run, in order, only while that generation is
-    started and its lease unexpired (``task_log_append``). Returns how many were kept: 0
-    when the caller no longer holds the generation."""
+    started and its lease unexpired, and only while the generation's lines stay within
+    ``max_lines`` lines and ``max_bytes`` bytes of messages: the first line past either is
+    replaced by one ``system`` line saying ``marker``, and it and every later line are
+    dropped (``task_log_append``). Returns how many of ``lines`` were kept: 0 when the
+    caller no longer holds the generation, or its log is full."""
     if not lines:
         return 0
     rows = fetch(queries["task_log_append"], {
         "id": task_run_id, "org": organization_id, "token": fencing_token,
         "levels": [level for level, _ in lines], "messages": [message for _, message in lines],
+        "max_lines": max_lines, "max_bytes": max_bytes, "marker": marker,
     })
-    return len(rows)
+    return sum(1 for (stream,) in rows if stream == "worker")
 
 
 def put_attempt_secrets(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_token: int,

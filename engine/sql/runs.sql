@@ -5,13 +5,15 @@
 
 
 -- name: run_insert
--- A new run in state (running from now, or pending: queued behind its workflow's run limit, not started) with priority, its event counter at 0; core_workflowrun_pkey.
+-- A new run in state (running from now, or pending: queued behind its workflow's run limit, not started) with priority, its event counter at 0, and its cron instant and data interval (scheduled_for, interval_start, interval_end: all NULL for a run no trigger or backfill started); core_workflowrun_pkey.
 INSERT INTO core_workflowrun
     (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
-     trigger_id, error, priority, last_event_seq, created_at, started_at)
+     trigger_id, error, priority, last_event_seq, created_at, started_at,
+     scheduled_for, data_interval_start, data_interval_end)
 VALUES (%(run)s, %(org)s, %(wf)s, %(state)s, %(input)s, %(source)s, %(user)s, %(retry_of)s,
         %(trigger)s, '', %(priority)s, 0, clock_timestamp(),
-        CASE WHEN %(state)s = 'running' THEN clock_timestamp() END);
+        CASE WHEN %(state)s = 'running' THEN clock_timestamp() END,
+        %(scheduled_for)s, %(interval_start)s, %(interval_end)s);
 
 
 -- name: run_lock
@@ -98,7 +100,7 @@ SELECT a.id, (SELECT count(*) FROM roots) AS roots FROM adm a;
 
 
 -- name: run_finish_if_done
--- The run (run) becomes failed, cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; returns (id, state, limited: its workflow has max_running_runs); idx_taskrun_run_state (one probe for an open row).
+-- The run (run) becomes failed (a task run failed and nothing handled it), cancelled or succeeded, with a 'run_finished' event, once none of its task runs is open; returns (id, state, limited: its workflow has max_running_runs); idx_taskrun_run_state (one probe for an open row).
 WITH runs AS (
     SELECT %(run)s::uuid AS id
 ), done_runs AS (
@@ -111,10 +113,35 @@ WITH runs AS (
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
                        WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
                        ORDER BY t.state LIMIT 1) o ON true
-    -- Counted once per run, when it is done: one pass over its task runs.
+    -- Counted once per run, when it is done: one pass over its task runs (index only).
     CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
-                        FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) c
+                        FROM core_taskrun t WHERE t.workflow_run_id = r.id AND o.one IS NULL) n
+    -- Of its failures, those nothing handled (docs/api.md, "A run's final state"): a failure
+    -- is handled by a task with trigger rule one_failed or all_failed that depends on it,
+    -- directly or through task runs skipped for it (skip_reason 'upstream_failed'), started
+    -- after it failed and succeeded. Looked for only when a task run failed, by (run, task)
+    -- (idx_taskrun_run_state, uniq_taskrun_per_run_task); the states compared as
+    -- expressions so that no plan reads every failed, skipped or succeeded task run of the
+    -- table by state (idx_taskrun_state_age).
+    CROSS JOIN LATERAL (SELECT CASE WHEN n.failed = 0 THEN 0 ELSE (
+                            SELECT count(*) FROM core_taskrun f
+                            WHERE f.workflow_run_id = r.id AND (f.state || '') = 'failed' AND NOT EXISTS (
+                                WITH RECURSIVE carried(task_id) AS (
+                                    SELECT f.task_id
+                                    UNION
+                                    SELECT e.task_id FROM carried x
+                                    JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                    JOIN core_taskrun s ON s.workflow_run_id = f.workflow_run_id AND s.task_id = e.task_id
+                                    WHERE (s.state || '') = 'skipped' AND s.skip_reason = 'upstream_failed'
+                                )
+                                SELECT 1 FROM carried x
+                                JOIN core_taskdependency e ON e.depends_on_id = x.task_id
+                                JOIN core_task k ON k.id = e.task_id
+                                JOIN core_taskrun h ON h.workflow_run_id = f.workflow_run_id AND h.task_id = e.task_id
+                                WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND (h.state || '') = 'succeeded'
+                                  AND h.started_at >= f.finished_at)) END AS failed,
+                               n.cancelled) c
     WHERE o.one IS NULL
 ), prev AS (
     SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
@@ -143,7 +170,11 @@ FROM fin f JOIN core_workflow w ON w.id = f.workflow_id;
 
 
 -- name: run_finish_if_done_many
--- run_finish_if_done for the runs of the task runs in ids (the runs a batch of successes touched); core_taskrun_pkey, idx_taskrun_run_state.
+-- run_finish_if_done for the runs of the task runs in ids (the runs a batch of successes touched), except that a done run with a failed task run is left for run_finish_if_done (whether its failures were handled) and returned with a NULL state; core_taskrun_pkey, idx_taskrun_run_state.
+-- The hot path's form: main's counts only (index only), no look for a failure handler,
+-- whose plan would cost every batch its start-up (task_runs.start_and_complete_many runs
+-- run_finish_if_done for the runs it returns; the sweeper's run_list_settled_open, if
+-- the process dies first).
 WITH runs AS (
     SELECT DISTINCT workflow_run_id AS id FROM core_taskrun WHERE id = ANY(%(ids)s)
 ), done_runs AS (
@@ -171,7 +202,7 @@ WITH runs AS (
         last_event_seq = r.last_event_seq + 1,
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
-    WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
+    WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending') AND c.failed = 0
     RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state
 ), ev AS (
     INSERT INTO core_taskrunevent
@@ -184,7 +215,9 @@ WITH runs AS (
 -- limited: the run's workflow has max_running_runs, so a queued run may be admitted now
 -- (the caller nudges the scheduler, whose tick admits it).
 SELECT f.id, f.state, (w.max_running_runs IS NOT NULL) AS limited
-FROM fin f JOIN core_workflow w ON w.id = f.workflow_id;
+FROM fin f JOIN core_workflow w ON w.id = f.workflow_id
+UNION ALL
+SELECT d.id, NULL, false FROM done_runs d WHERE d.failed > 0;
 
 
 -- name: run_cancel
@@ -216,12 +249,23 @@ WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(s
 ORDER BY r.created_at LIMIT %(limit)s;
 
 
+-- name: run_list_stalled
+-- The ids of up to limit runs still running, older than settle seconds, with a pending task run and none ready or running: nothing will move them (a settle of dependents was lost; the sweeper settles them), oldest first; idx_wfrun_state_age, then idx_taskrun_run_state per run.
+SELECT r.id FROM core_workflowrun r
+WHERE r.state = 'running' AND r.created_at < clock_timestamp() - make_interval(secs => %(settle)s)
+  AND EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state = 'pending')
+  AND NOT EXISTS (SELECT 1 FROM core_taskrun t WHERE t.workflow_run_id = r.id AND t.state IN ('ready', 'running'))
+ORDER BY r.created_at LIMIT %(limit)s;
+
+
 -- name: run_list_timed_out
--- Up to limit running runs older than their workflow's run_timeout_seconds, with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
+-- Up to limit running runs older than their workflow's run_timeout_seconds (from their start, or from their last resume), with that timeout, oldest first (the sweeper fails them); idx_wfrun_state_age, then core_workflow_pkey.
 SELECT r.id, w.run_timeout_seconds FROM core_workflowrun r
 JOIN core_workflow w ON w.id = r.workflow_id
 WHERE r.state = 'running' AND w.run_timeout_seconds IS NOT NULL
   -- As seconds, not as a timestamp: no run timeout can compute one out of range.
-  -- From its start: a run queued behind its workflow's run limit was not running meanwhile.
-  AND EXTRACT(EPOCH FROM clock_timestamp() - coalesce(r.started_at, r.created_at)) > w.run_timeout_seconds
+  -- From its start: a run queued behind its workflow's run limit was not running meanwhile;
+  -- from its last resume (engine.recovery): it was finished, not running, before it.
+  AND EXTRACT(EPOCH FROM clock_timestamp() - coalesce(r.resumed_at, r.started_at, r.created_at))
+      > w.run_timeout_seconds
 ORDER BY r.created_at LIMIT %(limit)s;

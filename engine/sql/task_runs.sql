@@ -313,7 +313,8 @@ WITH sreq AS (
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
       AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id
+              k.key, k.type, k.config, k.max_attempts + t.attempt_base AS max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
+              k.condition
 ), delivered AS (
     -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
     -- that claimed it and never published, is stamped as delivered by its start.
@@ -351,8 +352,11 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
        COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
                     ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
                                             'truncated', true) END)
-                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
-                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                 -- A dependency that did not succeed (a trigger rule other than all_success) has no
+                 -- output (SQL NULL): handed as JSON null.
+                 FROM (SELECT uk.key, COALESCE(u.output, 'null'::jsonb) AS output,
+                              octet_length(COALESCE(u.output, 'null'::jsonb)::text) AS bytes,
+                              sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d
                        JOIN core_task uk ON uk.id = d.depends_on_id
                        JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
@@ -362,7 +366,11 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
            SELECT e.created_at FROM core_taskrunevent e
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
            ORDER BY e.created_at DESC LIMIT 1)),
-       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
+       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
+       -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).
+       s.condition,
+       -- A cron run's instant and data interval (StartedAttempt.schedule; NULLs otherwise).
+       r.scheduled_for, r.data_interval_start, r.data_interval_end
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
@@ -425,7 +433,8 @@ WITH sreq AS (
       AND (t.state || '') = 'running' AND t.fencing_token = sreq.token   -- by primary key (file header)
       AND t.started_fencing_token IS DISTINCT FROM sreq.token   -- at most one start per generation
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id,
-              k.key, k.type, k.config, k.max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id
+              k.key, k.type, k.config, k.max_attempts + t.attempt_base AS max_attempts, k.timeout_seconds, sreq.owner, sreq.outbox_id,
+              k.condition
 ), delivered AS (
     -- A continuation (StartRequest.outbox_id): its outbox row, reserved for the thread
     -- that claimed it and never published, is stamped as delivered by its start.
@@ -473,7 +482,7 @@ WITH sreq AS (
 -- ('d', id, workflow_run_id, state at [4], fencing_token at [9]) per success, padded with
 -- NULLs to the starts' width, then ('s', task_run_start_many's row) per start.
 SELECT 'd', d.id, d.workflow_run_id, NULL, d.state, NULL, NULL, NULL, NULL, d.fencing_token,
-       NULL, NULL, NULL, NULL, NULL FROM done d
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM done d
 UNION ALL
 SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.attempt, s.max_attempts,
        s.fencing_token, s.timeout_seconds, r.input,
@@ -482,8 +491,11 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
        COALESCE((SELECT jsonb_object_agg(x.key, CASE WHEN x.total <= %(upstream_bytes)s::bigint THEN x.output
                     ELSE jsonb_build_object('$ref', 'task_output', 'task', x.key, 'bytes', x.bytes,
                                             'truncated', true) END)
-                 FROM (SELECT uk.key, u.output, octet_length(u.output::text) AS bytes,
-                              sum(octet_length(u.output::text)) OVER (ORDER BY uk.key) AS total
+                 -- A dependency that did not succeed (a trigger rule other than all_success) has no
+                 -- output (SQL NULL): handed as JSON null.
+                 FROM (SELECT uk.key, COALESCE(u.output, 'null'::jsonb) AS output,
+                              octet_length(COALESCE(u.output, 'null'::jsonb)::text) AS bytes,
+                              sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d
                        JOIN core_task uk ON uk.id = d.depends_on_id
                        JOIN core_taskrun u ON u.task_id = d.depends_on_id AND u.workflow_run_id = s.workflow_run_id
@@ -493,14 +505,21 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
            SELECT e.created_at FROM core_taskrunevent e
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
            ORDER BY e.created_at DESC LIMIT 1)),
-       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id)
+       EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
+       -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).
+       s.condition,
+       -- A cron run's instant and data interval (StartedAttempt.schedule; NULLs otherwise).
+       r.scheduled_for, r.data_interval_start, r.data_interval_end
 FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
 -- name: task_run_promote_dependents
--- The fan-in rule: each pending dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
 -- The claim that follows in the same transaction (task_run_claim_fair) takes them within
--- their organization's room, permits and buckets.
+-- their organization's room, permits and buckets. The default rule only, in main's form
+-- (an anti-join that stops at the first upstream not succeeded): the rules' general
+-- statement costs more to start on every hop, and a task with other rules below it pays
+-- for it alone (task_runs._settle_after_successes).
 WITH me AS (
     -- The (run, task) of each generation of this batch that is now succeeded.
     SELECT DISTINCT t.workflow_run_id AS run, t.task_id AS task
@@ -509,16 +528,24 @@ WITH me AS (
     WHERE (t.state || '') = 'succeeded'   -- by primary key (file header)
 ), promoted AS (
     UPDATE core_taskrun d
-    SET state = 'ready', ready_at = clock_timestamp()
+    SET state = 'ready', ready_at = clock_timestamp(), skip_reason = ''
     FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+         JOIN core_task k ON k.id = dep.task_id
     -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
     -- run's pending rows; a dependent of two of these tasks is updated once.
     WHERE d.workflow_run_id = me.run AND d.task_id = dep.task_id AND (d.state || '') = 'pending'
+      AND k.trigger_rule = 'all_success'
       AND NOT EXISTS (
           SELECT 1 FROM core_taskdependency e
           JOIN core_taskrun u ON u.workflow_run_id = d.workflow_run_id AND u.task_id = e.depends_on_id
           WHERE e.task_id = d.task_id AND u.state <> 'succeeded')
     RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token
+), others AS (
+    -- Dependents (of these tasks, in any state) whose rule is not all_success.
+    SELECT count(*) AS n
+    FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+         JOIN core_task k ON k.id = dep.task_id
+    WHERE k.trigger_rule <> 'all_success'
 ), tr AS (
     SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
            'promoted'::text AS ev_kind, 'pending'::text AS ev_from, 'ready'::text AS ev_to,
@@ -541,7 +568,119 @@ WITH me AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
-SELECT count(*) FROM promoted;
+SELECT n FROM others;
+
+
+-- name: task_run_settle_dependents
+-- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- What follows a finish other than the worker's batch of successes (task_runs.settle_dependents,
+-- after task_run_skip_descendants), and a success whose task has a dependent with a rule
+-- other than all_success (task_run_promote_dependents counts those). Rules
+-- (engine.states.TriggerRule, docs/api.md):
+-- an upstream outcome is a success (succeeded), a failure (failed, or skipped with
+-- skip_reason 'upstream_failed') or a skip (any other skip, cancelled); 'open' counts the
+-- upstreams not finished. The verdict is 'ready', a skip_reason, or NULL (wait):
+--   all_success  ready when all succeeded; 'upstream_failed' on a failure, 'trigger_rule' on a skip
+--   all_failed   ready when all failed; 'trigger_rule' on a success or a skip
+--   all_done     ready when none is open (always: the same)
+--   one_failed   ready on a failure; 'trigger_rule' when none is open
+--   one_success  ready on a success; when none is open 'upstream_failed' if one failed, else 'trigger_rule'
+--   none_failed  'upstream_failed' on a failure; ready when none is open
+-- The default rule after successes only needs no counts: ready when no upstream is
+-- anything but succeeded, an anti-join that stops at the first such row (a failure or skip
+-- among its upstreams would have skipped it when that happened).
+WITH me AS (
+    -- The (run, task) of each task run of ids that has finished, and whether it failed or was skipped.
+    SELECT t.workflow_run_id AS run, t.task_id AS task, t.state <> 'succeeded' AS bad
+    FROM core_taskrun t JOIN unnest(%(ids)s::uuid[]) AS a(id) ON t.id = a.id
+    WHERE (t.state || '') IN ('succeeded', 'failed', 'skipped', 'cancelled')   -- by primary key (file header)
+), cand AS (
+    -- Each pending dependent once, found by (run, task) (uniq_taskrun_per_run_task), not by
+    -- scanning the run's pending rows, with its rule.
+    SELECT d.id, d.workflow_run_id, d.task_id, k.trigger_rule AS rule, bool_or(me.bad) AS after_bad
+    FROM me
+    JOIN core_taskdependency dep ON dep.depends_on_id = me.task
+    JOIN core_taskrun d ON d.workflow_run_id = me.run AND d.task_id = dep.task_id
+    JOIN core_task k ON k.id = dep.task_id
+    WHERE (d.state || '') = 'pending'
+    GROUP BY d.id, d.workflow_run_id, d.task_id, k.trigger_rule
+), verdict AS MATERIALIZED (
+    -- Materialized: each row's verdict is worked out once (inlined, the UPDATE below would
+    -- evaluate the CASE, subqueries and all, once per column it sets).
+    SELECT c.id, c.rule, CASE
+        WHEN c.rule = 'all_success' AND NOT c.after_bad THEN
+            CASE WHEN NOT EXISTS (
+                SELECT 1 FROM core_taskdependency e
+                JOIN core_taskrun u ON u.workflow_run_id = c.workflow_run_id AND u.task_id = e.depends_on_id
+                WHERE e.task_id = c.task_id AND u.state <> 'succeeded') THEN 'ready' END
+        ELSE (
+            SELECT CASE c.rule
+                WHEN 'all_success' THEN CASE WHEN n.failed > 0 THEN 'upstream_failed'
+                                             WHEN n.skipped > 0 THEN 'trigger_rule'
+                                             WHEN n.succeeded = n.total THEN 'ready' END
+                WHEN 'all_failed' THEN CASE WHEN n.succeeded + n.skipped > 0 THEN 'trigger_rule'
+                                            WHEN n.failed = n.total THEN 'ready' END
+                WHEN 'all_done' THEN CASE WHEN n.open = 0 THEN 'ready' END
+                WHEN 'always' THEN CASE WHEN n.open = 0 THEN 'ready' END
+                WHEN 'one_failed' THEN CASE WHEN n.failed > 0 THEN 'ready'
+                                            WHEN n.open = 0 THEN 'trigger_rule' END
+                WHEN 'one_success' THEN CASE WHEN n.succeeded > 0 THEN 'ready'
+                                             WHEN n.open = 0 AND n.failed > 0 THEN 'upstream_failed'
+                                             WHEN n.open = 0 THEN 'trigger_rule' END
+                WHEN 'none_failed' THEN CASE WHEN n.failed > 0 THEN 'upstream_failed'
+                                             WHEN n.open = 0 THEN 'ready' END
+            END
+            FROM (
+                SELECT x.*, x.total - x.succeeded - x.failed - x.skipped AS open
+                FROM (SELECT count(*) AS total,
+                             count(*) FILTER (WHERE u.state = 'succeeded') AS succeeded,
+                             count(*) FILTER (WHERE u.state = 'failed'
+                                              OR (u.state = 'skipped' AND u.skip_reason = 'upstream_failed')) AS failed,
+                             count(*) FILTER (WHERE u.state = 'cancelled'
+                                              OR (u.state = 'skipped' AND u.skip_reason <> 'upstream_failed')) AS skipped
+                      FROM core_taskdependency e
+                      JOIN core_taskrun u ON u.workflow_run_id = c.workflow_run_id AND u.task_id = e.depends_on_id
+                      WHERE e.task_id = c.task_id) x
+            ) n)
+    END AS verdict
+    FROM cand c
+), decided AS (
+    UPDATE core_taskrun d
+    SET state = CASE WHEN v.verdict = 'ready' THEN 'ready' ELSE 'skipped' END,
+        ready_at = CASE WHEN v.verdict = 'ready' THEN clock_timestamp() ELSE d.ready_at END,
+        finished_at = CASE WHEN v.verdict = 'ready' THEN NULL ELSE clock_timestamp() END,
+        skip_reason = CASE WHEN v.verdict = 'ready' THEN '' ELSE v.verdict END
+    FROM verdict v
+    WHERE d.id = v.id AND v.verdict IS NOT NULL AND (d.state || '') = 'pending'   -- by primary key
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, d.state, d.skip_reason, v.rule
+), tr AS (
+    SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token,
+           CASE WHEN c.state = 'ready' THEN 'promoted' ELSE 'skipped' END AS ev_kind,
+           'pending'::text AS ev_from, c.state AS ev_to,
+           -- The rule is named when it is not the default one.
+           CASE WHEN c.state = 'skipped' THEN jsonb_build_object('reason', c.skip_reason)
+                ELSE '{}'::jsonb END
+           || CASE WHEN c.rule <> 'all_success' THEN jsonb_build_object('trigger_rule', c.rule)
+                   ELSE '{}'::jsonb END AS ev_detail
+    FROM decided c
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, state FROM decided;
 
 
 -- name: task_run_heartbeat_many
@@ -562,20 +701,20 @@ RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - clock_timestamp())::floa
 
 
 -- name: task_run_fail_attempt
--- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind; core_taskrun_pkey.
--- SET expressions read the row's old values, so t.attempt < k.max_attempts is about this attempt.
+-- A started generation's handler failed: back to ready (attempt + 1, exponential backoff) while retryable and attempts remain, else failed; an event of kind with the error and, unless '', the traceback; core_taskrun_pkey.
+-- SET expressions read the row's old values, so t.attempt - t.attempt_base < k.max_attempts is about this attempt.
 -- 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS (tests/unit/test_sql_statements.py checks it).
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -586,7 +725,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
@@ -613,15 +755,15 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
 -- The same SET as task_run_fail_attempt; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -632,7 +774,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
@@ -659,15 +804,15 @@ SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
 -- The same SET as task_run_fail_attempt plus the token bump; 86400 is engine.definitions.MAX_RETRY_BACKOFF_SECONDS.
 WITH done AS (
     UPDATE core_taskrun t
-    SET state = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN 'ready' ELSE 'failed' END,
-        attempt = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-        not_before = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts
+    SET state = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN 'ready' ELSE 'failed' END,
+        attempt = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+        not_before = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts
             -- Doubling per attempt, up to MAX_RETRY_BACKOFF_SECONDS (engine.definitions).
             THEN clock_timestamp() + make_interval(
-                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - 1), 86400))
+                secs => LEAST(k.retry_backoff_seconds * power(2, t.attempt - t.attempt_base - 1), 86400))
             ELSE NULL END,
-        finished_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN NULL ELSE clock_timestamp() END,
-        ready_at = CASE WHEN %(retryable)s AND t.attempt < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
+        finished_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN NULL ELSE clock_timestamp() END,
+        ready_at = CASE WHEN %(retryable)s AND t.attempt - t.attempt_base < k.max_attempts THEN clock_timestamp() ELSE t.ready_at END,
         fencing_token = t.fencing_token + 1, error = %(error)s, lease_owner = NULL, lease_expires_at = NULL
     FROM core_task k
     WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
@@ -678,7 +823,10 @@ WITH done AS (
     SELECT d.id, d.workflow_run_id, d.organization_id,
            CASE WHEN d.state = 'ready' THEN d.attempt - 1 ELSE d.attempt END AS attempt, d.fencing_token,
            %(kind)s::text AS ev_kind, 'running'::text AS ev_from, d.state AS ev_to,
-           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before) AS ev_detail
+           jsonb_build_object('error', %(error)s::text, 'retry_at', d.not_before)
+               -- The handler's traceback beside its error (issue 19), when it sent one.
+               || CASE WHEN %(traceback)s::text = '' THEN '{}'::jsonb
+                       ELSE jsonb_build_object('traceback', %(traceback)s::text) END AS ev_detail
     FROM done d
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
@@ -753,27 +901,55 @@ ORDER BY lease_expires_at LIMIT %(limit)s;
 
 
 -- name: task_run_skip_descendants
--- Every not-yet-started (pending or ready) descendant of task in the run becomes skipped with a 'skipped' event (reason); idx_taskrun_run_state.
-WITH RECURSIVE below(task_id) AS (
-    SELECT task_id FROM core_taskdependency WHERE depends_on_id = %(task)s
+-- The pending descendants of the failed or skipped task runs in ids that their trigger rules skip whatever else happens, each skipped with a 'skipped' event (skip_reason upstream_failed below a failure, else trigger_rule); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The closure, in one statement rather than a level at a time: below a failure or a skip,
+-- an all_success task is skipped, and below a failure a none_failed one, and so on down
+-- through what these skip. Dependents with the other rules (all_done, always, one_failed,
+-- one_success, all_failed) stop it: task_run_settle_dependents decides them next, on the
+-- task runs of ids and those skipped here (task_runs.settle_dependents).
+WITH RECURSIVE src AS (
+    SELECT t.workflow_run_id AS run, t.task_id AS task,
+           (t.state = 'failed' OR (t.state = 'skipped' AND t.skip_reason = 'upstream_failed')) AS failure
+    FROM core_taskrun t
+    WHERE t.id = ANY(%(ids)s::uuid[])
+      AND (t.state || '') IN ('failed', 'skipped', 'cancelled')   -- by primary key (file header)
+), below(run, task, failure) AS (
+    SELECT run, task, failure FROM src
     UNION
-    SELECT e.task_id FROM core_taskdependency e JOIN below b ON e.depends_on_id = b.task_id
+    SELECT b.run, e.task_id, b.failure
+    FROM below b
+    JOIN core_taskdependency e ON e.depends_on_id = b.task
+    JOIN core_task k ON k.id = e.task_id
+    JOIN core_taskrun d ON d.workflow_run_id = b.run AND d.task_id = e.task_id   -- uniq_taskrun_per_run_task
+    WHERE (d.state || '') = 'pending'   -- by (run, task): no scan of every pending row by state
+      AND (k.trigger_rule = 'all_success' OR (k.trigger_rule = 'none_failed' AND b.failure))
+), doomed AS (
+    -- A task reached by a failure's path and a skip's is skipped for the failure.
+    SELECT b.run, b.task, bool_or(b.failure) AS failure
+    FROM below b
+    WHERE NOT EXISTS (SELECT 1 FROM src s WHERE s.run = b.run AND s.task = b.task)
+    GROUP BY b.run, b.task
 ), open AS (
-    SELECT d.id, d.state FROM core_taskrun d
-    WHERE d.workflow_run_id = %(run)s AND d.state IN ('pending', 'ready')
-      AND d.task_id IN (SELECT task_id FROM below)
+    -- Lock them in id order first (fewer deadlocks with completions).
+    SELECT d.id, x.failure FROM core_taskrun d
+    JOIN doomed x ON d.workflow_run_id = x.run AND d.task_id = x.task
+    WHERE (d.state || '') = 'pending'
     ORDER BY d.id
-    FOR UPDATE
+    FOR UPDATE OF d
 ), skipped AS (
-    UPDATE core_taskrun d SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL
+    UPDATE core_taskrun d
+    SET state = 'skipped', finished_at = clock_timestamp(), not_before = NULL,
+        skip_reason = CASE WHEN o.failure THEN 'upstream_failed' ELSE 'trigger_rule' END
     FROM open o
-    WHERE d.id = o.id AND d.state IN ('pending', 'ready')
-    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, o.state AS old_state
+    WHERE d.id = o.id AND (d.state || '') = 'pending'   -- by primary key
+    RETURNING d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token, d.skip_reason, d.task_id
 ), tr AS (
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token,
-           'skipped'::text AS ev_kind, s.old_state AS ev_from, 'skipped'::text AS ev_to,
-           jsonb_build_object('reason', %(reason)s::text) AS ev_detail
-    FROM skipped s
+           'skipped'::text AS ev_kind, 'pending'::text AS ev_from, 'skipped'::text AS ev_to,
+           jsonb_build_object('reason', s.skip_reason)
+           || CASE WHEN k.trigger_rule <> 'all_success' THEN jsonb_build_object('trigger_rule', k.trigger_rule)
+                   ELSE '{}'::jsonb END AS ev_detail
+    FROM skipped s JOIN core_task k ON k.id = s.task_id
 ), ev_rows AS (
     SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
     FROM tr
@@ -791,7 +967,49 @@ WITH RECURSIVE below(task_id) AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
-SELECT count(*) FROM skipped;
+SELECT id FROM skipped;
+
+
+-- name: task_run_finished_of_run
+-- The ids of run's finished task runs (succeeded, failed, skipped, cancelled): what a repair settles the dependents of (task_runs.settle_run); idx_taskrun_run_state.
+SELECT id FROM core_taskrun
+WHERE workflow_run_id = %(run)s AND state IN ('succeeded', 'failed', 'skipped', 'cancelled');
+
+
+-- name: task_run_skip_condition_false
+-- A started generation whose condition was false (evaluated by its worker before the handler) becomes skipped (skip_reason condition_false, its lease released) with a 'skipped' event naming the condition; core_taskrun_pkey.
+WITH done AS (
+    UPDATE core_taskrun t
+    SET state = 'skipped', skip_reason = 'condition_false', finished_at = clock_timestamp(),
+        lease_owner = NULL, lease_expires_at = NULL, not_before = NULL
+    FROM core_task k
+    WHERE t.id = %(id)s AND k.id = t.task_id AND t.state = 'running' AND t.fencing_token = %(token)s
+      AND t.started_fencing_token = %(token)s
+    RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token, t.task_id, t.state,
+              k.condition
+), tr AS (
+    SELECT d.id, d.workflow_run_id, d.organization_id, d.attempt, d.fencing_token,
+           'skipped'::text AS ev_kind, 'running'::text AS ev_from, 'skipped'::text AS ev_to,
+           jsonb_build_object('reason', 'condition_false', 'condition', d.condition) AS ev_detail
+    FROM done d
+), ev_rows AS (
+    SELECT tr.*, row_number() OVER (PARTITION BY tr.workflow_run_id ORDER BY tr.id) AS rn
+    FROM tr
+), ev_counts AS (
+    SELECT workflow_run_id, count(*) AS n FROM tr GROUP BY workflow_run_id
+), ev_seq AS (
+    UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
+    FROM ev_counts c WHERE r.id = c.workflow_run_id
+    RETURNING r.id, r.last_event_seq - c.n AS base
+), ev_ins AS (
+    INSERT INTO core_taskrunevent
+        (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
+         attempt, fencing_token, detail, created_at)
+    SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+    FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
+)
+SELECT id, workflow_run_id, task_id, state FROM done;
 
 
 -- name: task_run_cancel_open

@@ -65,16 +65,38 @@ WHERE t.id = %(id)s AND t.organization_id = %(org)s AND t.queue <> '';
 
 
 -- name: task_log_append
--- Append log lines (levels, messages) to the started generation token of a worker task run of the organization, only while that generation holds an unexpired lease; returns how many were kept; core_taskrun_pkey, idx_tasklog_taskrun.
-INSERT INTO core_tasklog (organization_id, workflow_run_id, task_run_id, attempt, fencing_token, level, message,
+-- Append log lines (levels, messages) to the started generation token of a worker task run of the organization, only while that generation holds an unexpired lease and its lines stay within max_lines and max_bytes (of messages, UTF-8): the first line past either is replaced by one 'system' line (marker) and the rest are dropped, as is every later line; returns the stream of each row written; core_taskrun_pkey, idx_tasklog_taskrun.
+WITH gen AS (
+    SELECT t.organization_id, t.workflow_run_id, t.id, t.attempt, t.fencing_token FROM core_taskrun t
+    WHERE t.id = %(id)s AND t.organization_id = %(org)s AND t.queue <> ''
+      AND (t.state || '') = 'running' AND t.fencing_token = %(token)s AND t.started_fencing_token = %(token)s
+      AND t.lease_expires_at > clock_timestamp()
+), used AS (
+    -- What the generation holds already: at most the caps, then the marker (its only
+    -- 'system' line), after which nothing more is kept. One row, also without gen.
+    SELECT count(*) AS lines, COALESCE(sum(octet_length(x.message)), 0) AS bytes,
+           COALESCE(bool_or(x.stream = 'system'), false) AS full
+    FROM gen JOIN core_tasklog x ON x.task_run_id = gen.id AND x.fencing_token = gen.fencing_token  -- idx_tasklog_taskrun
+), sent AS (
+    SELECT l.level, l.message, l.n, sum(octet_length(l.message)) OVER (ORDER BY l.n) AS upto
+    FROM unnest(%(levels)s::text[], %(messages)s::text[]) WITH ORDINALITY AS l(level, message, n)
+), kept AS (
+    -- A prefix of the lines sent: both running totals only grow.
+    SELECT s.level, s.message, s.n FROM sent s, used u
+    WHERE NOT u.full AND u.lines + s.n <= %(max_lines)s AND u.bytes + s.upto <= %(max_bytes)s
+), lines AS (
+    SELECT 'worker' AS stream, k.level, k.message, k.n FROM kept k
+    UNION ALL
+    SELECT 'system', 'warning', %(marker)s::text, (SELECT count(*) FROM kept) + 1
+    FROM used u WHERE NOT u.full AND (SELECT count(*) FROM kept) < cardinality(%(messages)s::text[])
+)
+INSERT INTO core_tasklog (organization_id, workflow_run_id, task_run_id, attempt, fencing_token, stream, level, message,
                           created_at)
-SELECT t.organization_id, t.workflow_run_id, t.id, t.attempt, t.fencing_token, l.level, l.message, clock_timestamp()
-FROM core_taskrun t, unnest(%(levels)s::text[], %(messages)s::text[]) WITH ORDINALITY AS l(level, message, n)
-WHERE t.id = %(id)s AND t.organization_id = %(org)s AND t.queue <> ''
-  AND (t.state || '') = 'running' AND t.fencing_token = %(token)s AND t.started_fencing_token = %(token)s
-  AND t.lease_expires_at > clock_timestamp()
+SELECT g.organization_id, g.workflow_run_id, g.id, g.attempt, g.fencing_token, l.stream, l.level, l.message,
+       clock_timestamp()
+FROM gen g, lines l
 ORDER BY l.n
-RETURNING 1;
+RETURNING stream;
 
 
 -- name: attempt_secrets_put

@@ -71,13 +71,15 @@ class Success:
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """A failed attempt to record: ``error`` (already cut, ``output.error_text``) and
-    whether another attempt may follow (False for a PermanentTaskError)."""
+    """A failed attempt to record: ``error`` (already cut, ``output.error_text``), whether
+    another attempt may follow (False for a PermanentTaskError) and the handler's
+    ``traceback`` (redacted and cut, ``output.traceback_text``; '' for none)."""
 
     task_run_id: uuid.UUID
     fencing_token: int
     error: str
     retryable: bool
+    traceback: str = ""
 
 
 class Completer(Protocol):
@@ -333,6 +335,7 @@ def record_failure(failure: Failure) -> Recorded:
             fencing_token=failure.fencing_token,
             error=failure.error,
             retryable=failure.retryable,
+            traceback=failure.traceback,
         ),
         connection_attempts=8,
     )

@@ -10,6 +10,9 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │  (batched with the process's other starts and successes;  (an event records it)
       │   a continuation's start stamps its outbox row)
       ▼
+    condition (if any) ── false ──▶ "skipped" (task_runs.skip_for_condition); an error ──▶
+      │                  "failed" for good (conditions.evaluate: bounded steps and time)
+      ▼
     heartbeat.register ── every beat extends the lease; a lease that could not be
       │                   extended sets context.lost (context.lease_lost)
       ▼
@@ -19,10 +22,13 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
     handler.run(context) ──▶ secret_refs.redact ──▶ output.encode_output (size and JSON
       │                      checks) / error_text: no value used reaches the completion,
       │                      its events or a log line (logs.redacting)
-      │
+      │  inside attempt_log.capturing: the handler's logging records, stdout and stderr
+      │  (and the http task's request summary) are the attempt's lines, redacted and
+      │  capped; log_shipper writes them while it runs (FLOWFORGE_TASK_LOG_FLUSH_SECONDS).
+      │  A failure of the handler's own also keeps its traceback (output.traceback_text).
       ▼
-    heartbeat.unregister
-      │
+    heartbeat.unregister, log_shipper.finish (the lines not written yet: no statement for
+      │                                       an attempt that wrote none)
       ├─ failed and lease lost ──▶ "abandoned" (the reaper or the cancellation owns the outcome)
       ▼
     completer.complete(Success | Failure)
@@ -51,14 +57,16 @@ import uuid
 
 from django.conf import settings
 
-from engine import metrics, secret_refs
+from engine import attempt_log, conditions, metrics, secret_refs
+from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
-from engine.repositories import types
+from engine.repositories import task_runs, types
+from engine.worker import log_shipper
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
 from engine.worker.handoff import Group, hand_off_watchdog
 from engine.worker.heartbeat import heartbeater
-from engine.worker.output import encode_output, error_text
+from engine.worker.output import encode_output, error_text, traceback_text
 from flowforge import logs
 
 log = logging.getLogger(__name__)
@@ -116,6 +124,43 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     return outcomes
 
 
+def _gate(started: types.StartedAttempt) -> str | None:
+    """Evaluate the started attempt's condition (engine.conditions: bounded in steps, time
+    and memory) before its handler. Returns None when it is true (run the handler), else
+    the outcome recorded: "skipped" (false: ``task_runs.skip_for_condition``; its
+    dependents settled by their trigger rules), "failed" (it could not be evaluated: the
+    attempt fails for good, the error naming the condition) or "rejected" (the generation
+    moved on meanwhile)."""
+    try:
+        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream):
+            return None
+    except conditions.ConditionFailed as exc:
+        result, _ = completer.complete(Failure(started.task_run_id, started.fencing_token, str(exc), False))
+        outcome = count_completion(result)
+        if outcome != "rejected":
+            _nudge_after_finish()
+        return "rejected" if outcome == "rejected" else (result.state or "failed")
+    result = atomic_retry(lambda: task_runs.skip_for_condition(task_run_id=started.task_run_id,
+                                                             fencing_token=started.fencing_token),
+                          connection_attempts=8)
+    outcome = count_completion(result)
+    if outcome == "rejected":
+        return "rejected"
+    log.info("task %s (run %s): condition false, skipped", started.task_key, started.workflow_run_id)
+    _nudge_after_finish()
+    return "skipped"
+
+
+def _nudge_after_finish() -> None:
+    """Nudge the scheduler after a finish other than a success: it freed a room and a
+    permit, and its advance may have made dependents ready (a failure handler, a cleanup)
+    that nothing claimed yet."""
+    try:
+        nudge_scheduler()
+    except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
+        log.warning("could not nudge the scheduler after a finish; the clock's next tick claims")
+
+
 def _execute(
     task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False,
     outbox_id: uuid.UUID | None = None,
@@ -140,6 +185,10 @@ def _execute(
               attempt=started.attempt)
     if started.dispatch_latency_seconds is not None:
         metrics.observe("flowforge_dispatch_latency_seconds", max(0.0, started.dispatch_latency_seconds))
+    if started.condition:
+        gated = _gate(started)
+        if gated is not None:
+            return gated, None
     context = TaskContext(
         task_run_id=started.task_run_id,
         workflow_run_id=started.workflow_run_id,
@@ -152,13 +201,21 @@ def _execute(
         config=started.config,
         input=started.run_input,
         upstream=started.upstream,
+        schedule=started.schedule,
     )
     hb = heartbeater()
     hb.register(context)
+    # What the handler logs and prints, kept with the attempt (engine.attempt_log); written
+    # by the process's shipper, so an attempt that says nothing costs no statement.
+    lines = log_shipper.shipper().open(
+        organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
+        task_run_id=started.task_run_id, attempt=started.attempt, fencing_token=started.fencing_token)
     succeeded = False
     retryable = True
     output_json = ""
     error = ""
+    trace = ""
+    in_handler = False
     began = time.monotonic()
     # The values of the secrets this attempt's config references: resolved here, at the
     # start, and redacted from everything it leaves behind before that is recorded.
@@ -169,12 +226,20 @@ def _execute(
         context.config, secret_values = secret_refs.resolve(started.organization_id, started.config)
         context.secret_values = secret_values
         redaction = secret_refs.redaction_pattern(secret_values)
+        lines.redact_with(secret_values, redaction)
         with logs.redacting(redaction):
-            output_json = encode_output(secret_refs.redact(handler.run(context), secret_values))
+            with attempt_log.capturing(lines):
+                in_handler = True
+                result = handler.run(context)
+                in_handler = False
+            output_json = encode_output(secret_refs.redact(result, secret_values))
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)
         error = error_text(exc, redaction=redaction)
+        if in_handler:  # the handler's own failure: its traceback is kept with the attempt
+            trace = traceback_text(exc, values=secret_values, redaction=redaction,
+                                   limit=settings.FLOWFORGE_TASK_TRACEBACK_MAX_CHARS)
         with logs.redacting(redaction):
             log.info(
                 "task %s (run %s) attempt %s failed: %s",
@@ -185,6 +250,8 @@ def _execute(
         hb.unregister(context)
         context.config, context.secret_values = started.config, []  # the values leave with the attempt
         metrics.observe("flowforge_task_duration_seconds", time.monotonic() - began)
+    # Before the completion: once the task run shows its outcome, its lines are all there.
+    log_shipper.shipper().finish(lines)
     if not succeeded and context.lease_lost:
         # The lease was lost (timed out, reaped or cancelled) and the handler stopped for
         # it: the reaper, or the cancellation, owns this attempt's outcome and records
@@ -202,7 +269,7 @@ def _execute(
         if recorded is None:  # written behind: counted and logged by the thread that records it
             return "succeeded", None
     else:
-        recorded = completer.complete(Failure(task_run_id, fencing_token, error, retryable))
+        recorded = completer.complete(Failure(task_run_id, fencing_token, error, retryable, trace))
     result, following = recorded
     if count_completion(result) == "rejected":
         return "rejected", None
@@ -210,10 +277,7 @@ def _execute(
         nudge_scheduler(delay_ms=int(result.retry_in_seconds * 1000) + 20)
         return "retrying", following
     if not succeeded:
-        # The failure freed this attempt's room and permit: task runs waiting for them are
-        # claimed now rather than at the next schedule tick.
-        try:
-            nudge_scheduler()
-        except Exception:  # noqa: BLE001 - the clock's tick claims them anyway
-            log.warning("could not nudge the scheduler after a failure; the clock's next tick claims")
+        # The failure freed this attempt's room and permit, and may have made dependents
+        # ready (one_failed, all_done, ...): claimed now rather than at the next tick.
+        _nudge_after_finish()
     return result.state or "unknown", following

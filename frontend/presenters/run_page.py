@@ -12,16 +12,18 @@ one's (bench/bench_pages.py). ``started_by`` reads the run's ``run.started`` aud
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from django.core.cache import cache
-from django.db.models import F, TextField
+from django.db.models import F, Func, JSONField, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
+from django.middleware.csrf import get_token
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
@@ -32,6 +34,7 @@ from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from engine.repositories import worker_queues as worker_rows
+from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState
 from frontend.dag import longest_path_layers, render_dag_svg
 from frontend.presenters.run_rows import (
     EventRow,
@@ -86,6 +89,27 @@ class LogBlock:
 
 
 @dataclasses.dataclass
+class Resume:
+    """One time a person sent the finished run back to running (a ``resumed`` event):
+    when, who, which action (on which task) and how many task runs it reopened."""
+
+    seq: int
+    at: dt.datetime
+    by: str
+    action: str
+    task: str
+    reopened: int
+    reason: str
+
+    @property
+    def label(self) -> str:
+        what = {"resume": "resumed", "retry": f"retried {self.task}", "mark_succeeded": f"marked {self.task} succeeded",
+                "skip": f"skipped {self.task}"}.get(self.action, self.action)
+        return f"{what} by {self.by}" + (f", {self.reopened} task{'s' if self.reopened != 1 else ''} again"
+                                         if self.reopened else "")
+
+
+@dataclasses.dataclass
 class RunView:
     """Everything the run page and its live fragment show."""
 
@@ -106,14 +130,26 @@ class RunView:
     logs: list[LogBlock] = dataclasses.field(default_factory=list)  # worker task runs' log lines
     logs_more_tasks: bool = False  # more task runs have lines than LOG_TASKS_LIMIT
     has_worker_tasks: bool = False  # a task of the run waits on a queue of the organization's own workers
+    resumes: list[Resume] = dataclasses.field(default_factory=list)  # the latest RESUMES_SHOWN, newest first
+    csrf_token: str = ""  # for the task table's action forms (rendered in Python, not a template)
 
     @property
     def is_terminal(self) -> bool:
         return self.run.is_terminal
 
     @property
+    def can_resume(self) -> bool:
+        """A failed or cancelled run, for someone who may operate runs (engine.recovery.resume_run)."""
+        return self.can_operate and self.run.state in (RunState.FAILED, RunState.CANCELLED)
+
+    @property
+    def to_rerun(self) -> int:
+        """Task runs of the run that did not succeed (a resume runs them again, and their downstream)."""
+        return sum(n for state, n in self.counts.items() if state != RunState.SUCCEEDED)
+
+    @property
     def task_rows_html(self) -> SafeString:
-        return render_task_rows(self.rows)
+        return render_task_rows(self.rows, csrf_token=self.csrf_token if self.can_operate else None)
 
     @property
     def timeline_rows_html(self) -> SafeString:
@@ -138,8 +174,22 @@ class RunView:
         return sorted(counts.items())
 
 
-# The columns of an event-log row, in EventRow's order after ``seq``/``created_at``.
-EVENT_COLUMNS = ("seq", "created_at", "task_run_id", "kind", "from_state", "to_state", "attempt", "detail")
+class WithoutTraceback(Func):
+    """SQL: an event's detail without its ``traceback`` (issue 19: a failed attempt's, up to
+    FLOWFORGE_TASK_TRACEBACK_MAX_CHARS; the task panel shows it, an event row would cut it)."""
+
+    template = "(%(expressions)s - 'traceback')"
+    output_field = JSONField()
+
+
+# The columns of an event-log row, in EventRow's order after ``seq``/``created_at``: read
+# from ``with_shown_detail`` (the detail as ``shown_detail``, its traceback left in the database).
+EVENT_COLUMNS = ("seq", "created_at", "task_run_id", "kind", "from_state", "to_state", "attempt", "shown_detail")
+
+
+def with_shown_detail(events: QuerySet) -> QuerySet:
+    """``events`` (TaskRunEvents) annotated with ``shown_detail``: EVENT_COLUMNS' last."""
+    return events.annotate(shown_detail=WithoutTraceback(F("detail")))
 
 
 def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[EventRow]:
@@ -229,6 +279,7 @@ def build_run_view(
             Left(F("error"), ERROR_PREVIEW_CHARS + 1),
             output_bytes_expression(),
             "queue",
+            "attempt_base",
         )
     )
     edges = list(
@@ -248,18 +299,22 @@ def build_run_view(
     run_path = reverse("frontend:run_detail", kwargs={"run_id": run.pk})  # once, not per row
     rows = [
         TaskRow(
-            id=tr_id, task_id=task_id, key=key, type=type_, state=state, max_attempts=max_attempts,
+            # Its attempts allowed so far: the task's max_attempts again after each reset (engine.recovery).
+            id=tr_id, task_id=task_id, key=key, type=type_, state=state, max_attempts=max_attempts + attempt_base,
             position_x=px, position_y=py, started_at=started_at, finished_at=finished_at,
             depth=depth.get(task_id, 0), attempts=attempts.get(tr_id, []),
             output_preview=cut(output, OUTPUT_PREVIEW_CHARS), error_preview=cut(error, ERROR_PREVIEW_CHARS),
             # A preview that was cut links to the whole output.
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
-            concurrency_key=concurrency_key or "", queue=queue,
+            concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
-             output, error, output_bytes, queue) in task_runs
+             output, error, output_bytes, queue, attempt_base) in task_runs
     ]
+    can_operate = can(request.membership.role, Action.RUN_OPERATE)
+    if can_operate:
+        task_actions(rows, edges, run_state=run.state, run_path=run_path)
     rows.sort(key=lambda r: (r.depth, r.key))
     # Why ready tasks (and a queued run) wait: one statement each, only when any does.
     ready = [r.id for r in rows if r.state == "ready"]
@@ -285,7 +340,7 @@ def build_run_view(
     if events_after is not None:
         log = log.filter(seq__gt=events_after)
     latest = list(
-        log.order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
+        with_shown_detail(log).order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
     )
     truncated = len(latest) > EVENT_LOG_LIMIT
     if truncated and events_after is not None:
@@ -306,13 +361,75 @@ def build_run_view(
         counts=dict(counts),
         duration=run_duration(run.started_at, run.finished_at, now),
         retries=retries,
-        can_operate=can(request.membership.role, Action.RUN_OPERATE),
+        can_operate=can_operate,
         dag_svg=dag_svg(rows, edges, run=run),
         waiting_reason=run_waiting,
         logs=logs,
         logs_more_tasks=more_logs,
         has_worker_tasks=has_worker_tasks,
+        # Only a run a person resumed has any: no query for the others.
+        resumes=resumes_of(org, run) if run.resumed_at is not None else [],
+        csrf_token=get_token(request) if can_operate else "",
     )
+
+
+#: Resumes of a run listed in its header (the event log has them all).
+RESUMES_SHOWN = 5
+
+
+def resumes_of(org, run: WorkflowRun) -> list[Resume]:
+    """The run's latest RESUMES_SHOWN ``resumed`` events, newest first (one query, on
+    uniq_event_run_seq backwards)."""
+    got = (TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="resumed")
+           .order_by("-seq").values_list("seq", "created_at", "detail")[:RESUMES_SHOWN])
+    return [Resume(seq=seq, at=at, by=str(d.get("by", "")), action=str(d.get("action", "")),
+                   task=str(d.get("task", "")), reopened=int(d.get("reopened") or 0), reason=str(d.get("reason", "")))
+            for seq, at, d in got]
+
+
+_FINISHED = frozenset(TASK_TERMINAL_STATES)
+
+
+def task_actions(rows: Sequence[TaskRow], edges, *, run_state: str, run_path: str) -> None:
+    """Set each row's ``actions``: what engine.recovery would accept for it now (the
+    service decides; this only spares a button it would refuse). On a finished run: retry
+    any finished task whose dependencies all succeeded, mark succeeded a failed, skipped or
+    cancelled one, skip a failed or cancelled one. On a running run, only for a failed or
+    skipped task whose downstream has finished."""
+    by_task = {r.task_id: r for r in rows}
+    upstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+    downstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+    for task, dep, _label in edges:
+        upstream[task].append(dep)
+        downstream[dep].append(task)
+
+    def below_finished(task_id: uuid.UUID) -> bool:
+        todo, seen = list(downstream[task_id]), set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            if t in by_task and by_task[t].state not in _FINISHED:
+                return False
+            todo.extend(downstream[t])
+        return True
+
+    finished_run = run_state in RUN_TERMINAL_STATES
+    for r in rows:
+        if r.state not in _FINISHED:
+            continue
+        if not finished_run and (r.state not in ("failed", "skipped") or not below_finished(r.task_id)):
+            continue
+        actions = []
+        if all(by_task[u].state == "succeeded" for u in upstream[r.task_id] if u in by_task):
+            actions.append("retry")
+        if r.state in ("failed", "skipped", "cancelled"):
+            actions.append("mark_succeeded")
+        if r.state in ("failed", "cancelled"):
+            actions.append("skip")
+        r.actions = tuple(actions)
+        r.actions_path = f"{run_path}tasks/{r.id}/"
 
 
 def log_blocks(org_id: uuid.UUID, run: WorkflowRun, rows: Sequence[TaskRow],

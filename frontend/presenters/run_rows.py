@@ -52,10 +52,50 @@ def no_worker_warning(queue: str) -> str:
             f'<a href="{WORKERS_PATH}">Workers</a>)</span>')
 
 
-def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
+#: An action's button, its confirmation and its path under the task run's (engine.recovery).
+TASK_ACTIONS = {
+    "retry": ("Retry", "retry/", "Retry task {key}? It runs again as a new attempt, and so does every task "
+              "downstream of it; the other tasks keep their state and outputs."),
+    "skip": ("Skip", "skip/", "Skip task {key}? A skipped task does not fail its run; the tasks downstream of it "
+             "are decided again as below a skipped task."),
+    "mark_succeeded": ("Mark succeeded", "mark-succeeded/", "Mark task {key} succeeded with this output? The tasks "
+                       "downstream of it that did not succeed then run, handed it."),
+}
+
+
+def render_task_actions(r: TaskRow, csrf_token: str) -> str:
+    """The action forms of one task row (HTML, escaped): Retry and Skip buttons, and Mark
+    succeeded with an output (JSON) and a reason; each POSTs with the CSRF token and asks
+    for a confirmation first (run-page.js: ``data-confirm``)."""
+    if not r.actions:
+        return ""
+    csrf = f'<input type="hidden" name="csrfmiddlewaretoken" value="{_esc(csrf_token)}">'
+    forms = []
+    for action in ("retry", "skip"):
+        if action in r.actions:
+            label, path, confirm = TASK_ACTIONS[action]
+            forms.append(
+                f'<form method="post" action="{_esc(r.actions_path + path)}" class="inline" '
+                f'data-confirm="{_esc(confirm.format(key=r.key))}">{csrf}'
+                f'<button type="submit" class="button small" data-action="{action}-task">{label}</button></form>')
+    if "mark_succeeded" in r.actions:
+        label, path, confirm = TASK_ACTIONS["mark_succeeded"]
+        forms.append(
+            f'<details class="mark-succeeded"><summary class="button small">{label}…</summary>'
+            f'<form method="post" action="{_esc(r.actions_path + path)}" class="stacked" '
+            f'data-confirm="{_esc(confirm.format(key=r.key))}">{csrf}'
+            f'<label>Output (JSON)<textarea name="output" rows="3" spellcheck="false">null</textarea></label>'
+            f'<label>Reason <span class="muted">(optional)</span><input type="text" name="reason" maxlength="500">'
+            f'</label><button type="submit" class="button small primary" data-action="mark_succeeded-task">{label}'
+            f'</button></form></details>')
+    return f'<div class="task-actions">{"".join(forms)}</div>'
+
+
+def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) -> SafeString:
     """The task table's ``<tr>``s: key (with its rendered concurrency key and its worker
     queue), type, state (with a ready task's wait reason, and the warning when its queue
-    has no live worker), attempts, duration, error, output."""
+    has no live worker), attempts, duration, error, output; with ``csrf_token`` (someone
+    who may operate runs) a last cell with the row's actions (``render_task_actions``)."""
     out = []
     for r in rows:
         key, state = _esc(r.key), _esc(r.state)
@@ -74,13 +114,19 @@ def render_task_rows(rows: Sequence[TaskRow]) -> SafeString:
         if r.output_url:
             output += (f' <a class="output-link" href="{_esc(r.output_url)}">whole output'
                        f' ({_esc(human_bytes(r.output_bytes or 0))})</a>')
+        # The key opens the task's panel on the run page (htmx), or its own page without script.
+        link = (f'<a class="task-link" href="{_esc(r.panel_url)}" hx-get="{_esc(r.panel_url)}" '
+                f'hx-target="#task-panel" hx-swap="innerHTML show:#task-panel:top" hx-push-url="true">{key}</a>'
+                if r.panel_url else key)
         out.append(
             f'<tr id="task-{key}" class="task-row state-{state}" data-task-key="{key}">'
-            f'<td class="mono key">{key}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
+            f'<td class="mono key">{link}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
             f'<td><span class="badge state-{state}">{_esc(r.state.capitalize())}</span>{waiting}</td>'
             f'<td class="num">{len(r.attempts)}<span class="muted">/{r.max_attempts}</span></td>'
             f'<td class="num">{_esc(r.duration)}</td><td class="error-cell">{error}</td>'
-            f'<td class="output-cell">{output}</td></tr>'
+            f'<td class="output-cell">{output}</td>'
+            + (f'<td class="actions-cell">{render_task_actions(r, csrf_token)}</td>' if csrf_token is not None else "")
+            + '</tr>'
         )
     return mark_safe("".join(out))  # noqa: S308 — every text above is escaped
 

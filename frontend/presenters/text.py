@@ -65,10 +65,12 @@ def compact_json(value: Any, *, limit: int) -> str:
 
 
 def event_detail_text(detail: Any) -> str:
-    """An event's detail as ``key: value`` pairs on one line (errors first), at most 240 characters."""
+    """An event's detail as ``key: value`` pairs on one line (errors first; a traceback left
+    out), at most 240 characters."""
     if not isinstance(detail, dict) or not detail:
         return ""
-    keys = sorted(detail, key=lambda k: (k != "error", k != "reason", k))
+    # A failed attempt's traceback is the task panel's to show, whole.
+    keys = sorted((k for k in detail if k != "traceback"), key=lambda k: (k != "error", k != "reason", k))
     parts = [f"{k}: {compact_json(detail[k], limit=160)}" for k in keys if detail[k] not in (None, "", {})]
     return compact_json("; ".join(parts), limit=240)
 

@@ -207,6 +207,11 @@ class TaskRow:
     queue: str = ""  # the queue of the organization's own workers it waits on; "" for the shared workers
     # Ready on a worker queue: the queue's live workers (0: nothing will take it); None otherwise.
     queue_live_workers: int | None = None
+    # What a person may do to it now (frontend.presenters.run_page.task_actions: "retry",
+    # "mark_succeeded", "skip"), and the path its actions are posted under (".../tasks/<id>/").
+    actions: tuple[str, ...] = ()
+    actions_path: str = ""
+    panel_url: str = ""  # the task's panel (frontend.views.tasks)
 
     @property
     def duration(self) -> str:

@@ -1,5 +1,6 @@
 """Runs: the list, the run page, its live fragment and event stream, the full event log,
-a task's whole output and its worker log lines, and the Cancel / Retry actions.
+a task's whole output and its worker log lines, and the Cancel / Re-run actions (Resume
+and the task actions are frontend.views.recovery's).
 
 Views parse, authorize and render; what a page shows is loaded and shaped by the
 presenters (frontend.presenters.run_list, run_page, timeline, run_rows), and the engine's
@@ -23,7 +24,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
@@ -46,8 +47,10 @@ from frontend.presenters.run_page import (
     build_run_view,
     event_rows,
     started_by,
+    with_shown_detail,
 )
 from frontend.presenters.run_rows import render_event_rows
+from frontend.presenters.task_panel import JSON_PREVIEW_CHARS, run_input
 from frontend.presenters.text import run_duration
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, require
@@ -148,10 +151,14 @@ def _live_urls(run: WorkflowRun) -> dict[str, str]:
 @require_GET
 @organization_required
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-    """``/runs/<id>/``: header, DAG, timeline, tasks and events; live while the run is active."""
-    run = run_or_404(request, run_id)
+    """``/runs/<id>/``: header, input, DAG, timeline, tasks (each opening its panel) and
+    events; live while the run is active."""
+    # The input as JSON text cut in the database: a run input may be 1 MiB.
+    run = access_run(request.membership.organization, run_id, shape=lambda qs: _run_queryset(qs).annotate(
+        input_text=Left(Cast("input", TextField()), JSON_PREVIEW_CHARS + 1)))
     view = build_run_view(request, run)
     context = {
+        "run_input": run_input(run.input_text, url=reverse("frontend:run_input", kwargs={"run_id": run.pk})),
         "v": view,
         "run": run,
         "workflow_url": _workflow_url(run.workflow),
@@ -217,7 +224,7 @@ def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     org = request.membership.organization
     after = _seq(request.GET.get("after"))
     events = list(
-        TaskRunEvent.objects.for_organization(org)
+        with_shown_detail(TaskRunEvent.objects.for_organization(org))
         .filter(workflow_run=run, seq__gt=after)
         .order_by("seq")
         .values_list(*EVENT_COLUMNS, "task_run__task__key")[: EVENT_PAGE_SIZE + 1]
@@ -255,31 +262,38 @@ def run_task_output(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.U
 @require_GET
 @organization_required
 def run_task_logs(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.UUID) -> HttpResponse:
-    """``/runs/<id>/tasks/<task run id>/logs/``: the log lines workers sent for one task
-    run, every attempt's, oldest first, as plain text (the run page shows the newest
-    attempt's last lines); at most TASK_LOG_PAGE_LINES, then a line saying where the rest
-    is. 404 for a task run not of this run, or another organization's."""
+    """``/runs/<id>/tasks/<task run id>/logs/``: the log lines of one task run, every
+    attempt's (or one generation's: ``?fencing_token=``), oldest first, as plain text (the
+    run page and the task panel show attempts' last lines); at most TASK_LOG_PAGE_LINES,
+    then a line saying where the rest is. 404 for a task run not of this run, or another
+    organization's."""
     org = request.membership.organization
     task_run = access_task_run(org, run_id, task_run_id, shape=lambda qs: qs.only("id", "organization_id"))
+    lines = TaskLog.objects.for_organization(org).filter(task_run=task_run)  # idx_tasklog_taskrun
+    token = whole_number(request.GET.get("fencing_token"))
+    if token is not None:
+        lines = lines.filter(fencing_token=token)
     lines = list(
-        TaskLog.objects.for_organization(org).filter(task_run=task_run).order_by("id")  # idx_tasklog_taskrun
-        .values_list("id", "attempt", "fencing_token", "level", "message", "created_at")[: TASK_LOG_PAGE_LINES + 1]
+        lines.order_by("id").values_list("id", "attempt", "fencing_token", "stream", "level", "message",
+                                         "created_at")[: TASK_LOG_PAGE_LINES + 1]
     )
     text = "".join(
-        f"{created_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S.%f} attempt {attempt} gen {token} {level.upper():7} "
-        f"{message}\n"
-        for _id, attempt, token, level, message, created_at in lines[:TASK_LOG_PAGE_LINES]
+        f"{created_at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S.%f} attempt {attempt} gen {gen} {stream:7} "
+        f"{level.upper():7} {message}\n"
+        for _id, attempt, gen, stream, level, message, created_at in lines[:TASK_LOG_PAGE_LINES]
     )
     if len(lines) > TASK_LOG_PAGE_LINES:
         text += (f"... more lines: GET /api/v1/runs/{run_id}/task-runs/{task_run_id}/logs/"
-                 f"?after={lines[TASK_LOG_PAGE_LINES - 1][0]}\n")
+                 f"?after={lines[TASK_LOG_PAGE_LINES - 1][0]}"
+                 + (f"&fencing_token={token}" if token is not None else "") + "\n")
     # Plain text (never rendered as HTML: nosniff is set site-wide), shown in the browser.
     response = HttpResponse(text or "(no log lines)\n", content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'inline; filename="{task_run_id}-logs.txt"'
     return response
 
 
-def _authorize_operate(request: HttpRequest) -> None:
+def authorize_operate(request: HttpRequest) -> None:
+    """PermissionDenied (a 403) unless the member may operate runs (``run.operate``)."""
     try:
         require(request.actor.role, Action.RUN_OPERATE)
     except Forbidden as exc:
@@ -293,7 +307,7 @@ def _authorize_operate(request: HttpRequest) -> None:
 @organization_required
 def run_cancel(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     run = run_or_404(request, run_id)
-    _authorize_operate(request)
+    authorize_operate(request)
     try:
         changed = cancel_run(run=run, actor=request.actor, reason=f"cancelled in the web UI by {request.user.email}")
     except Forbidden as exc:
@@ -309,7 +323,7 @@ def run_cancel(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
 @organization_required
 def run_retry(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     run = run_or_404(request, run_id)
-    _authorize_operate(request)
+    authorize_operate(request)
     try:
         new = retry_run(actor=request.actor, run=run)
     except Forbidden as exc:

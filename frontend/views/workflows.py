@@ -27,6 +27,7 @@ from engine.access import access_workflow
 from engine.definitions import DefinitionError
 from engine.handlers import REGISTRY
 from engine.models import ScheduledTrigger, Workflow, WorkflowRun, WorkflowState
+from engine.notifications import failure_subscribed
 from engine.reporting import task_count
 from engine.services import (
     ConfirmationRequired,
@@ -293,6 +294,8 @@ def _render_detail(
         "start_form": (start_form or input_form.start_form(workflow)) if can_run else None,
         "archive_form": (archive_form or ArchiveForm()) if can_edit else None,
         "is_active": workflow.state == WorkflowState.ACTIVE,
+        # The signed-in member's own failure emails of this workflow's name (issue 19).
+        "failure_emails": failure_subscribed(org, request.user, workflow.name),
     }
     return render(request, "frontend/workflows/detail.html", context, status=status)
 

@@ -75,7 +75,7 @@ def test_a_start_by_name_is_201_with_the_run_and_its_task_runs(api, wf):
         "extract": ("ready", 1), "load": ("pending", 1)}
     assert set(body["task_runs"][0]) == {"id", "key", "task_id", "state", "attempt", "priority", "concurrency_key",
                                          "output", "error", "created_at", "started_at", "finished_at",
-                                         "waiting_reason", "queue", "queue_live_workers"}
+                                         "waiting_reason", "queue", "queue_live_workers", "skip_reason"}
     # Tasks of the shared workers: no queue of the organization's own workers.
     assert {(tr["queue"], tr["queue_live_workers"]) for tr in body["task_runs"]} == {("", None)}
     assert body["priority"] == 0

@@ -159,8 +159,11 @@ def test_every_operation_documents_its_problems_with_examples(schema):
     # Every operation of /api/v1/ (33rd: runs_task_output, 34th: org_limits_retrieve, 35th-39th:
     # the worker API's poll, heartbeat, logs, complete and fail, 40th-42nd: workers_list,
     # queues_list, runs_task_logs, 43rd-46th: secrets_list, secrets_retrieve, secrets_set,
-    # secrets_destroy).
-    assert checked == 46
+    # secrets_destroy, 47th-50th: runs_resume, runs_task_retry, runs_task_mark_succeeded, runs_task_skip,
+    # 51st: runs_task_retrieve, 52nd-56th: a trigger's backfills: list, create, preview, retrieve, cancel,
+    # 57th-65th: webhooks_list, _create, _retrieve, _partial_update, _destroy, _rotate_secret,
+    # _deliveries_list, _deliveries_retrieve, _deliveries_replay).
+    assert checked == 65
 
 
 def test_writes_of_organization_administration_declare_their_request_bodies(schema):

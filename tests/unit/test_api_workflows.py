@@ -178,6 +178,7 @@ def test_detail_has_tasks_with_type_config_retry_settings_position_and_labelled_
                                                                        "fail_attempts": 1},
         "depends_on": ["a"], "max_attempts": 3, "retry_backoff_seconds": 0.5, "timeout_seconds": 30.0,
         "position": {"x": 200, "y": 0}, "priority": 0, "concurrency": None, "rate_limit": None,
+        "trigger_rule": "all_success", "condition": "",
     }
     assert body["concurrency"] is None
     assert tasks["a"]["position"] == {"x": 0, "y": 100}

@@ -28,7 +28,7 @@ from engine.models import (
     WorkflowRun,
 )
 from engine.services import start_run
-from engine.states import EventKind
+from engine.states import EventKind, SkipReason, TriggerRule
 from tenancy.models import ApiKey, Invitation, Membership, Secret, User
 
 pytestmark = pytest.mark.django_db
@@ -323,6 +323,20 @@ def test_attempt_below_one_violates_taskrun_attempt_positive(run, value):
     a = task_run(run, "a")
     violation("taskrun_attempt_positive", lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=value))
     assert task_run(run, "a").attempt == 1
+
+
+@pytest.mark.parametrize(("attempt", "base"), [(1, -1), (1, 1), (3, 4)])
+def test_an_attempt_base_not_below_the_attempt_violates_taskrun_attempt_base_valid(run, attempt, base):
+    a = task_run(run, "a")
+    violation("taskrun_attempt_base_valid",
+              lambda: TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=attempt, attempt_base=base))
+    assert (task_run(run, "a").attempt, task_run(run, "a").attempt_base) == (1, 0)
+
+
+def test_an_attempt_base_below_the_attempt_satisfies_taskrun_attempt_base_valid(run):
+    a = task_run(run, "a")
+    TaskRun.objects.unscoped().filter(pk=a.pk).update(attempt=4, attempt_base=3)
+    assert (task_run(run, "a").attempt, task_run(run, "a").attempt_base) == (4, 3)
 
 
 def test_negative_fencing_token_violates_taskrun_fencing_non_negative(run):
@@ -800,6 +814,30 @@ def test_a_rate_limit_half_set_or_of_another_window_violates_task_rate_limit_val
     tasks.update(rate_key="github", rate_limit=10, rate_window_seconds=60)
 
 
+def test_an_unknown_trigger_rule_violates_task_trigger_rule_valid_and_every_rule_is_accepted(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain, key="b")
+    violation("task_trigger_rule_valid", lambda: tasks.update(trigger_rule="all_succeeded"))
+    violation("task_trigger_rule_valid", lambda: tasks.update(trigger_rule=""))
+    for rule in TriggerRule.values:
+        tasks.update(trigger_rule=rule)
+        assert tasks.get().trigger_rule == rule
+
+
+def test_a_condition_over_2000_characters_violates_task_condition_length(chain):
+    tasks = Task.objects.unscoped().filter(workflow=chain, key="b")
+    violation("task_condition_length", lambda: tasks.update(condition="x" * 2001))
+    tasks.update(condition="x" * 2000)
+    assert len(tasks.get().condition) == 2000
+
+
+def test_an_unknown_skip_reason_violates_taskrun_skip_reason_valid_and_every_reason_is_accepted(run):
+    rows = TaskRun.objects.unscoped().filter(pk=task_run(run, "b").pk)
+    violation("taskrun_skip_reason_valid", lambda: rows.update(skip_reason="upstream_skipped"))
+    for reason in SkipReason.values:
+        rows.update(skip_reason=reason)
+        assert rows.get().skip_reason == reason
+
+
 def test_workflow_limits_below_one_or_an_unknown_policy_violate_their_checks(chain):
     wf = Workflow.objects.unscoped().filter(pk=chain.pk)
     violation("workflow_max_running_tasks_positive", lambda: wf.update(max_running_tasks=0))
@@ -858,3 +896,148 @@ def test_an_unknown_log_level_violates_tasklog_level_valid(run):
         organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
         level="loud", message="x"))
     assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 1
+
+
+def test_an_unknown_log_stream_violates_tasklog_stream_valid(run):
+    from engine.models import TaskLog
+
+    tr = task_run(run, "a")
+    for stream in ("worker", "logging", "stdout", "stderr", "http", "system"):
+        TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1,
+                               fencing_token=0, level="info", stream=stream, message="ok")
+    violation("tasklog_stream_valid", lambda: TaskLog.objects.create(
+        organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
+        level="info", stream="syslog", message="x"))
+    assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 6
+
+
+# --- Backfills of cron triggers (issue 19) ------------------------------------------------------
+
+
+def _backfill(org, trig, **overrides):
+    from engine.models import TriggerBackfill
+
+    fields = {"organization": org, "trigger": trig, "state": "running",
+              "range_start": dt.datetime(2026, 3, 1, tzinfo=dt.UTC), "range_end": dt.datetime(2026, 3, 31, tzinfo=dt.UTC),
+              "cron_expression": "0 6 * * *", "timezone": "Europe/Berlin", "max_active_runs": 10, "total": 31}
+    fields.update(overrides)
+    return TriggerBackfill(**fields)
+
+
+def test_a_second_running_backfill_of_a_trigger_violates_uniq_backfill_running_per_trigger(org):
+    from engine.models import TriggerBackfill
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    TriggerBackfill.objects.bulk_create([_backfill(org, trig)])
+    violation("uniq_backfill_running_per_trigger", lambda: TriggerBackfill.objects.bulk_create([_backfill(org, trig)]))
+    # Finished ones do not count.
+    TriggerBackfill.objects.bulk_create([_backfill(org, trig, state="succeeded", finished_at=timezone.now())])
+    assert TriggerBackfill.objects.for_organization(org).count() == 2
+
+
+def test_backfill_rows_out_of_their_rules_violate_their_checks(org):
+    from engine.models import TriggerBackfill
+
+    (trig,) = ScheduledTrigger.objects.bulk_create([_trigger(org, "cron")])
+    (row,) = TriggerBackfill.objects.bulk_create([_backfill(org, trig)])
+    rows = TriggerBackfill.objects.for_organization(org).filter(pk=row.pk)
+    violation("backfill_state_valid", lambda: rows.update(state="paused", finished_at=timezone.now()))
+    violation("backfill_range_ordered", lambda: rows.update(range_end=dt.datetime(2026, 2, 1, tzinfo=dt.UTC)))
+    violation("backfill_max_active_runs_positive", lambda: rows.update(max_active_runs=0))
+    violation("backfill_priority_range", lambda: rows.update(priority=11))
+    violation("backfill_finished_at_matches_state", lambda: rows.update(state="succeeded"))
+    violation("backfill_finished_at_matches_state", lambda: rows.update(finished_at=timezone.now()))
+    rows.update(state="cancelled", finished_at=timezone.now())
+    assert rows.get().state == "cancelled"
+
+
+# --- Notifications (issue 19): webhook endpoints, failure subscriptions, the outbox ------------
+
+
+@pytest.fixture
+def outbox_rows(org, make_workflow):
+    """An endpoint, a member's failure subscription, an event of a run, a webhook delivery
+    (pending) and an email delivery (dead) of it, and one attempt."""
+    from engine.models import (
+        FailureSubscription,
+        NotificationAttempt,
+        NotificationDelivery,
+        NotificationEvent,
+        WebhookEndpoint,
+    )
+
+    wf = make_workflow(org, [{"key": "a", **NOOP}], name="notified")
+    run = start_run(workflow=wf)
+    user = User.objects.create_user(email="notified@example.com")
+    endpoint = WebhookEndpoint.objects.create(organization=org, url="https://93.184.215.14/hook",
+                                              event_types=["run.failed"], secret_ciphertext="x")
+    subscription = FailureSubscription.objects.create(organization=org, user=user, workflow_name="notified")
+    event = NotificationEvent.objects.create(organization=org, type="run.failed", workflow_run=run,
+                                             workflow_name="notified", run_event_seq=2, payload={})
+    webhook = NotificationDelivery.objects.create(organization=org, event=event, channel="webhook", endpoint=endpoint,
+                                                  state="pending", next_attempt_at=timezone.now())
+    email = NotificationDelivery.objects.create(organization=org, event=event, channel="email", recipient=user,
+                                                state="dead", attempts=1)
+    attempt = NotificationAttempt.objects.create(organization=org, delivery=email, number=1, outcome="failed",
+                                                 started_at=timezone.now())
+    return {"endpoint": endpoint, "subscription": subscription, "event": event, "webhook": webhook, "email": email,
+            "attempt": attempt, "user": user}
+
+
+def test_an_unknown_type_or_outcome_violates_the_notification_vocabulary(outbox_rows):
+    from engine.models import NotificationAttempt, NotificationEvent, NotificationType
+
+    events = NotificationEvent.objects.unscoped().filter(pk=outbox_rows["event"].pk)
+    for value in NotificationType.values:  # every member of the vocabulary is accepted
+        events.update(type=value)
+    violation("notifevent_type_valid", lambda: events.update(type="run.exploded"))
+    attempts = NotificationAttempt.objects.unscoped().filter(pk=outbox_rows["attempt"].pk)
+    violation("notifattempt_outcome_valid", lambda: attempts.update(outcome="maybe"))
+    violation("uniq_notifattempt_delivery_number", lambda: NotificationAttempt.objects.create(
+        organization_id=outbox_rows["email"].organization_id, delivery=outbox_rows["email"], number=1,
+        outcome="failed", started_at=timezone.now()))
+
+
+def test_a_delivery_in_an_impossible_shape_violates_its_constraints(outbox_rows):
+    from engine.models import NotificationDelivery
+    from engine.states import DeliveryState
+
+    webhook = outbox_rows["webhook"]
+    rows = NotificationDelivery.objects.unscoped().filter(pk=webhook.pk)
+    for state in DeliveryState.values:  # every member, with what its state needs
+        rows.update(state=state, next_attempt_at=timezone.now(),
+                    lease_expires_at=timezone.now() if state == "sending" else None)
+    rows.update(state="pending", lease_expires_at=None)
+    violation("notifdelivery_state_valid", lambda: rows.update(state="lost"))
+    violation("notifdelivery_lease_iff_sending", lambda: rows.update(state="sending"))
+    violation("notifdelivery_lease_iff_sending", lambda: rows.update(lease_expires_at=timezone.now()))
+    violation("notifdelivery_pending_due", lambda: rows.update(next_attempt_at=None))
+    violation("notifdelivery_attempts_non_negative", lambda: rows.update(attempts=-1))
+    violation("notifdelivery_channel_target", lambda: rows.update(channel="email"))
+    violation("notifdelivery_channel_target", lambda: rows.update(recipient=outbox_rows["user"]))
+    violation("uniq_notifdelivery_event_endpoint", lambda: NotificationDelivery.objects.create(
+        organization_id=webhook.organization_id, event=outbox_rows["event"], channel="webhook",
+        endpoint=outbox_rows["endpoint"], state="dead"))
+    violation("uniq_notifdelivery_event_recipient", lambda: NotificationDelivery.objects.create(
+        organization_id=webhook.organization_id, event=outbox_rows["event"], channel="email",
+        recipient=outbox_rows["user"], state="dead"))
+    # A replay is a second delivery of the same event to the same endpoint, by design.
+    NotificationDelivery.objects.create(organization_id=webhook.organization_id, event=outbox_rows["event"],
+                                        channel="webhook", endpoint=outbox_rows["endpoint"], state="dead",
+                                        replay_of=webhook)
+    assert rows.get().state == "pending"
+
+
+def test_an_endpoint_or_subscription_out_of_shape_violates_its_constraints(outbox_rows):
+    from engine.models import FailureSubscription, NotificationType, WebhookEndpoint
+
+    endpoints = WebhookEndpoint.objects.unscoped().filter(pk=outbox_rows["endpoint"].pk)
+    endpoints.update(event_types=NotificationType.values)
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types=["run.exploded"]))
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types=[]))
+    violation("webhook_event_types_valid", lambda: endpoints.update(event_types="run.failed"))
+    violation("webhook_url_http", lambda: endpoints.update(url="ftp://93.184.215.14/"))
+    subscription = outbox_rows["subscription"]
+    violation("uniq_failuresub_org_workflow_user", lambda: FailureSubscription.objects.create(
+        organization_id=subscription.organization_id, user=subscription.user, workflow_name="notified"))
+    assert endpoints.get().url == "https://93.184.215.14/hook"

@@ -35,6 +35,9 @@ TYPES = {
     "lock_ids": "uuid[]", "ahead": "int", "lookahead": "int", "plan_names": "text[]", "plan_weights": "int[]",
     "plan_max_running": "int[]", "first": "int", "first_queue": "text", "refill": "int", "claim_queue": "text",
     "org": "uuid", "levels": "text[]", "messages": "text[]",
+    # Issue 19: a failure's traceback; the worker log lines' caps; the shared workers' lines.
+    "traceback": "text", "max_lines": "bigint", "max_bytes": "bigint", "marker": "text", "runs": "uuid[]",
+    "task_runs": "uuid[]", "attempts": "int[]", "streams": "text[]", "ats": "timestamptz[]",
 }
 
 # (statement, what runs it, the index its plan must use)
@@ -60,6 +63,9 @@ HOT = [
     ("worker_queue_known", "worker API: poll", "idx_task_org_queue"),
     ("worker_task_run_generation", "worker API: heartbeat, logs, complete, fail", "core_taskrun_pkey"),
     ("task_log_append", "worker API: logs", "core_taskrun_pkey"),
+    ("task_log_append", "worker API: logs (the generation's lines so far, for the cap)", "idx_tasklog_taskrun"),
+    # Issue 19: the task detail's (and the task panel's, polled) lines of each attempt.
+    ("task_log_attempt_tails", "task detail: each attempt's last lines", "idx_tasklog_taskrun"),
 ]
 
 _SCAN = re.compile(r"(?:Index|Index Only|Bitmap Index) Scan(?: Backward)? (?:using|on) (\w+)")
@@ -115,6 +121,7 @@ def seeded(org, make_workflow):
         "after": uuid.UUID(int=0), "max_orgs": 100, "orgs": [org.pk], "org_of": [], "only_ids": None,
         "lock_ids": s_ids, **task_runs.claim_params(limit=200, lease_seconds=60.0, owner="test"),
         "org": org.pk, "levels": ["info"], "messages": ["a line"],
+        "traceback": "", "max_lines": 2000, "max_bytes": 512 * 1024, "marker": "log truncated",
         # The statements that address succeeded or started generations by id get those.
         "_done_ids": ids, "_started_ids": s_ids, "_run_ids": [r.pk for r in runs],
     }

@@ -21,9 +21,20 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
 from audit.models import AuditLog
-from engine.models import ScheduledTrigger, TaskRun, TaskRunEvent, Workflow, WorkflowRun
+from engine.models import (
+    NotificationDelivery,
+    NotificationEvent,
+    ScheduledTrigger,
+    TaskRun,
+    TaskRunEvent,
+    WebhookEndpoint,
+    Workflow,
+    WorkflowRun,
+)
+from engine.notifications import create_endpoint
 from engine.repositories.worker_queues import note_worker_seen
 from engine.services import apply_definition, start_run
 from engine.triggers import create_trigger
@@ -45,14 +56,23 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "api:workflow-archive": {"pk": "workflow"},
     "api:workflow-restore": {"pk": "workflow"},
     "api:run-retry": {"pk": "run"},
+    "api:run-resume": {"pk": "run"},
+    "api:run-task-retry": {"run_id": "run", "pk": "task_run"},
+    "api:run-task-mark-succeeded": {"run_id": "run", "pk": "task_run"},
+    "api:run-task-skip": {"run_id": "run", "pk": "task_run"},
     "api:run-events": {"pk": "run"},
     "api:run-event-stream": {"pk": "run"},
     "api:run-task-output": {"run_id": "run", "pk": "task_run"},
     "api:run-task-logs": {"run_id": "worker_run", "pk": "worker_task_run"},
+    "api:run-task-detail": {"run_id": "run", "pk": "task_run"},
     "api:apikey-revoke": {"pk": "api_key"},
     "api:trigger-detail": {"pk": "trigger"},
     "api:trigger-pause": {"pk": "trigger"},
     "api:trigger-resume": {"pk": "trigger"},
+    "api:trigger-backfill-list": {"pk": "trigger"},
+    "api:trigger-backfill-preview": {"pk": "trigger"},
+    "api:trigger-backfill-detail": {"pk": "trigger", "backfill_pk": "backfill"},
+    "api:trigger-backfill-cancel": {"pk": "trigger", "backfill_pk": "backfill"},
     "api:member-detail": {"pk": "membership"},
     "api:invitation-revoke": {"pk": "invitation"},
     "frontend:member_role": {"membership_id": "membership"},
@@ -64,8 +84,14 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:run_events": {"run_id": "run"},
     "frontend:run_task_output": {"run_id": "run", "task_run_id": "task_run"},
     "frontend:run_task_logs": {"run_id": "worker_run", "task_run_id": "worker_task_run"},
+    "frontend:run_task": {"run_id": "run", "task_run_id": "task_run"},
+    "frontend:run_input": {"run_id": "run"},
     "frontend:run_cancel": {"run_id": "run"},
     "frontend:run_retry": {"run_id": "run"},
+    "frontend:run_resume": {"run_id": "run"},
+    "frontend:run_task_retry": {"run_id": "run", "task_run_id": "task_run"},
+    "frontend:run_task_mark_succeeded": {"run_id": "run", "task_run_id": "task_run"},
+    "frontend:run_task_skip": {"run_id": "run", "task_run_id": "task_run"},
     "frontend:workflow_detail": {"workflow_id": "workflow"},
     "frontend:workflow_start": {"workflow_id": "workflow"},
     "frontend:workflow_archive": {"workflow_id": "workflow"},
@@ -74,12 +100,26 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:trigger_pause": {"trigger_id": "trigger"},
     "frontend:trigger_resume": {"trigger_id": "trigger"},
     "frontend:trigger_delete": {"trigger_id": "trigger"},
+    "frontend:trigger_detail": {"trigger_id": "trigger"},
+    "frontend:trigger_backfill": {"trigger_id": "trigger"},
+    "frontend:trigger_backfill_cancel": {"trigger_id": "trigger", "backfill_id": "backfill"},
     "frontend:apikey_revoke": {"key_id": "api_key"},
     # The worker API (worker keys only: asked by A's worker key, see clients()).
     "api:worker-heartbeat": {"pk": "worker_task_run"},
     "api:worker-logs": {"pk": "worker_task_run"},
     "api:worker-complete": {"pk": "worker_task_run"},
     "api:worker-fail": {"pk": "worker_task_run"},
+    "api:webhook-detail": {"pk": "webhook"},
+    "api:webhook-rotate": {"pk": "webhook"},
+    "api:webhook-deliveries": {"pk": "webhook"},
+    "api:webhook-delivery-detail": {"pk": "webhook", "delivery_id": "delivery"},
+    "api:webhook-delivery-replay": {"pk": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_detail": {"endpoint_id": "webhook"},
+    "frontend:webhook_rotate": {"endpoint_id": "webhook"},
+    "frontend:webhook_delete": {"endpoint_id": "webhook"},
+    "frontend:webhook_delivery": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:webhook_delivery_replay": {"endpoint_id": "webhook", "delivery_id": "delivery"},
+    "frontend:workflow_failure_emails": {"workflow_id": "workflow"},
     "frontend:secret_rotate": {"name": "secret"},
     "frontend:secret_delete": {"name": "secret"},
 }
@@ -121,9 +161,12 @@ class TenantData:
             "event": str(TaskRunEvent.objects.for_organization(self.org).filter(workflow_run=self.run).first().pk),
             "audit": str(AuditLog.objects.for_organization(self.org).first().pk),
             "trigger": str(trigger_of(self).pk),
+            "backfill": str(backfill_of(self).pk),
             "worker_task_run": str(TaskRun.objects.for_organization(self.org).get(workflow_run=self.worker_run).pk),
             "worker_run": str(self.worker_run.pk),
             "secret": secret_of(self),
+            "webhook": str(webhook_of(self).pk),
+            "delivery": str(delivery_of(self).pk),
         }
 
 
@@ -135,6 +178,43 @@ def trigger_of(tenant: TenantData) -> ScheduledTrigger:
     actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
     return create_trigger(actor=actor, data={"name": f"{tenant.org.slug} nightly", "cron_expression": "0 2 * * *",
                                              "workflow_name": tenant.workflow.name, "timezone": "UTC"})
+
+
+def backfill_of(tenant: TenantData):
+    """The backfill of the tenant's trigger (made on first use by its owner, left running)."""
+    from engine.backfill import create_backfill
+    from engine.models import TriggerBackfill
+
+    found = TriggerBackfill.objects.for_organization(tenant.org).first()
+    if found is not None:
+        return found
+    actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+    return create_backfill(actor=actor, trigger=trigger_of(tenant), start="2026-03-01", end="2026-03-02")
+
+
+def webhook_of(tenant: TenantData) -> WebhookEndpoint:
+    """The tenant's webhook endpoint (created on first use, by its owner; a public address
+    written as a number, so no DNS lookup)."""
+    found = WebhookEndpoint.objects.for_organization(tenant.org).first()
+    if found is not None:
+        return found
+    actor = Actor(organization=tenant.org, role=Role.OWNER, user=tenant.owner, channel="web")
+    endpoint, _secret = create_endpoint(actor=actor, url=f"https://93.184.215.14/{tenant.org.slug}-hook",
+                                        event_types=["run.failed"])
+    return endpoint
+
+
+def delivery_of(tenant: TenantData) -> NotificationDelivery:
+    """A dead-lettered delivery to the tenant's endpoint (written as the notifier would leave
+    one; created on first use): replayable, so a replay through another tenant would show."""
+    found = NotificationDelivery.objects.for_organization(tenant.org).filter(replay_of=None).first()
+    if found is not None:
+        return found
+    event = NotificationEvent.objects.create(organization=tenant.org, type="run.failed", workflow_run=tenant.run,
+                                             workflow_name=tenant.workflow.name, run_event_seq=1, payload={})
+    return NotificationDelivery.objects.create(organization=tenant.org, event=event, channel="webhook",
+                                               endpoint=webhook_of(tenant), state="dead", attempts=1,
+                                               dead_lettered_at=timezone.now(), last_error="HTTP 500")
 
 
 def secret_of(tenant: TenantData) -> str:
@@ -266,6 +346,10 @@ def test_another_organizations_objects_answer_exactly_like_missing_ones(tenants)
     assert Invitation.objects.for_organization(b.org).get(pk=b.invitation.pk).revoked_at is None
     assert ApiKey.objects.for_organization(b.org).get(pk=b.api_key.pk).revoked_at is None
     assert Secret.objects.for_organization(b.org).get(name=b_ids["secret"]).version == 1
+    assert backfill_of(b).state == "running"
+    endpoint = WebhookEndpoint.objects.for_organization(b.org).get(pk=b_ids["webhook"])
+    assert (endpoint.enabled, endpoint.secret_rotated_at) == (True, None)
+    assert not NotificationDelivery.objects.for_organization(b.org).filter(replay_of_id=b_ids["delivery"]).exists()
 
 
 @pytest.mark.django_db

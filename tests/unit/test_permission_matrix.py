@@ -23,6 +23,7 @@ EXPECTED = {
     Action.MEMBER_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.APIKEY_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.SECRET_MANAGE: {Role.OWNER, Role.ADMIN},
+    Action.WEBHOOK_MANAGE: {Role.OWNER, Role.ADMIN},
     Action.AUDIT_READ: {Role.OWNER, Role.ADMIN},
     Action.ORG_MANAGE: {Role.OWNER},
     # An API key of the worker role only (tests/unit/test_worker_api.py): no member role.
@@ -87,6 +88,16 @@ def do_secret_manage(org, actor):
     delete_secret(actor=actor, name="MATRIX_SHARED")
 
 
+def do_webhook_manage(org, actor):
+    from engine.notifications import create_endpoint, delete_endpoint, rotate_secret
+
+    # A public address written as a number: no DNS lookup in the test.
+    endpoint, _secret = create_endpoint(actor=actor, url="https://93.184.215.14/hooks/flowforge",
+                                        event_types=["run.failed"])
+    rotate_secret(actor=actor, endpoint=endpoint)
+    delete_endpoint(actor=actor, endpoint=endpoint)
+
+
 def do_audit_read(org, actor):
     from tenancy.permissions import require
 
@@ -110,6 +121,7 @@ PERFORM = {
     Action.MEMBER_MANAGE: do_member_manage,
     Action.APIKEY_MANAGE: do_apikey_manage,
     Action.SECRET_MANAGE: do_secret_manage,
+    Action.WEBHOOK_MANAGE: do_webhook_manage,
     Action.AUDIT_READ: do_audit_read,
     Action.ORG_MANAGE: do_org_manage,
     Action.WORKER_SERVE: lambda org, actor: do_require(actor, Action.WORKER_SERVE),

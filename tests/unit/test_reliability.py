@@ -46,10 +46,10 @@ def test_the_sweep_closes_a_running_run_whose_task_runs_all_finished(org, make_w
     # As if the run's own update had been lost: every task done, the run still open.
     old = timezone.now() - dt.timedelta(minutes=5)
     WorkflowRun.objects.for_organization(org).filter(pk=run.pk).update(state="running", finished_at=None, created_at=old)
-    assert sweep_runs() == {"finished": 1, "timed_out": 0}
+    assert sweep_runs() == {"finished": 1, "settled": 0, "timed_out": 0}
     run.refresh_from_db()
     assert run.state == "succeeded" and run.finished_at is not None
-    assert sweep_runs() == {"finished": 0, "timed_out": 0}
+    assert sweep_runs() == {"finished": 0, "settled": 0, "timed_out": 0}
 
 
 @pytest.mark.django_db

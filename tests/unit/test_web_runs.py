@@ -649,7 +649,7 @@ def test_run_page_shows_the_run_priority_and_each_task_runs_rendered_concurrency
         body = client.get(url).content.decode()
         assert fact(body, "Priority") == "-7", url
         charge = re.search(r'<tr id="task-charge".*?</tr>', body).group(0)
-        assert ('<td class="mono key">charge<div class="concurrency-key"><span class="muted">concurrency</span> '
+        assert ('hx-push-url="true">charge</a><div class="concurrency-key"><span class="muted">concurrency</span> '
                 '<code>customer-&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;</code></div></td>') in charge
         assert "<script>alert" not in body
         assert "concurrency-key" not in re.search(r'<tr id="task-mail".*?</tr>', body).group(0)

@@ -187,8 +187,11 @@ def test_the_run_page_shows_the_newest_attempts_log_lines_escaped_and_capped(a):
     assert whole.status_code == 200 and whole["Content-Type"] == "text/plain; charset=utf-8"
     log = whole.content.decode().splitlines()
     assert len(log) == 1 + len(lines) + 1
-    assert log[0].endswith("attempt 1 gen 1 INFO    first attempt line")
-    assert log[-1].endswith("attempt 2 gen 2 WARNING careful")
+    assert log[0].endswith("attempt 1 gen 1 worker  INFO    first attempt line")
+    assert log[-1].endswith("attempt 2 gen 2 worker  WARNING careful")
+    # One generation's lines (what the task panel links each attempt to).
+    second = client.get(f"/runs/{run.pk}/tasks/{tid}/logs/?fencing_token=2").content.decode().splitlines()
+    assert len(second) == len(lines) + 1 and all(" attempt 2 gen 2 " in line for line in second)
 
 
 @pytest.mark.django_db

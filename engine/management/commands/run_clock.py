@@ -15,8 +15,8 @@ log = logging.getLogger("flowforge.clock")
 
 class Command(BaseCommand):
     help = (
-        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases and fire_triggers "
-        "(and housekeeping every few minutes)."
+        "Run the clock: every few seconds enqueue schedule_tick, relay_outbox, reap_leases, fire_triggers, "
+        "advance_backfills and notify_tick (and housekeeping every few minutes)."
     )
 
     def add_arguments(self, parser):
@@ -29,8 +29,10 @@ class Command(BaseCommand):
             ("relay_outbox", settings.FLOWFORGE_CLOCK_RELAY_SECONDS),
             ("reap_leases", settings.FLOWFORGE_CLOCK_REAP_SECONDS),
             ("fire_triggers", settings.FLOWFORGE_CLOCK_TRIGGER_SECONDS),
+            ("advance_backfills", settings.FLOWFORGE_CLOCK_BACKFILL_SECONDS),
             ("sweep_runs", settings.FLOWFORGE_CLOCK_SWEEP_SECONDS),
             ("housekeeping", settings.FLOWFORGE_CLOCK_HOUSEKEEPING_SECONDS),
+            ("notify_tick", settings.FLOWFORGE_CLOCK_NOTIFY_SECONDS),
         ]
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -36,6 +36,10 @@ def print_summary(stdout, summary, *, events: bool = True) -> None:
         f"[bold]run {run.pk}[/bold]  {run.workflow.name} v{run.workflow.version}  "
         f"state [bold]{run.state}[/bold]  duration {duration}"
     )
+    if run.scheduled_for is not None:  # a cron trigger's or a backfill's run
+        console.print(f"scheduled for {run.scheduled_for.isoformat()}  data interval "
+                      f"{run.data_interval_start.isoformat()} .. {run.data_interval_end.isoformat()}  "
+                      f"({run.trigger_source})")
     table = Table("task", "type", "state", "attempt", "duration s")
     table.add_column("error / output", overflow="ellipsis", no_wrap=True, max_width=70)
     for tr in sorted(summary.task_runs, key=lambda t: (t.started_at is None, t.started_at, t.task.key)):

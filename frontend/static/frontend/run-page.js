@@ -8,6 +8,10 @@
  * time; changes that arrive meanwhile are folded into one more fetch. `end` (the run
  * is terminal) closes the stream after a last fetch, so nothing reconnects. If the
  * stream cannot be opened at all, the client polls the fragment every 2 s instead.
+ *
+ * A task's key in the task table opens its panel (/runs/<id>/tasks/<task run id>/) in
+ * #task-panel through htmx; the panel refreshes itself every 2 s until its task finishes
+ * (hx-trigger on the panel), independently of the stream.
  */
 (function () {
   "use strict";
@@ -66,6 +70,9 @@
         while (dst.children.length > MAX_EVENT_ROWS) dst.removeChild(dst.firstElementChild);
       } else {
         dst.replaceChildren.apply(dst, adopt(src.childNodes));
+        // The task table's keys open the task panel through htmx attributes: htmx sees
+        // nodes it did not insert itself only once told to.
+        if (window.htmx) window.htmx.process(dst);
       }
     });
     frag.querySelectorAll("[data-region='run-events'] tr[data-seq]").forEach(function (row) {

@@ -110,6 +110,7 @@ class FakeTaskRun:
     output: Any = None
     error: str | None = None
     retryable: bool | None = None
+    traceback: str = ""
     logs: list[dict[str, Any]] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
@@ -477,8 +478,13 @@ class FakeFlowForge:
         if not isinstance(error, str) or len(error) > 10_000:
             return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",
                                       {"error": ["a string of at most 10000 characters"]}))
+        trace = body.get("traceback", "")
+        if not isinstance(trace, str) or len(trace) > 100_000:
+            return Reply(400, problem(400, "The request is invalid; see errors.", "invalid",
+                                      {"traceback": ["a string of at most 100000 characters"]}))
         retryable = body.get("retryable", True)
         task.error = error
+        task.traceback = trace
         task.retryable = retryable
         self._release(task)
         task.events.append(f"attempt_failed:{task.token}")

@@ -394,3 +394,14 @@ def test_backoff_grows_to_its_cap_with_jitter_and_never_overflows() -> None:
     assert round(high.next_delay(), 3) == 8
     high.reset()
     assert round(high.next_delay(), 3) == 1
+
+
+def test_a_polled_tasks_schedule_is_read_from_the_answer_and_none_for_other_runs() -> None:
+    from flowforge_sdk.models import WorkerTask
+
+    schedule = {"scheduled_for": "2026-03-29T04:00:00+00:00", "data_interval_start": "2026-03-28T05:00:00+00:00",
+                "data_interval_end": "2026-03-29T04:00:00+00:00"}
+    base = {"task_run_id": "t", "fencing_token": 1, "workflow_run_id": "r", "task_key": "k"}
+    assert WorkerTask.from_api({**base, "schedule": schedule}).schedule == schedule
+    assert WorkerTask.from_api({**base, "schedule": None}).schedule is None
+    assert WorkerTask.from_api(base).schedule is None

@@ -65,14 +65,16 @@ def test_handler_exception_fails_the_attempt_as_retryable_and_the_retry_gets_the
     with running(worker):
         assert fake.wait_for(lambda: fake.task_runs[task_id].state == "succeeded")
 
-    fails = fake.calls_to(f"/worker/tasks/{task_id}/fail")
-    assert [c.body for c in fails] == [{"fencing_token": 1, "error": "ValueError: image too large", "retryable": True}]
+    (fail,) = fake.calls_to(f"/worker/tasks/{task_id}/fail")
+    trace = fail.body.pop("traceback")
+    assert fail.body == {"fencing_token": 1, "error": "ValueError: image too large", "retryable": True}
     assert fake.calls_to(f"/worker/tasks/{task_id}/complete")[0].body == {"fencing_token": 2, "output": "ok"}
     assert attempts == [(1, 1), (2, 2)]
-    # The traceback went to the task's log, with the first generation's token, before the fail.
-    error_lines = [line for line in fake.task_runs[task_id].logs if line["level"] == "error"]
-    assert len(error_lines) == 1 and error_lines[0]["fencing_token"] == 1
-    assert "Traceback" in error_lines[0]["message"] and "ValueError: image too large" in error_lines[0]["message"]
+    # The traceback went with the fail, from the handler's own frame on (the server keeps it
+    # beside the error), not into the task's log.
+    assert trace.startswith("Traceback (most recent call last):\n") and ", in resize\n" in trace
+    assert trace.endswith("ValueError: image too large\n") and "attempt.py" not in trace
+    assert [line for line in fake.task_runs[task_id].logs if line["level"] == "error"] == []
 
 
 def test_non_retryable_error_fails_the_task_for_good(fake: FakeFlowForge, make_worker: Any) -> None:
@@ -87,8 +89,9 @@ def test_non_retryable_error_fails_the_task_for_good(fake: FakeFlowForge, make_w
         assert fake.wait_for(lambda: fake.task_runs[task_id].state == "failed")
         time.sleep(0.4)  # a retry would have been handed out by now
 
-    assert [c.body for c in fake.calls_to(f"/worker/tasks/{task_id}/fail")] == [
-        {"fencing_token": 1, "error": "NonRetryableError: the image is corrupt", "retryable": False}]
+    (fail,) = fake.calls_to(f"/worker/tasks/{task_id}/fail")
+    assert fail.body.pop("traceback").endswith("NonRetryableError: the image is corrupt\n")
+    assert fail.body == {"fencing_token": 1, "error": "NonRetryableError: the image is corrupt", "retryable": False}
     assert fake.task_runs[task_id].attempt == 1
 
 

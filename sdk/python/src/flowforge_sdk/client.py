@@ -41,6 +41,7 @@ MAX_POLL_WAIT_SECONDS = 30
 MAX_LOG_LINES_PER_CALL = 100
 MAX_LOG_MESSAGE_CHARS = 4000
 MAX_ERROR_CHARS = 10_000
+MAX_TRACEBACK_CHARS = 100_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -392,10 +393,17 @@ class WorkerAPI:
                                  body={"fencing_token": fencing_token, "output": output}, retries=0, expect=(200,))
         return str(answer.get("state", "")) if isinstance(answer, dict) else ""
 
-    def fail(self, task_run_id: str, fencing_token: int, error: str, *, retryable: bool = True) -> FailResult:
+    def fail(self, task_run_id: str, fencing_token: int, error: str, *, retryable: bool = True,
+             traceback: str = "") -> FailResult:
         """Report the attempt failed (``error`` cut to 10,000 characters). With
-        ``retryable`` and attempts left the task is retried after its backoff."""
-        body = {"fencing_token": fencing_token, "error": error[:MAX_ERROR_CHARS], "retryable": retryable}
+        ``retryable`` and attempts left the task is retried after its backoff. ``traceback``,
+        when given, is kept beside the error (its last 100,000 characters are sent; the
+        server keeps its start and end, FLOWFORGE_TASK_TRACEBACK_MAX_CHARS)."""
+        body: dict[str, Any] = {"fencing_token": fencing_token, "error": error[:MAX_ERROR_CHARS],
+                                "retryable": retryable}
+        if traceback:
+            body["traceback"] = (traceback if len(traceback) <= MAX_TRACEBACK_CHARS
+                                 else "…" + traceback[-(MAX_TRACEBACK_CHARS - 1):])
         answer = self._http.json("POST", f"worker/tasks/{segment(task_run_id)}/fail/", body=body, retries=0,
                                  expect=(200,))
         answer = answer if isinstance(answer, dict) else {}

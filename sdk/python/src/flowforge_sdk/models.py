@@ -272,6 +272,9 @@ class WorkerTask:
     heartbeat_interval_seconds: float = 10.0
     #: The lease the poll's answer gave, in seconds (None when it gave none).
     lease_seconds: float | None = None
+    # A cron run's instant and data interval ({"scheduled_for", "data_interval_start",
+    # "data_interval_end"}, ISO 8601 UTC strings); None for other runs.
+    schedule: dict[str, str] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -288,7 +291,8 @@ class WorkerTask:
                    queue=_str(data, "queue"), input=obj("input"), run_input=obj("run_input"),
                    upstream=obj("upstream"), timeout_seconds=_opt_float(data, "timeout_seconds"),
                    lease_expires_at=_lease_end(data), lease_seconds=_opt_float(data, "lease_seconds"),
-                   heartbeat_interval_seconds=interval if interval and interval > 0 else 10.0, raw=data)
+                   heartbeat_interval_seconds=interval if interval and interval > 0 else 10.0,
+                   schedule=data["schedule"] if isinstance(data.get("schedule"), dict) else None, raw=data)
 
 
 def _lease_end(data: dict[str, Any]) -> dt.datetime | None:

@@ -5,7 +5,9 @@ The outcome of the handler:
 - it returned a JSON value → ``complete`` with it;
 - it raised NonRetryableError → ``fail`` with ``retryable: false``;
 - it raised anything else → ``fail`` with ``retryable: true`` (the server retries while
-  attempts are left); the traceback goes to the task's log;
+  attempts are left);
+- either way the handler's traceback goes with the ``fail`` (the server keeps it beside
+  the error: the run page's task panel and the API's task detail show it);
 - no handler has the task's name, or the output is not JSON → ``fail``, not retryable;
 - the server took the task back meanwhile (``ctx.cancelled``) → nothing is sent.
 
@@ -27,7 +29,7 @@ from typing import Any
 
 from flowforge_sdk._http import dumps
 from flowforge_sdk.backoff import Backoff
-from flowforge_sdk.client import MAX_ERROR_CHARS, MAX_LOG_MESSAGE_CHARS, WorkerAPI
+from flowforge_sdk.client import MAX_ERROR_CHARS, WorkerAPI
 from flowforge_sdk.errors import (
     ApiError,
     AuthenticationError,
@@ -59,6 +61,7 @@ class Complete:
 class Fail:
     error: str
     retryable: bool
+    traceback: str = ""
 
 
 Outcome = Complete | Fail
@@ -86,13 +89,12 @@ def run_handler(held: HeldTask, handler: Handler | None, *, known: list[str]) ->
     except NonRetryableError as exc:
         if ctx.cancelled:
             return None
-        return Fail(error_text(exc), retryable=False)
+        return Fail(error_text(exc), retryable=False, traceback=traceback_text(exc))
     except BaseException as exc:  # noqa: B036 (a handler's SystemExit fails its attempt, not the worker)
         if ctx.cancelled:
             return None
         logger.warning("task %s: the handler raised %s", held.describe(), type(exc).__name__)
-        _log_traceback(ctx, exc)
-        return Fail(error_text(exc), retryable=True)
+        return Fail(error_text(exc), retryable=True, traceback=traceback_text(exc))
     if ctx.cancelled:
         return None
     try:
@@ -103,14 +105,13 @@ def run_handler(held: HeldTask, handler: Handler | None, *, known: list[str]) ->
     return Complete(output)
 
 
-def _log_traceback(ctx: TaskContext, exc: BaseException) -> None:
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if len(text) > MAX_LOG_MESSAGE_CHARS:
-        text = "…" + text[-(MAX_LOG_MESSAGE_CHARS - 1):]  # the end holds the frame that raised
-    try:
-        ctx.log(text, level="error")
-    except Exception:  # never let logging hide the failure itself
-        logger.debug("could not buffer the traceback", exc_info=True)
+def traceback_text(exc: BaseException) -> str:
+    """The handler's traceback as Python prints it, from the handler's own frame on (this
+    module's frame, which called it, left out)."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
 def report(held: HeldTask, outcome: Outcome, *, api: WorkerAPI, backoff: Backoff, give_up: threading.Event) -> bool:
@@ -131,7 +132,7 @@ def report(held: HeldTask, outcome: Outcome, *, api: WorkerAPI, backoff: Backoff
                 logger.info("task %s: completed", held.describe())
             else:
                 result = api.fail(held.task_run_id, held.task.fencing_token, outcome.error,
-                                  retryable=outcome.retryable)
+                                  retryable=outcome.retryable, traceback=outcome.traceback)
                 logger.info("task %s: failed (%s, retryable=%s) -> %s", held.describe(), outcome.error[:200],
                             outcome.retryable, result.state)
             return True

@@ -17,7 +17,8 @@ class TaskContext:
     """The context of one task generation handed to this worker.
 
     ``input``: the task's ``config.input`` (secrets resolved); ``run_input``: the run's
-    input; ``upstream``: the outputs of the task's dependencies, by task key;
+    input; ``upstream``: the outputs of the task's dependencies, by task key; ``schedule``:
+    a cron run's instant and data interval (None for other runs);
     ``attempt`` of ``max_attempts``; ids and names of the task run, its run, workflow
     and queue. Treat ``input`` as sensitive: it may hold secret values.
 
@@ -56,6 +57,13 @@ class TaskContext:
     @property
     def upstream(self) -> dict[str, Any]:
         return self.task.upstream
+
+    @property
+    def schedule(self) -> dict[str, str] | None:
+        """For a run a cron trigger or a backfill started: {"scheduled_for",
+        "data_interval_start", "data_interval_end"} (ISO 8601, UTC), the instant the run is
+        for and the interval [previous instant, scheduled_for) it covers; None otherwise."""
+        return self.task.schedule
 
     @property
     def attempt(self) -> int:
