@@ -101,7 +101,7 @@ class RotateSecretSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class AttemptSerializer(serializers.ModelSerializer):
+class DeliveryAttemptSerializer(serializers.ModelSerializer):
     """One attempt of a delivery."""
 
     retrying = serializers.BooleanField(help_text="Whether the delivery was to be tried again after it.")
@@ -135,7 +135,7 @@ class DeliverySerializer(serializers.ModelSerializer):
     next_attempt_at = serializers.DateTimeField(allow_null=True, help_text="When it is tried next (pending only).")
     replay_of = serializers.UUIDField(source="replay_of_id", allow_null=True,
                                       help_text="The delivery this one replays, if it is a replay.")
-    attempt_log = AttemptSerializer(many=True)
+    attempt_log = DeliveryAttemptSerializer(many=True)
 
     class Meta:
         model = NotificationDelivery
