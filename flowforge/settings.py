@@ -607,6 +607,18 @@ except AuditKeyError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # FLOWFORGE_AUDIT_ACCEPT_LEGACY: audit_verify accepts unkeyed (plain SHA-256) rows written before keyed chains; off, so a chain rewritten as "legacy" fails.
 FLOWFORGE_AUDIT_ACCEPT_LEGACY = env_bool("FLOWFORGE_AUDIT_ACCEPT_LEGACY", False)
+# FLOWFORGE_AUDIT_RETENTION_DAYS: audit rows older than this are removed by housekeeping, each chain
+# carried forward by a signed checkpoint (audit.retention, docs/audit.md). 2557 days (7 years; seed
+# 001 keeps audit events 84 months); 0 keeps everything; 1..364 is refused (a year at least).
+_audit_days = env_float("FLOWFORGE_AUDIT_RETENTION_DAYS", 2557)
+if _audit_days != int(_audit_days) or (_audit_days != 0 and _audit_days < 365):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_AUDIT_RETENTION_DAYS={os.environ.get('FLOWFORGE_AUDIT_RETENTION_DAYS')!r}: expected a whole "
+        "number of days, at least 365 (audit rows are kept a year at least), or 0 to keep everything"
+    )
+FLOWFORGE_AUDIT_RETENTION_DAYS = int(_audit_days)
 # --- issue 14, finding 7 (smalls helper): secrets at rest, mail in the log ---------------
 # Fernet keys encrypting secrets at rest (TOTP secrets, recovery-code seeds), comma-separated:
 # the first encrypts, all decrypt (rotation). Required with DEBUG off; with DEBUG on and none
