@@ -698,6 +698,22 @@ def test_two_audit_rows_in_one_chain_place_violate_uniq_auditlog_chain_seq(org):
     assert AuditLog.objects.for_organization(org).filter(seq=1000).count() == 1
 
 
+def test_two_checkpoints_at_one_chain_place_violate_uniq_auditcheckpoint_chain_seq(org):
+    from django.utils import timezone
+
+    from audit.models import AuditCheckpoint
+
+    def checkpoint():
+        now = timezone.now()
+        return AuditCheckpoint(chain=str(org.pk), seq=7, row_hash="a" * 64, row_created_at=now, key_id="k1",
+                               signature="b" * 64, rows_removed=7, created_at=now)
+
+    AuditCheckpoint.objects.bulk_create([checkpoint()])
+    # Checkpoints are append-only (a trigger refuses UPDATE), so the write is an insert.
+    violation("uniq_auditcheckpoint_chain_seq", lambda: AuditCheckpoint.objects.bulk_create([checkpoint()]))
+    assert AuditCheckpoint.objects.filter(chain=str(org.pk), seq=7).count() == 1
+
+
 def test_unknown_actor_type_violates_auditlog_actor_type_valid(org):
     from audit.models import AuditLog
 
