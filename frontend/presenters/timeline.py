@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from django.utils import timezone
 
 from engine.models import WorkflowRun
+from engine.trigger_rules import skip_reason_text
 from frontend.presenters.text import compact_json, human_duration, seconds_between
 
 # Event kinds that open and close one attempt of a task run, for the timeline.
@@ -212,6 +213,16 @@ class TaskRow:
     actions: tuple[str, ...] = ()
     actions_path: str = ""
     panel_url: str = ""  # the task's panel (frontend.views.tasks)
+    skip_reason: str = ""  # a skipped task run's SkipReason ('' for none)
+    trigger_rule: str = "all_success"  # its task's (engine.states.TriggerRule)
+    condition: str = ""  # its task's CEL condition ('' for none)
+
+    @property
+    def skip_reason_text(self) -> str:
+        """Why it was skipped, in words ('' unless it was skipped for a reason)."""
+        if self.state != "skipped":
+            return ""
+        return skip_reason_text(self.skip_reason, trigger_rule=self.trigger_rule)
 
     @property
     def duration(self) -> str:
