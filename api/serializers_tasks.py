@@ -70,7 +70,7 @@ class AttemptSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=OUTCOMES, help_text=(
         "`running`; `succeeded`; `retried` (it failed and another attempt followed); `failed` (it failed and "
         "none followed); `timed_out` (its timeout_seconds passed); `lease_expired` (its worker stopped "
-        "heartbeating); `cancelled` (with its run)."))
+        "heartbeating); `cancelled` (with its run); `skipped` (its condition was false: the handler did not run)."))
     error = serializers.CharField(help_text="`Type: message` of its failure ('' for none), secret values redacted.")
     traceback = serializers.CharField(help_text=(
         "The handler's full traceback when it raised ('' otherwise), secret values redacted, at most "

@@ -91,6 +91,18 @@ def verdict(rule: str, outcomes: Iterable[str]) -> str | None:
     raise ValueError(f"unknown trigger rule {rule!r}; one of {', '.join(TriggerRule.values)}")
 
 
+def skip_reason_label(skip_reason: str, *, trigger_rule: str = TriggerRule.ALL_SUCCESS.value) -> str:
+    """``skip_reason_text`` in a few words (the run page's task rows): ``upstream failed``,
+    ``trigger rule <rule> not met``, ``condition false``; '' for no reason."""
+    if skip_reason == SkipReason.UPSTREAM_FAILED:
+        return "upstream failed"
+    if skip_reason == SkipReason.TRIGGER_RULE:
+        return f"trigger rule {trigger_rule} not met"
+    if skip_reason == SkipReason.CONDITION_FALSE:
+        return "condition false"
+    return ""
+
+
 def skip_reason_text(skip_reason: str, *, trigger_rule: str = TriggerRule.ALL_SUCCESS.value) -> str:
     """Why a skipped task run was skipped, in words for a person (the run page's task
     rows and panel): its SkipReason ``skip_reason`` read with its task's ``trigger_rule``.
@@ -104,4 +116,5 @@ def skip_reason_text(skip_reason: str, *, trigger_rule: str = TriggerRule.ALL_SU
     return ""
 
 
-__all__ = ["FAILURE", "OPEN", "READY", "RULE_NEEDS", "SKIP", "SUCCESS", "outcome", "skip_reason_text", "verdict"]
+__all__ = ["FAILURE", "OPEN", "READY", "RULE_NEEDS", "SKIP", "SUCCESS", "outcome", "skip_reason_label",
+           "skip_reason_text", "verdict"]

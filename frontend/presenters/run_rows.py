@@ -103,12 +103,14 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
                  if r.error_preview else "")
         output = f'<code class="output">{_esc(r.output_preview)}</code>' if r.output_preview else ""
         waiting = f' <span class="wait-reason">{_esc(r.waiting_reason)}</span>' if r.waiting_reason else ""
-        skipped = r.skip_reason_text
-        if skipped:
-            # A false condition's text is in the title (up to 2,000 characters): the panel shows it whole.
-            title = f"{skipped}: {r.condition}" if r.skip_reason == "condition_false" and r.condition else skipped
+        label = r.skip_reason_label
+        if label:
+            # The sentence (with a false condition's text, up to 2,000 characters) is the title;
+            # the task's panel shows both.
+            title = f"{label}: {r.condition}" if r.skip_reason == "condition_false" and r.condition else \
+                r.skip_reason_text
             waiting += (f' <span class="skip-reason" data-skip-reason="{_esc(r.skip_reason)}" '
-                        f'title="{_esc(title)}">{_esc(skipped)}</span>')
+                        f'title="{_esc(title)}">{_esc(label)}</span>')
         # Rendered from the run's input: any characters at all.
         permit = (f'<div class="concurrency-key"><span class="muted">concurrency</span> '
                   f'<code>{_esc(r.concurrency_key)}</code></div>' if r.concurrency_key else "")

@@ -64,14 +64,22 @@ def test_the_run_pages_task_rows_say_why_each_skipped_task_was_skipped(org, make
     reasons = {k: _reason(row_html(body, k)) for k in ("a", "f", "c", "k", "t", "alert", "cleanup")}
     assert reasons == {
         "a": None, "f": None, "cleanup": None,
-        "c": "upstream_failed: upstream failed: its trigger rule all_success needs every upstream task succeeded",
+        "c": "upstream_failed: upstream failed",
         "k": "condition_false: condition false",
-        "t": "trigger_rule: trigger rule all_success not met: it needs every upstream task succeeded",
-        "alert": "trigger_rule: trigger rule one_failed not met: it needs at least one upstream task failed",
+        "t": "trigger_rule: trigger rule all_success not met",
+        "alert": "trigger_rule: trigger rule one_failed not met",
     }
+    # The sentence is each reason's title.
+    assert 'title="upstream failed: its trigger rule all_success needs every upstream task succeeded"' in \
+        row_html(body, "c")
+    assert 'title="trigger rule one_failed not met: it needs at least one upstream task failed"' in \
+        row_html(body, "alert")
     # The condition is in the title of k's reason, escaped.
     assert 'title="condition false: input.tag == &quot;&lt;b&gt;go&lt;/b&gt;&quot;"' in row_html(body, "k")
     assert "<b>go</b>" not in body
+    # k's attempt started and ended when its condition was false: a skipped bar, not a running one.
+    k_bars = re.search(r'<g class="tl-row" data-task-key="k">.*?</g>', body, flags=re.S).group(0)
+    assert re.findall(r'class="tl-bar outcome-(\w+)"', k_bars) == ["skipped"]
 
 
 @pytest.mark.django_db
@@ -97,6 +105,8 @@ def test_the_task_panel_says_why_the_task_was_skipped_with_its_rule_and_conditio
                           headers={"HX-Request": "true"}).content.decode()
 
     k = panel("k")
+    assert k.count('<section class="attempt attempt-') == 1 and 'data-outcome="skipped"' in k
+    assert '<pre class="attempt-error">' not in k
     assert ('<p class="alert task-skip-reason" data-skip-reason="condition_false">Skipped: condition false '
             '(<code>input.tag == &quot;&lt;b&gt;go&lt;/b&gt;&quot;</code> was false).</p>') in k
     assert '<code class="task-condition">input.tag == &quot;&lt;b&gt;go&lt;/b&gt;&quot;</code>' in k
@@ -125,8 +135,11 @@ def test_the_api_task_detail_gives_the_skip_reason_rule_and_condition(api, make_
         response = a.get(f"/api/v1/runs/{run_id}/task-runs/{task_run(run_id, key).pk}/", role=Role.VIEWER)
         assert response.status_code == 200, response.content
         body = response.json()
-        got[key] = (body["state"], body["skip_reason"], body["trigger_rule"], body["condition"])
-    assert got == {"k": ("skipped", "condition_false", "all_success", CONDITION),
-                   "alert": ("skipped", "trigger_rule", "one_failed", ""),
-                   "c": ("skipped", "upstream_failed", "all_success", ""),
-                   "cleanup": ("succeeded", "", "always", "")}
+        got[key] = (body["state"], body["skip_reason"], body["trigger_rule"], body["condition"],
+                    [(x["attempt"], x["outcome"], x["error"]) for x in body["attempts"]])
+    # k's attempt started, then its condition was false (no error: nothing failed); c and
+    # alert never started; cleanup's attempt succeeded.
+    assert got == {"k": ("skipped", "condition_false", "all_success", CONDITION, [(1, "skipped", "")]),
+                   "alert": ("skipped", "trigger_rule", "one_failed", "", []),
+                   "c": ("skipped", "upstream_failed", "all_success", "", []),
+                   "cleanup": ("succeeded", "", "always", "", [(1, "succeeded", "")])}
