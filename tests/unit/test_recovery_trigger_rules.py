@@ -12,10 +12,12 @@ where the engine would run the task.
 from __future__ import annotations
 
 import itertools
+import uuid
+from collections import defaultdict
 
 import pytest
 
-from engine import trigger_rules
+from engine import recovery, trigger_rules
 from engine.models import TaskRunEvent, WorkflowRun
 from engine.recovery import ActionRefused, retry_task_run
 from engine.repositories import task_runs
@@ -118,3 +120,49 @@ def test_retrying_a_task_is_allowed_exactly_when_its_trigger_rule_is_met_by_its_
         assert str(refused.value).startswith(message), (rule, first, second, str(refused.value))
         assert WorkflowRun.objects.unscoped().get(pk=run_id).last_event_seq == seq  # nothing changed
         assert task_run(run_id, f"d_{rule}").state == target.state
+
+
+def _graph(rule: str, *ups: tuple[str, str, str]):
+    """A graph of task t (``rule``) below upstreams (key, state, skip_reason)."""
+    rows = {uuid.uuid4(): recovery._Row(uuid.uuid4(), uuid.uuid4(), key, state, 1, reason, "all_success")
+            for key, state, reason in ups}
+    rows = {r.task_id: r for r in rows.values()}
+    target = recovery._Row(uuid.uuid4(), uuid.uuid4(), "t", "failed", 1, "", rule)
+    rows[target.task_id] = target
+    upstream = defaultdict(list, {target.task_id: [r.task_id for r in rows.values() if r is not target]})
+    return recovery._Graph(rows=rows, upstream=upstream, downstream=defaultdict(list)), target
+
+
+@pytest.mark.parametrize(("rule", "ups", "message"), [
+    # An upstream still going (a rule that fired early, then an action that changed its outcome):
+    # the rule is not decided, so the retry waits for it.
+    ("all_done", [("a", "failed", ""), ("b", "running", "")],
+     "task t cannot be retried yet: its trigger rule all_done (it runs once every upstream task finished, "
+     "whatever its outcome) is not decided while b has not finished (upstream: a failed, b is running); act once "
+     "it has finished"),
+    ("one_failed", [("a", "succeeded", ""), ("b", "skipped", "condition_false")],
+     "task t cannot be retried: its trigger rule one_failed (it runs once at least one upstream task failed) is not "
+     "met by its upstream tasks (a succeeded, b was skipped); retried now it would be skipped again"),
+    ("none_failed", [("a", "skipped", "upstream_failed"), ("b", "skipped", "condition_false")],
+     "task t cannot be retried: its trigger rule none_failed (it runs once every upstream task finished and none "
+     "failed) is not met by its upstream tasks (a was skipped, b was skipped); retry a (its downstream, t included, "
+     "runs again) or mark it succeeded"),
+    ("one_success", [("a", "failed", ""), ("b", "cancelled", "")],
+     "task t cannot be retried: its trigger rule one_success (it runs once at least one upstream task succeeded) is "
+     "not met by its upstream tasks (a failed, b was cancelled); retry a or b (its downstream, t included, runs "
+     "again) or mark them succeeded"),
+])
+def test_a_refusal_names_the_rule_each_upstreams_state_and_what_would_let_it_run(rule, ups, message):
+    graph, target = _graph(rule, *ups)
+    with pytest.raises(ActionRefused) as refused:
+        recovery._refuse_rule_not_met(graph, target)
+    assert str(refused.value) == message
+
+
+def test_a_rule_met_by_failed_upstreams_is_not_refused():
+    for rule in ("all_done", "always", "one_failed", "all_failed"):
+        graph, target = _graph(rule, ("a", "failed", ""), ("b", "skipped", "upstream_failed"))
+        recovery._refuse_rule_not_met(graph, target)  # no ActionRefused
+    graph, target = _graph("all_success", ("a", "failed", ""))
+    with pytest.raises(ActionRefused, match="its trigger rule all_success"):
+        recovery._refuse_rule_not_met(graph, target)

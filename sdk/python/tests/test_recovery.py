@@ -74,7 +74,7 @@ def test_each_action_posts_to_its_endpoint_with_its_body_and_returns_the_run() -
     ]
     for run in (resumed, retried, marked, skipped, nulled):
         assert (run.id, run.state, run.workflow.name) == (RUN, "running", "nightly")
-        assert (run.task("load").state, run.task("load").attempt) == ("ready", 2)
+        assert (run.task("load").state, run.task("load").attempt, run.task("load").skip_reason) == ("ready", 2, "")
 
 
 def test_a_refusal_is_a_conflict_carrying_the_servers_reason() -> None:
