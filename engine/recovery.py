@@ -310,10 +310,11 @@ def _refuse_rule_not_met(graph: _Graph, row: _Row) -> None:
     states = ", ".join(f"{u.key} {_did(u.state)}" for u in ups)
     needs = trigger_rules.RULE_NEEDS.get(row.trigger_rule, row.trigger_rule)
     if decided is None:
-        waiting = ", ".join(u.key for u in ups if trigger_rules.outcome(u.state, u.skip_reason) == trigger_rules.OPEN)
+        going = [u.key for u in ups if trigger_rules.outcome(u.state, u.skip_reason) == trigger_rules.OPEN]
         raise ActionRefused(f"task {row.key} cannot be retried yet: its trigger rule {row.trigger_rule} (it runs "
-                            f"once {needs}) is not decided while {waiting} has not finished (upstream: {states}); "
-                            "act once it has finished")
+                            f"once {needs}) is not decided while {' and '.join(going)} "
+                            f"{'has' if len(going) == 1 else 'have'} not finished (upstream: {states}); act once "
+                            f"{'it has' if len(going) == 1 else 'they have'} finished")
     if row.trigger_rule in (TriggerRule.ALL_FAILED, TriggerRule.ONE_FAILED):
         # It reacts to failures upstream: retried now, it would be skipped again at once.
         fix = "retried now it would be skipped again"
