@@ -18,7 +18,7 @@ import dramatiq
 from django.conf import settings
 
 from audit import retention as audit_retention
-from engine import backfill, live, notifier, services
+from engine import backfill, live, notifier, retention, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
@@ -88,6 +88,7 @@ def housekeeping() -> None:
     services.purge_forgotten_workers()
     services.purge_finished_attempt_secrets()
     live.purge_expired()
+    retention.purge()
     audit_retention.purge()
 
 

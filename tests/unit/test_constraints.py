@@ -714,6 +714,29 @@ def test_two_checkpoints_at_one_chain_place_violate_uniq_auditcheckpoint_chain_s
     assert AuditCheckpoint.objects.filter(chain=str(org.pk), seq=7).count() == 1
 
 
+def test_two_payloads_of_one_generation_violate_uniq_offloadedpayload_generation(org, run):
+    from engine.models import OffloadedPayload
+
+    a = task_run(run, "a")
+
+    def payload():
+        return OffloadedPayload(organization=org, workflow_run=run, task_run=a, fencing_token=1,
+                                storage_key="outputs/x.json", size_bytes=10, sha256="0" * 64)
+
+    OffloadedPayload.objects.bulk_create([payload()])
+    violation("uniq_offloadedpayload_generation", lambda: OffloadedPayload.objects.bulk_create([payload()]))
+    assert OffloadedPayload.objects.for_organization(org).filter(task_run=a).count() == 1
+
+
+def test_a_negative_or_huge_retention_violates_org_run_retention_range(org):
+    from tenancy.models import Organization
+
+    violation("org_run_retention_range", lambda: Organization.objects.filter(pk=org.pk).update(run_retention_days=-1))
+    violation("org_run_retention_range",
+              lambda: Organization.objects.filter(pk=org.pk).update(run_retention_days=36501))
+    assert Organization.objects.get(pk=org.pk).run_retention_days is None
+
+
 def test_unknown_actor_type_violates_auditlog_actor_type_valid(org):
     from audit.models import AuditLog
 
