@@ -10,6 +10,7 @@ output, or ``{"truncated": true, "bytes": n, "url": <the whole output>}``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
@@ -62,3 +63,16 @@ def output_or_summary(task_run: Any, *, url: str) -> Any:
     if is_summarized(task_run):
         return {"truncated": True, "bytes": task_run.output_bytes, "url": url}
     return inline
+
+
+def offloaded_bytes(output: Any) -> int | None:
+    """The whole output's size in bytes when ``output`` (a stored value, or its JSON text up
+    to a few hundred characters) is an offloaded output's summary (``engine.offload``), else None."""
+    if isinstance(output, str):
+        if not output.startswith('{"$ref": "offloaded_output"') or len(output) > 512:
+            return None
+        try:
+            output = json.loads(output)
+        except ValueError:
+            return None
+    return output["bytes"] if offload.is_ref(output) else None

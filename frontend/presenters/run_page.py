@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from django.core.cache import cache
-from django.db.models import F, Func, JSONField, QuerySet, TextField
+from django.db.models import BigIntegerField, Case, F, Func, JSONField, QuerySet, TextField, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Left
 from django.http import HttpRequest
@@ -29,7 +29,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from audit.models import AuditLog
-from engine import trigger_rules, worker_queues
+from engine import offload, trigger_rules, worker_queues
 from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
@@ -283,6 +283,9 @@ def build_run_view(
             "skip_reason",
             "task__trigger_rule",
             "task__condition",
+            # An output kept in the offload storage (engine.offload): the whole one's size.
+            Case(When(output__contains={"$ref": offload.REF},
+                      then=Cast(KeyTextTransform("bytes", "output"), BigIntegerField())), default=None),
         )
     )
     edges = list(
@@ -308,13 +311,15 @@ def build_run_view(
             depth=depth.get(task_id, 0), attempts=attempts.get(tr_id, []),
             output_preview=cut(output, OUTPUT_PREVIEW_CHARS), error_preview=cut(error, ERROR_PREVIEW_CHARS),
             # A preview that was cut links to the whole output.
-            output_bytes=output_bytes,
-            output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
+            output_bytes=offloaded or output_bytes,
+            output_url=f"{run_path}tasks/{tr_id}/output/"
+            if output and (len(output) > OUTPUT_PREVIEW_CHARS or offloaded) else "",
             concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
             skip_reason=skip_reason, trigger_rule=trigger_rule, condition=condition,
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
-             output, error, output_bytes, queue, attempt_base, skip_reason, trigger_rule, condition) in task_runs
+             output, error, output_bytes, queue, attempt_base, skip_reason, trigger_rule, condition,
+             offloaded) in task_runs
     ]
     can_operate = can(request.membership.role, Action.RUN_OPERATE)
     if can_operate:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from engine import task_detail
-from engine.outputs import is_summarized
+from engine.outputs import is_summarized, offloaded_bytes
 from engine.repositories.task_logs import StoredLine
 from engine.trigger_rules import skip_reason_text
 from frontend.presenters.run_page import event_rows
@@ -56,7 +56,7 @@ class OutputView:
 
 def _output(task_run, url: str) -> OutputView:
     if is_summarized(task_run):
-        return OutputView(bytes=task_run.output_bytes, url=url, present=True)
+        return OutputView(bytes=offloaded_bytes(task_run.output_inline) or task_run.output_bytes, url=url, present=True)
     if task_run.output_bytes is None:
         return OutputView()
     text, cut = pretty_json(task_run.output_inline)

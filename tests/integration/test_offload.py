@@ -79,12 +79,17 @@ def test_the_run_page_link_gives_the_whole_offloaded_output(stack, org):
     assert wait_for_run_terminal(run, timeout=60) == "succeeded"
     produce = TaskRun.objects.for_organization(org).get(workflow_run=run, task__key="produce")
     member = client_for(Membership.objects.for_organization(org).get(role=Role.OWNER))
+    page = member.get(f"/runs/{run.pk}/").content.decode()
+    payload = OffloadedPayload.objects.for_organization(org).get(task_run=produce)
+    from frontend.presenters.text import human_bytes
+
+    assert (f'<a class="output-link" href="/runs/{run.pk}/tasks/{produce.pk}/output/">whole output'
+            f' ({human_bytes(payload.size_bytes)})</a>') in page
     whole = member.get(f"/runs/{run.pk}/tasks/{produce.pk}/output/")
     assert whole.status_code == 200
     body = whole.json()
     assert body["size"] == 300_000 and body["blob"] == "x" * 300_000
     # Its bytes gone from the storage: a 410 that says so, not a summary passed off as the output.
-    payload = OffloadedPayload.objects.for_organization(org).get(task_run=produce)
     offload.storage().delete(payload.storage_key)
     gone = member.get(f"/runs/{run.pk}/tasks/{produce.pk}/output/")
     assert gone.status_code == 410 and "cannot be read" in gone.content.decode()
