@@ -472,6 +472,8 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             run_input=run_input,
             trigger_source=trigger_source,
             triggered_by_id=getattr(triggered_by, "pk", None),
+            # The key that started it, by whatever channel (a retry's: the retrying key).
+            api_key_id=getattr(actor.api_key, "pk", None),
             retry_of_id=getattr(retry_of, "pk", None),
             trigger_id=getattr(trigger, "pk", None),
             priority=priority,

@@ -43,7 +43,7 @@ from frontend.presenters.run_rows import (
     render_task_rows,
     render_timeline_rows,
 )
-from frontend.presenters.text import cut, event_detail_text, run_duration, without_countdown
+from frontend.presenters.text import cut, event_detail_text, retry_at, run_duration, without_countdown
 from frontend.presenters.timeline import (
     TIMELINE_KINDS,
     TaskRow,
@@ -51,6 +51,7 @@ from frontend.presenters.timeline import (
     attempts_from_events,
     build_timeline,
 )
+from tenancy.models import ApiKey
 from tenancy.permissions import Action, can
 
 # Events shown on the run page (the latest ones); the event-log page has them all.
@@ -280,6 +281,7 @@ def build_run_view(
             output_bytes_expression(),
             "queue",
             "attempt_base",
+            "not_before",
         )
     )
     edges = list(
@@ -308,9 +310,10 @@ def build_run_view(
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
             concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
+            retry_at=retry_at(state, not_before, now),
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
-             output, error, output_bytes, queue, attempt_base) in task_runs
+             output, error, output_bytes, queue, attempt_base, not_before) in task_runs
     ]
     can_operate = can(request.membership.role, Action.RUN_OPERATE)
     if can_operate:
@@ -449,9 +452,15 @@ def log_blocks(org_id: uuid.UUID, run: WorkflowRun, rows: Sequence[TaskRow],
 
 
 def started_by(org, run: WorkflowRun) -> str:
-    """Who started ``run``: a person's email, an API key's prefix, a cron trigger, or the system."""
+    """Who started ``run``: a person's email, an API key's name and prefix, a cron trigger,
+    or the system. A run an API key started names the key (``run.api_key``, one query);
+    runs from before that column fall back to the audit entry's prefix."""
     if run.trigger_id:
         return f"cron trigger {run.trigger.name}" if run.trigger else "a cron trigger"
+    if run.api_key_id:
+        key = ApiKey.objects.for_organization(org).filter(pk=run.api_key_id).values_list("name", "prefix").first()
+        if key is not None:
+            return f"API key {key[0]} (ffk_{key[1]}_…)"
     entry = (
         AuditLog.objects.for_organization(org)
         .filter(target_id=str(run.pk), action="run.started")  # idx_auditlog_target_id

@@ -1,0 +1,96 @@
+"""Issue 20's small items: runs labelled with the API key that started them; the failed-run
+banner naming the failing tasks; "retrying at" for a task waiting for its next attempt;
+an identical re-upload answered "unchanged"; the console email printed decoded and whole;
+a superuser reaching the admin without email verification."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+
+from engine.models import WorkflowRun
+from engine.services import apply_definition
+from tenancy.models import Role
+from tests.unit.test_api_workflows import Api, new_api_factory
+from tests.unit.test_web_runs import actor_for, client_for, owner_of
+
+
+@pytest.fixture
+def api(make_org) -> Api:
+    factory = new_api_factory(make_org)
+    make = next(factory)
+    yield make()
+    next(factory, None)
+
+
+def text(resp) -> str:
+    return html.unescape(resp.content.decode())
+
+
+# --- runs started with an API key ----------------------------------------------------------------
+
+
+def test_a_run_started_with_an_api_key_is_labelled_with_the_keys_name(api):
+    org = api.org
+    wf = apply_definition(actor=actor_for(org), document={"name": "keyed", "tasks": [{"key": "a", "type": "noop"}]})
+    resp = api.post("/api/v1/runs/", {"workflow": str(wf.pk)}, role=Role.MEMBER)
+    assert resp.status_code == 201, resp.content
+    run = WorkflowRun.objects.for_organization(org).get(pk=resp.json()["id"])
+    key_prefix = api.keys[Role.MEMBER].split("_")[1]
+    assert run.api_key.name == "member key" and run.api_key.prefix == key_prefix
+    client = client_for(owner_of(org))
+    by_hand = client.post(f"/workflows/{wf.pk}/start/", {"input": "{}"})
+    assert by_hand.status_code == 302
+    person_run = WorkflowRun.objects.for_organization(org).exclude(pk=run.pk).get()
+    assert person_run.api_key_id is None
+
+    listing = text(client.get("/runs/"))
+    rows = {m.group(1): m.group(0) for m in re.finditer(r'<tr[^>]*>.*?/runs/([0-9a-f-]{36})/.*?</tr>', listing, re.S)}
+    assert "key member key" in rows[str(run.pk)]
+    assert "key member key" not in rows[str(person_run.pk)] and owner_of(org).email in rows[str(person_run.pk)]
+
+    page = text(client.get(f"/runs/{run.pk}/"))
+    started = re.search(r"<dt>Started by</dt><dd>(.*?)</dd>", page, re.S).group(1)
+    assert started == f"API key member key (ffk_{key_prefix}_…)"
+    page = text(client.get(f"/runs/{person_run.pk}/"))
+    assert re.search(r"<dt>Started by</dt><dd>(.*?)</dd>", page, re.S).group(1) == owner_of(org).email
+
+
+# --- "retrying at" ---------------------------------------------------------------------------------
+
+
+def test_a_task_waiting_for_its_next_attempt_shows_when_it_retries(org):
+    import datetime as dt
+
+    from engine.models import TaskRun
+    from engine.services import start_run
+    from tests.unit.test_web_runs import drive_run
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "flaky", "tasks": [
+        {"key": "fetch", "type": "fail", "config": {"fail_attempts": 1, "message": "timeout"}, "max_attempts": 3,
+         "retry_backoff_seconds": 600},
+        {"key": "after", "type": "noop", "depends_on": ["fetch"]}]})
+    run = drive_run(start_run(workflow=wf, actor=actor_for(org)), flaky={"fetch"})
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run, task__key="fetch")
+    assert tr.state == "ready" and tr.attempt == 2  # the next attempt's number
+    # The first attempt failed just now: attempt 2 waits base * 2**0 = 600 s.
+    assert dt.timedelta(seconds=590) < tr.not_before - dt.datetime.now(dt.UTC) <= dt.timedelta(seconds=600)
+    at = tr.not_before.astimezone(dt.UTC)
+    shown = at.strftime("%H:%M:%S") if at.date() == dt.datetime.now(dt.UTC).date() else at.strftime("%b %-d, %H:%M:%S")
+    expected = f'retrying at <time datetime="{at.isoformat(timespec="seconds")}">{shown} UTC</time>'
+
+    client = client_for(owner_of(org))
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    row = re.search(r'<tr id="task-fetch".*?</tr>', page, re.S).group(0)
+    assert f'<span class="wait-reason retry-at">{expected}</span>' in row
+    assert "retry backoff" not in row
+    other = re.search(r'<tr id="task-after".*?</tr>', page, re.S).group(0)
+    assert "retrying at" not in other  # pending, not waiting for a retry
+    panel = client.get(f"/runs/{run.pk}/tasks/{tr.pk}/").content.decode()
+    assert f"Attempt 2 is waiting for its retry backoff: {expected}." in panel
+
+    # Once its backoff is over it no longer says so (it is only ready).
+    TaskRun.objects.for_organization(org).filter(pk=tr.pk).update(not_before=dt.datetime.now(dt.UTC))
+    assert "retrying at" not in client.get(f"/runs/{run.pk}/").content.decode()
