@@ -110,6 +110,10 @@ class Resume:
                                          if self.reopened else "")
 
 
+#: Failed tasks the failed-run banner names (the task table lists them all).
+FAILED_TASKS_NAMED = 5
+
+
 @dataclasses.dataclass
 class RunView:
     """Everything the run page and its live fragment show."""
@@ -147,6 +151,21 @@ class RunView:
     def to_rerun(self) -> int:
         """Task runs of the run that did not succeed (a resume runs them again, and their downstream)."""
         return sum(n for state, n in self.counts.items() if state != RunState.SUCCEEDED)
+
+    @property
+    def failed_tasks(self) -> list[TaskRow]:
+        """The run's failed task runs (in the table's order: by depth, then key) for the
+        failed-run banner, at most FAILED_TASKS_NAMED of them."""
+        return [r for r in self.rows if r.state == "failed"][:FAILED_TASKS_NAMED]
+
+    @property
+    def failed_task_count(self) -> int:
+        return self.counts.get("failed", 0)
+
+    @property
+    def failed_tasks_more(self) -> int:
+        """Failed task runs the banner does not name."""
+        return max(0, self.failed_task_count - FAILED_TASKS_NAMED)
 
     @property
     def task_rows_html(self) -> SafeString:

@@ -94,3 +94,39 @@ def test_a_task_waiting_for_its_next_attempt_shows_when_it_retries(org):
     # Once its backoff is over it no longer says so (it is only ready).
     TaskRun.objects.for_organization(org).filter(pk=tr.pk).update(not_before=dt.datetime.now(dt.UTC))
     assert "retrying at" not in client.get(f"/runs/{run.pk}/").content.decode()
+
+
+# --- the failed-run banner -----------------------------------------------------------------------
+
+
+def test_the_failed_run_banner_names_the_failing_tasks_with_links_to_their_panels(org):
+    from engine.models import TaskRun
+    from engine.services import start_run
+    from tests.unit.test_web_runs import drive_run
+
+    wf = apply_definition(actor=actor_for(org), document={"name": "breaks", "tasks": [
+        {"key": "extract", "type": "noop"},
+        {"key": "validate", "type": "noop", "depends_on": ["extract"]},
+        {"key": "load", "type": "noop", "depends_on": ["extract"]},
+        {"key": "report", "type": "noop", "depends_on": ["validate", "load"]}]})
+    run = drive_run(start_run(workflow=wf, actor=actor_for(org)), fail={"validate", "load"})
+    assert run.state == "failed"
+    ids = dict(TaskRun.objects.for_organization(org).filter(workflow_run=run).values_list("task__key", "id"))
+    client = client_for(owner_of(org))
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    banner = re.search(r'<div class="alert error run-error" role="alert">(.*?)</div>', page, re.S).group(1)
+    named = re.findall(r'<a class="task-link" href="([^"]+)"[^>]*><code>(\w+)</code></a>', banner)
+    # Both failed tasks (the table's order: depth, then key), each linking to its own panel;
+    # neither the succeeded nor the skipped one.
+    assert named == [(f"/runs/{run.pk}/tasks/{ids['load']}/", "load"),
+                     (f"/runs/{run.pk}/tasks/{ids['validate']}/", "validate")]
+    assert "Failed tasks:" in banner
+    # Each one's error, escaped (the errors hold markup).
+    assert banner.count("failed &lt;b&gt;on purpose&lt;/b&gt;") == 2 and "<b>" not in banner
+    for url, _key in named:
+        assert client.get(url).status_code == 200
+
+    # A succeeded run has no banner.
+    ok = drive_run(start_run(workflow=wf, actor=actor_for(org)))
+    assert ok.state == "succeeded"
+    assert 'class="alert error run-error"' not in client.get(f"/runs/{ok.pk}/").content.decode()
