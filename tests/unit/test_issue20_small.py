@@ -130,3 +130,68 @@ def test_the_failed_run_banner_names_the_failing_tasks_with_links_to_their_panel
     ok = drive_run(start_run(workflow=wf, actor=actor_for(org)))
     assert ok.state == "succeeded"
     assert 'class="alert error run-error"' not in client.get(f"/runs/{ok.pk}/").content.decode()
+
+
+# --- an identical re-upload is "unchanged" --------------------------------------------------------
+
+
+SCHEMA_DOC = {"name": "report", "input_schema": {"type": "object", "properties": {
+    "zeta": {"type": "string"}, "alpha": {"type": "integer"}}},
+    "tasks": [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}]}
+
+
+def test_the_api_answers_an_identical_definition_with_the_latest_version_unchanged(api):
+    from audit.models import AuditLog
+    from engine.models import Workflow
+
+    created = api.post("/api/v1/workflows/", SCHEMA_DOC, role=Role.MEMBER)
+    assert created.status_code == 201 and created.json()["unchanged"] is False
+    # The same document, written with its keys in another order and defaults spelled out.
+    same = {"tasks": [{"key": "a", "type": "noop", "depends_on": []}, {"depends_on": ["a"], "type": "noop", "key": "b"}],
+            "input_schema": SCHEMA_DOC["input_schema"], "name": "report"}
+    again = api.post("/api/v1/workflows/", same, role=Role.MEMBER)
+    assert again.status_code == 200, again.content
+    body = again.json()
+    assert (body["id"], body["version"], body["unchanged"]) == (created.json()["id"], 1, True)
+    assert body["tasks"] == created.json()["tasks"]
+    assert again["Location"].endswith(f"/api/v1/workflows/{body['id']}/")
+    assert Workflow.objects.for_organization(api.org).filter(name="report").count() == 1
+    assert AuditLog.objects.for_organization(api.org).filter(action="workflow.version_created").count() == 1
+
+    # Any difference makes a version: a task's setting, the input schema's property order.
+    changed = {**SCHEMA_DOC, "tasks": [{"key": "a", "type": "noop", "max_attempts": 2}, SCHEMA_DOC["tasks"][1]]}
+    assert api.post("/api/v1/workflows/", changed).json()["version"] == 2
+    reordered = {**changed, "input_schema": {"type": "object", "properties": {
+        "alpha": {"type": "integer"}, "zeta": {"type": "string"}}}}
+    third = api.post("/api/v1/workflows/", reordered)
+    assert (third.status_code, third.json()["version"], third.json()["unchanged"]) == (201, 3, False)
+    # Identical to an older version but not the latest: a new version (v4 = v1's definition).
+    back = api.post("/api/v1/workflows/", SCHEMA_DOC)
+    assert (back.status_code, back.json()["version"]) == (201, 4)
+
+
+def test_an_identical_re_upload_of_an_archived_latest_version_makes_a_new_active_one(api):
+    first = api.post("/api/v1/workflows/", SCHEMA_DOC).json()
+    assert api.post(f"/api/v1/workflows/{first['id']}/archive/", {"confirm": "report"}).status_code == 200
+    again = api.post("/api/v1/workflows/", SCHEMA_DOC)
+    assert (again.status_code, again.json()["version"], again.json()["state"]) == (201, 2, "active")
+
+
+def test_the_web_upload_says_unchanged_and_stores_no_version(org):
+    import yaml
+
+    from engine.models import Workflow
+
+    client = client_for(owner_of(org))
+    text_doc = yaml.safe_dump(SCHEMA_DOC, sort_keys=False)
+    first = client.post("/workflows/new/", {"definition": text_doc, "state": "active"}, follow=True)
+    assert "Saved report version 1 (active)." in text(first)
+    wf = Workflow.objects.for_organization(org).get(name="report")
+    again = client.post("/workflows/new/", {"definition": text_doc, "state": "active"}, follow=True)
+    assert again.redirect_chain == [(f"/workflows/{wf.pk}/", 302)]
+    assert ("Unchanged: report version 1 already has this definition, so no new version was created."
+            in text(again))
+    assert Workflow.objects.for_organization(org).filter(name="report").count() == 1
+    # Saved as a draft instead: not the latest version's state, so a new (draft) version.
+    draft = client.post("/workflows/new/", {"definition": text_doc, "state": "draft"}, follow=True)
+    assert "Saved report version 2 (draft)." in text(draft)
