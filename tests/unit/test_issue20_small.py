@@ -195,3 +195,80 @@ def test_the_web_upload_says_unchanged_and_stores_no_version(org):
     # Saved as a draft instead: not the latest version's state, so a new (draft) version.
     draft = client.post("/workflows/new/", {"definition": text_doc, "state": "draft"}, follow=True)
     assert "Saved report version 2 (draft)." in text(draft)
+
+
+# --- the console email, decoded and whole ----------------------------------------------------------
+
+
+def test_the_dev_console_mailer_is_the_decoding_one(settings):
+    """make run's configuration (DEBUG on, no EMAIL_HOST) picks it, computed by the settings
+    module in a child process as make run would."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("EMAIL_HOST", "DJANGO_SETTINGS_MODULE")}
+    env.update(DEBUG="1", DJANGO_SETTINGS_MODULE="flowforge.settings")
+    out = subprocess.run([sys.executable, "-c", "import json; from flowforge import settings as s; "
+                          "print(json.dumps(s.MAILERS))"], env=env, capture_output=True, text=True, check=True)
+    mailers = json.loads(out.stdout.strip().splitlines()[-1])
+    assert mailers["default"]["BACKEND"] == "frontend.mail_backends.DecodedConsoleEmailBackend"
+
+
+def test_the_sign_up_confirmation_link_printed_by_the_console_mailer_is_whole_and_works(db, capsys, settings):
+    from allauth.account.models import EmailAddress
+
+    from tests.unit.test_identity import PASSWORD, fresh_client, unique_email
+
+    settings.MAILERS = {"default": {"BACKEND": "frontend.mail_backends.DecodedConsoleEmailBackend"}}
+    # A long address makes a long line: quoted-printable would cut it at 76 characters.
+    email = unique_email("a-rather-long-local-part-for-the-confirmation-link")
+    client = fresh_client()
+    resp = client.post("/accounts/signup/", {"email": email, "password1": PASSWORD, "password2": PASSWORD})
+    assert resp.status_code == 302 and resp["Location"] == "/accounts/confirm-email/"
+    printed = capsys.readouterr().out
+    assert f"To: {email}" in printed
+    assert "=\n" not in printed and "=3D" not in printed  # no quoted-printable left
+    lines = [line for line in printed.splitlines() if "/accounts/confirm-email/" in line]
+    assert lines, printed
+    link = re.search(r"http://testserver(/accounts/confirm-email/\S+/)", lines[0]).group(1)
+    assert len(link) > 76  # it would have been cut
+    # Copied from the log as printed, the link confirms the address.
+    page = client.get(link)
+    assert page.status_code == 200 and email in page.content.decode()
+    assert client.post(link).status_code == 302
+    assert EmailAddress.objects.get(email=email).verified is True
+
+
+# --- staff made with createsuperuser reach the admin ----------------------------------------------
+
+
+def test_a_superuser_made_with_createsuperuser_signs_in_to_the_admin_without_verifying(db, monkeypatch):
+    from allauth.account.models import EmailAddress
+    from django.core.management import call_command
+
+    from tenancy.models import User
+    from tests.unit.test_identity import PASSWORD, fresh_client, unique_email
+
+    email = unique_email("root")
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", PASSWORD)
+    call_command("createsuperuser", interactive=False, email=email, verbosity=0)
+    user = User.objects.get(email=email)
+    assert user.is_staff and user.is_superuser
+    assert EmailAddress.objects.get(user=user).verified is True
+
+    client = fresh_client()
+    # The admin's login is allauth's (rate limits, MFA): /admin/ sends there, and back.
+    start = client.get("/admin/login/?next=/admin/")
+    assert start.status_code == 302 and start["Location"].startswith("/accounts/login/"), start.get("Location")
+    resp = client.post("/accounts/login/?next=/admin/", {"login": email, "password": PASSWORD})
+    assert resp.status_code == 302 and resp["Location"] == "/admin/", resp.get("Location")
+    admin = client.get("/admin/")
+    assert admin.status_code == 200 and "Site administration" in admin.content.decode()
+
+    # Anyone else still confirms their address first.
+    other = unique_email("someone")
+    User.objects.create_user(email=other, password=PASSWORD)
+    resp = fresh_client().post("/accounts/login/", {"login": other, "password": PASSWORD})
+    assert resp.status_code == 302 and resp["Location"] == "/accounts/confirm-email/"
