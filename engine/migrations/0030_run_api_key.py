@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('engine', '0028_notifications'),
+        ('engine', '0029_offloaded_payloads_retention'),
         ('tenancy', '0007_secrets'),
     ]
 
