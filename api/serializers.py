@@ -261,6 +261,23 @@ class WorkflowDetailSerializer(serializers.ModelSerializer):
         return [EdgeSerializer(e).data for e in edges]
 
 
+class WorkflowAppliedSerializer(WorkflowDetailSerializer):
+    """The answer of POST /workflows/: the version stored (201), or, for a document identical
+    to the name's latest version, that version (200) with ``unchanged`` true."""
+
+    unchanged = serializers.SerializerMethodField(
+        help_text="True when the document was identical to the name's latest version (the same normalized "
+        "definition and input schema, and that version active): nothing was stored, and this is that version "
+        "(status 200). False for a new version (status 201).")
+
+    class Meta(WorkflowDetailSerializer.Meta):
+        fields = [*WorkflowDetailSerializer.Meta.fields, "unchanged"]
+        read_only_fields = fields
+
+    def get_unchanged(self, workflow) -> bool:
+        return bool(self.context.get("unchanged"))
+
+
 class WorkflowFilterSerializer(serializers.Serializer):
     """Query parameters of GET /workflows/."""
 

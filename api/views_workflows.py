@@ -34,6 +34,7 @@ from api.serializers import (
     ArchiveResultSerializer,
     DefinitionDocumentSerializer,
     ValidateResultSerializer,
+    WorkflowAppliedSerializer,
     WorkflowDetailSerializer,
     WorkflowFilterSerializer,
     WorkflowListSerializer,
@@ -133,9 +134,11 @@ class WorkflowListView(OrganizationAPIView):
         operation_id="workflows_create",
         summary="Create a workflow version",
         description="Validate a definition document and store it as the next version of its name (version 1 "
-        "for a new name), active.",
+        "for a new name), active: 201 with `unchanged: false`. A document identical to the name's latest version "
+        "(the same normalized definition and input schema, that version active) stores nothing: 200 with that "
+        "version and `unchanged: true`. Re-applying a file is therefore idempotent.",
         request=DefinitionDocumentSerializer,
-        responses={201: WorkflowDetailSerializer, **DEFINITION_PROBLEM,
+        responses={201: WorkflowAppliedSerializer, 200: WorkflowAppliedSerializer, **DEFINITION_PROBLEM,
                    **problem(422, "The organization's stored definitions would exceed its quota "
                              "(max_definition_bytes); the problem's `used` and `allowed` are in bytes.",
                              problem_example(422, "stored definitions quota (max_definition_bytes) exceeded: the "
@@ -143,16 +146,21 @@ class WorkflowListView(OrganizationAPIView):
                                              "version adds 1200, and the limit is 10485760 bytes",
                                              "quota_exceeded"))},
         examples=[OpenApiExample("definition", request_only=True, value=DEFINITION_EXAMPLE),
-                  OpenApiExample("created", response_only=True, status_codes=["201"], value=WORKFLOW_EXAMPLE)],
+                  OpenApiExample("created", response_only=True, status_codes=["201"],
+                                 value={**WORKFLOW_EXAMPLE, "unchanged": False}),
+                  OpenApiExample("unchanged", response_only=True, status_codes=["200"],
+                                 value={**WORKFLOW_EXAMPLE, "unchanged": True})],
     )
     def post(self, request):
         try:
-            workflow = apply_definition(document=_document(request), actor=self.actor)
+            workflow = apply_definition(document=_document(request), actor=self.actor, if_changed=True)
         except DefinitionError as exc:
             return _definition_problem(self, exc)
-        body = WorkflowDetailSerializer(_workflow_detail(self.organization, workflow.pk)).data
+        body = WorkflowAppliedSerializer(_workflow_detail(self.organization, workflow.pk),
+                                         context={"unchanged": workflow.unchanged}).data
         location = request.build_absolute_uri(reverse("api:workflow-detail", kwargs={"pk": workflow.pk}))
-        return Response(body, status=status.HTTP_201_CREATED, headers={"Location": location})
+        return Response(body, status=status.HTTP_200_OK if workflow.unchanged else status.HTTP_201_CREATED,
+                        headers={"Location": location})
 
 
 class WorkflowValidateView(OrganizationAPIView):

@@ -264,6 +264,16 @@ class WorkflowRun(models.Model):
     triggered_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The API key that started the run (NULL for a person, a trigger or the system): the
+    # runs list and the run page name it (issue 20). Neither index nor constraint: no query
+    # selects runs by key, and a key row is deleted only with its organization (revoked
+    # keys stay), whose runs go with it; with a constraint, that deletion would have Django
+    # look for the key's runs (an update of this large table by a column no index holds).
+    # A label whose key row is gone joins to nothing (select_related reads None).
+    api_key = models.ForeignKey(
+        "tenancy.ApiKey", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="+", db_index=False,
+        db_constraint=False,
+    )
     retry_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
     )

@@ -201,9 +201,18 @@ def _actor(actor: Actor | None, organization) -> Actor:
 
 
 def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, organization=None,
-                     created_by=None, state: str = WorkflowState.ACTIVE) -> Workflow:
+                     created_by=None, state: str = WorkflowState.ACTIVE, if_changed: bool = False) -> Workflow:
     """Validate ``document`` and store it as the next version of its name in the
-    actor's organization (version 1 for a new name). Returns the new Workflow.
+    actor's organization (version 1 for a new name). Returns the new Workflow, its
+    ``unchanged`` attribute False.
+
+    With ``if_changed`` (the web upload and the API, issue 20), a document identical to
+    the name's latest version — the same normalized definition, the same input schema
+    text (its key order is the start form's) and that version in ``state`` — stores
+    nothing, records nothing and returns that latest version with ``unchanged`` True;
+    decided under the name's lock, so two identical concurrent uploads make one version.
+    An upload identical to an archived or draft latest version in another state makes a
+    new version (restoring one is its own action).
 
     Without an ``actor`` the system acts for ``organization`` (commands, bootstrap).
     Raises Forbidden when the actor's role may not edit workflows,
@@ -226,12 +235,20 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
     normalized = check_definition(document=document, organization=organization)
     stored = strip_nul(normalized)
     concurrency = normalized.get("concurrency") or {}
+    input_schema_json = (json.dumps(stored["input_schema"], ensure_ascii=False, separators=(",", ":"))
+                         if "input_schema" in stored else None)
     with transaction.atomic():
         with connection.cursor() as cur:
             # Organization first, then name: every apply takes them in this order.
             cur.execute(sql.queries["workflow_version_lock"], {"key": f"definition-bytes:{organization.pk}"})
             cur.execute(sql.queries["workflow_version_lock"],
                         {"key": f"workflow-version:{organization.pk}:{normalized['name']}"})
+        if if_changed:
+            # Before the quota: an unchanged upload stores nothing, so no quota can refuse it.
+            same = _unchanged_latest(organization, normalized["name"], stored, input_schema_json, state)
+            if same is not None:
+                return same
+        with connection.cursor() as cur:
             cur.execute(sql.queries["workflow_definition_bytes"],
                         {"org": organization.pk, "doc": jsonb_safe(stored)})
             used, adding = cur.fetchone()
@@ -261,10 +278,10 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             state=state,
             definition=stored,
             # Its input schema as written (key order kept: the start form follows it).
-            input_schema_json=(json.dumps(stored["input_schema"], ensure_ascii=False, separators=(",", ":"))
-                               if "input_schema" in stored else None),
+            input_schema_json=input_schema_json,
             created_by=created_by,
         )
+        workflow.unchanged = False
         tasks = Task.objects.bulk_create(
             [
                 Task(
@@ -318,6 +335,21 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
         if workflow.state == WorkflowState.ACTIVE:
             triggers.record_rejected_inputs(actor=actor, workflow=workflow)
     return workflow
+
+
+def _unchanged_latest(organization, name: str, stored: dict[str, Any], input_schema_json: str | None,
+                      state: str) -> Workflow | None:
+    """The latest version of ``name`` when it holds exactly this definition (compared as
+    JSON values, as jsonb keeps them), input schema text and ``state``; else None.
+    One query (uniq_workflow_name_version, backwards)."""
+    latest = (Workflow.objects.for_organization(organization).filter(name=name).select_related("created_by")
+              .order_by("-version").first())
+    if latest is None or latest.state != state or latest.input_schema_json != input_schema_json:
+        return None
+    if latest.definition != json.loads(json.dumps(stored)):
+        return None
+    latest.unchanged = True
+    return latest
 
 
 def _rate(task: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -472,6 +504,8 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             run_input=run_input,
             trigger_source=trigger_source,
             triggered_by_id=getattr(triggered_by, "pk", None),
+            # The key that started it, by whatever channel (a retry's: the retrying key).
+            api_key_id=getattr(actor.api_key, "pk", None),
             retry_of_id=getattr(retry_of, "pk", None),
             trigger_id=getattr(trigger, "pk", None),
             priority=priority,

@@ -225,7 +225,9 @@ if os.environ.get("EMAIL_HOST"):
         }
     }
 else:
-    MAILERS = {"default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"}}
+    # Printed decoded and whole (frontend/mail_backends.py): Django's console backend prints
+    # quoted-printable, whose soft line breaks cut the confirmation link in var/log/web.log.
+    MAILERS = {"default": {"BACKEND": "frontend.mail_backends.DecodedConsoleEmailBackend"}}
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "FlowForge <no-reply@flowforge.local>")
 
 # Shared cache (allauth's rate limits, verified API keys): Redis, so every process

@@ -2,12 +2,13 @@
 
 from django.urls import path
 
-from frontend.views import apikeys, secrets, settings, trigger_detail, triggers, workflows
+from frontend.views import apikeys, secrets, settings, trigger_detail, triggers, workflow_grid, workflows
 
 urlpatterns: list = [
     path("workflows/", workflows.workflow_list, name="workflows"),
     path("workflows/new/", workflows.workflow_new, name="workflow_new"),
     path("workflows/<uuid:workflow_id>/", workflows.workflow_detail, name="workflow_detail"),
+    path("workflows/<uuid:workflow_id>/grid/", workflow_grid.workflow_grid, name="workflow_grid"),
     path("workflows/<uuid:workflow_id>/start/", workflows.workflow_start, name="workflow_start"),
     path("workflows/<uuid:workflow_id>/archive/", workflows.workflow_archive, name="workflow_archive"),
     path("workflows/<uuid:workflow_id>/restore/", workflows.workflow_restore, name="workflow_restore"),

@@ -31,9 +31,18 @@ class UserManager(BaseUserManager):
         return self._create(email, password, **extra)
 
     def create_superuser(self, email: str, password: str | None = None, **extra):
+        """A staff superuser (``manage.py createsuperuser``) whose address counts as verified:
+        whoever runs the command on the server vouches for it, and with mandatory email
+        verification (ACCOUNT_EMAIL_VERIFICATION) the admin's sign-in (allauth's, with its
+        rate limits and MFA) would otherwise stop at "confirm your address" (issue 20)."""
+        from allauth.account.models import EmailAddress
+
         extra.setdefault("is_staff", True)
         extra.setdefault("is_superuser", True)
-        return self._create(email, password, **extra)
+        user = self._create(email, password, **extra)
+        EmailAddress.objects.update_or_create(user=user, email=user.email,
+                                              defaults={"verified": True, "primary": True})
+        return user
 
 
 class User(AbstractBaseUser, PermissionsMixin):

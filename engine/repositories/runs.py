@@ -50,6 +50,7 @@ def create_with_task_runs(
     retry_of_id: uuid.UUID | None = None,
     trigger_id: uuid.UUID | None = None,
     priority: int = 0,
+    api_key_id: uuid.UUID | None = None,
     concurrency_keys: dict[str, str] | None = None,
     queued_reason: str | None = None,
     held: bool = False,
@@ -69,6 +70,7 @@ def create_with_task_runs(
     Each task run's priority is ``priority`` + its task's, and its concurrency key
     ``concurrency_keys[task key]`` (the task's key rendered with the run input by the
     caller: ``engine.limit_keys.render_concurrency_key``), NULL for a task without one.
+    ``api_key_id`` is the API key that started it (None for anyone else).
     ``schedule`` (a cron run's instant and data interval) fills scheduled_for,
     data_interval_start and data_interval_end; without it they stay NULL.
     The caller has checked that the workflow may be started (it is active).
@@ -85,6 +87,7 @@ def create_with_task_runs(
             "input": jsonb_safe(run_input),
             "source": trigger_source,
             "user": triggered_by_id,
+            "api_key": api_key_id,
             "retry_of": retry_of_id,
             "trigger": trigger_id,
             "state": state,

@@ -5,12 +5,12 @@
 
 
 -- name: run_insert
--- A new run in state (running from now, or pending: queued behind its workflow's run limit, not started) with priority, its event counter at 0, and its cron instant and data interval (scheduled_for, interval_start, interval_end: all NULL for a run no trigger or backfill started); core_workflowrun_pkey.
+-- A new run in state (running from now, or pending: queued behind its workflow's run limit, not started) with priority, its event counter at 0, the API key that started it (api_key, NULL for anyone else), and its cron instant and data interval (scheduled_for, interval_start, interval_end: all NULL for a run no trigger or backfill started); core_workflowrun_pkey.
 INSERT INTO core_workflowrun
-    (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, retry_of_id,
+    (id, organization_id, workflow_id, state, input, trigger_source, triggered_by_id, api_key_id, retry_of_id,
      trigger_id, error, priority, last_event_seq, created_at, started_at,
      scheduled_for, data_interval_start, data_interval_end)
-VALUES (%(run)s, %(org)s, %(wf)s, %(state)s, %(input)s, %(source)s, %(user)s, %(retry_of)s,
+VALUES (%(run)s, %(org)s, %(wf)s, %(state)s, %(input)s, %(source)s, %(user)s, %(api_key)s, %(retry_of)s,
         %(trigger)s, '', %(priority)s, 0, clock_timestamp(),
         CASE WHEN %(state)s = 'running' THEN clock_timestamp() END,
         %(scheduled_for)s, %(interval_start)s, %(interval_end)s);

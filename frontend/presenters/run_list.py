@@ -68,9 +68,10 @@ def run_list_queryset(org, data: dict[str, Any]) -> QuerySet:
     """The organization's runs matching the filter form's cleaned ``data`` (unordered)."""
     qs = (
         WorkflowRun.objects.for_organization(org)
-        .select_related("workflow", "triggered_by", "trigger")
-        # A workflow's document and a run's input can be large and are not shown here.
-        .defer("input", "workflow__definition", "workflow__description", "trigger__input")
+        .select_related("workflow", "triggered_by", "trigger", "api_key")
+        # A workflow's document and a run's input can be large and are not shown here; of
+        # the API key that started a run, only its name (the key's hash stays unread).
+        .defer("input", "workflow__definition", "workflow__description", "trigger__input", "api_key__hashed_key")
     )
     workflow = (data.get("workflow") or "").strip()
     if workflow:

@@ -43,7 +43,7 @@ from frontend.presenters.run_rows import (
     render_task_rows,
     render_timeline_rows,
 )
-from frontend.presenters.text import cut, event_detail_text, run_duration, without_countdown
+from frontend.presenters.text import cut, event_detail_text, retry_at, run_duration, without_countdown
 from frontend.presenters.timeline import (
     TIMELINE_KINDS,
     TaskRow,
@@ -51,6 +51,7 @@ from frontend.presenters.timeline import (
     attempts_from_events,
     build_timeline,
 )
+from tenancy.models import ApiKey
 from tenancy.permissions import Action, can
 
 # Events shown on the run page (the latest ones); the event-log page has them all.
@@ -109,6 +110,10 @@ class Resume:
                                          if self.reopened else "")
 
 
+#: Failed tasks the failed-run banner names (the task table lists them all).
+FAILED_TASKS_NAMED = 5
+
+
 @dataclasses.dataclass
 class RunView:
     """Everything the run page and its live fragment show."""
@@ -146,6 +151,21 @@ class RunView:
     def to_rerun(self) -> int:
         """Task runs of the run that did not succeed (a resume runs them again, and their downstream)."""
         return sum(n for state, n in self.counts.items() if state != RunState.SUCCEEDED)
+
+    @property
+    def failed_tasks(self) -> list[TaskRow]:
+        """The run's failed task runs (in the table's order: by depth, then key) for the
+        failed-run banner, at most FAILED_TASKS_NAMED of them."""
+        return [r for r in self.rows if r.state == "failed"][:FAILED_TASKS_NAMED]
+
+    @property
+    def failed_task_count(self) -> int:
+        return self.counts.get("failed", 0)
+
+    @property
+    def failed_tasks_more(self) -> int:
+        """Failed task runs the banner does not name."""
+        return max(0, self.failed_task_count - FAILED_TASKS_NAMED)
 
     @property
     def task_rows_html(self) -> SafeString:
@@ -286,6 +306,7 @@ def build_run_view(
             # An output kept in the offload storage (engine.offload): the whole one's size.
             Case(When(output__contains={"$ref": offload.REF},
                       then=Cast(KeyTextTransform("bytes", "output"), BigIntegerField())), default=None),
+            "not_before",
         )
     )
     edges = list(
@@ -316,10 +337,11 @@ def build_run_view(
             if output and (len(output) > OUTPUT_PREVIEW_CHARS or offloaded) else "",
             concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
             skip_reason=skip_reason, trigger_rule=trigger_rule, condition=condition,
+            retry_at=retry_at(state, not_before, now),
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
              output, error, output_bytes, queue, attempt_base, skip_reason, trigger_rule, condition,
-             offloaded) in task_runs
+             offloaded, not_before) in task_runs
     ]
     can_operate = can(request.membership.role, Action.RUN_OPERATE)
     if can_operate:
@@ -461,9 +483,15 @@ def log_blocks(org_id: uuid.UUID, run: WorkflowRun, rows: Sequence[TaskRow],
 
 
 def started_by(org, run: WorkflowRun) -> str:
-    """Who started ``run``: a person's email, an API key's prefix, a cron trigger, or the system."""
+    """Who started ``run``: a person's email, an API key's name and prefix, a cron trigger,
+    or the system. A run an API key started names the key (``run.api_key``, one query);
+    runs from before that column fall back to the audit entry's prefix."""
     if run.trigger_id:
         return f"cron trigger {run.trigger.name}" if run.trigger else "a cron trigger"
+    if run.api_key_id:
+        key = ApiKey.objects.for_organization(org).filter(pk=run.api_key_id).values_list("name", "prefix").first()
+        if key is not None:
+            return f"API key {key[0]} (ffk_{key[1]}_…)"
     entry = (
         AuditLog.objects.for_organization(org)
         .filter(target_id=str(run.pk), action="run.started")  # idx_auditlog_target_id

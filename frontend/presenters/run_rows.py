@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from django.utils.safestring import SafeString, mark_safe
 
-from frontend.presenters.text import human_bytes
+from frontend.presenters.text import human_bytes, retry_at_html
 from frontend.presenters.timeline import TL_BAR, TL_ROW, TaskRow, Timeline
 
 if TYPE_CHECKING:  # run_page imports this module
@@ -103,6 +103,8 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
                  if r.error_preview else "")
         output = f'<code class="output">{_esc(r.output_preview)}</code>' if r.output_preview else ""
         waiting = f' <span class="wait-reason">{_esc(r.waiting_reason)}</span>' if r.waiting_reason else ""
+        if r.retry_at is not None:  # waiting for its next attempt: when, rather than "retry backoff"
+            waiting = f' <span class="wait-reason retry-at">{retry_at_html(r.retry_at)}</span>'
         label = r.skip_reason_label
         if label:
             # The sentence (with a false condition's text, up to 2,000 characters) is the title;

@@ -27,7 +27,7 @@ from engine.repositories.task_logs import StoredLine
 from engine.trigger_rules import skip_reason_text
 from frontend.presenters.run_page import event_rows
 from frontend.presenters.run_rows import render_event_rows
-from frontend.presenters.text import human_bytes, human_duration, seconds_between
+from frontend.presenters.text import human_bytes, human_duration, retry_at, retry_at_html, seconds_between
 
 #: Characters of a JSON document (config, output, input) shown before it is cut.
 JSON_PREVIEW_CHARS = 20_000
@@ -103,6 +103,7 @@ class TaskPanel:
     attempts: list[AttemptView]
     events_html: SafeString
     poll_seconds: int = POLL_SECONDS
+    retry_at_html: SafeString | None = None  # "retrying at <time>" while it waits for its next attempt
 
     @property
     def task_run(self):
@@ -179,6 +180,7 @@ def build_task_panel(org, run_id: uuid.UUID, task_run_id: uuid.UUID) -> TaskPane
         api_url=reverse("api:run-task-detail", kwargs={"run_id": run_id, "pk": tr.pk}),
         config_json=config_json, config_cut=config_cut, upstream=upstream, attempts=attempts,
         events_html=render_event_rows(events),
+        retry_at_html=mark_safe(retry_at_html(at)) if (at := retry_at(tr.state, tr.not_before, now)) else None,  # noqa: S308 — no input in it
     )
 
 

@@ -25,6 +25,22 @@ def human_duration(seconds: float | None) -> str:
     return f"{h} h {rem // 60:02d} m"
 
 
+def retry_at(state: str, not_before: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
+    """When a task run waiting for its next attempt (ready, its retry backoff's
+    ``not_before`` still ahead of ``now``) may be claimed again; None for any other."""
+    if state == "ready" and not_before is not None and not_before > now:
+        return not_before
+    return None
+
+
+def retry_at_html(at: dt.datetime) -> str:
+    """"retrying at 14:03:07 UTC" (the date too when not today, UTC), with a ``<time>``
+    element carrying the instant."""
+    at = at.astimezone(dt.UTC)
+    shown = f"{at:%H:%M:%S}" if at.date() == dt.datetime.now(dt.UTC).date() else f"{at:%b} {at.day}, {at:%H:%M:%S}"
+    return f'retrying at <time datetime="{at.isoformat(timespec="seconds")}">{shown} UTC</time>'
+
+
 def run_duration(started_at: dt.datetime | None, finished_at: dt.datetime | None, now: dt.datetime) -> str:
     """How long a run has been going (to ``now``) or went, as ``human_duration``; "—"
     for a run that never started (queued behind its workflow's run limit, or cancelled

@@ -207,6 +207,7 @@ class TaskRow:
     output_bytes: int | None = None  # size of the output's JSON text
     output_url: str = ""  # the whole output, when the preview is cut
     waiting_reason: str = ""  # a ready task's "waiting: ..." (engine.repositories.waiting)
+    retry_at: dt.datetime | None = None  # a ready task run waiting for its next attempt: when it may start
     concurrency_key: str = ""  # its task's concurrency key rendered with the run's input; "" when none
     queue: str = ""  # the queue of the organization's own workers it waits on; "" for the shared workers
     # Ready on a worker queue: the queue's live workers (0: nothing will take it); None otherwise.

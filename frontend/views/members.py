@@ -16,7 +16,7 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from frontend.forms import InviteForm, RoleForm, offered_roles
 from frontend.organization import organization_required
@@ -165,25 +165,59 @@ def _remove(request: HttpRequest, target: Membership) -> HttpResponse:
     return redirect("frontend:members")
 
 
-@require_POST
+def _confirm(request: HttpRequest, *, title: str, lines: list[str], button: str) -> HttpResponse:
+    """The confirmation step of a destructive action (a page, no JavaScript needed): its
+    button posts to the same URL, which acts; Cancel goes back to the member list."""
+    from django.urls import reverse
+
+    return render(request, "frontend/confirm.html", {
+        "title": title, "lines": lines, "button": button, "action": request.path,
+        "cancel": reverse("frontend:members")})
+
+
+def _confirm_remove(request: HttpRequest, target: Membership) -> HttpResponse:
+    org = request.membership.organization
+    if target.user_id == request.user.pk:
+        return _confirm(request, title=f"Leave {org.name}?", button="Leave organization", lines=[
+            f"You lose access to {org.name}'s workflows, runs and settings at once; only a new "
+            "invitation brings you back.",
+            "Invitations you sent that are still pending are withdrawn, and cron triggers you "
+            "created are paused."])
+    _authorize(request.actor.role, Action.MEMBER_MANAGE)
+    return _confirm(request, title=f"Remove {target.user.email} from {org.name}?", button="Remove member", lines=[
+        f"{target.user.email} ({target.get_role_display()}) loses access to {org.name} at once; "
+        "their pending invitations are withdrawn and the cron triggers they created are paused."])
+
+
+@require_http_methods(["GET", "POST"])
 @organization_required
 def member_remove(request: HttpRequest, membership_id: uuid.UUID) -> HttpResponse:
-    """Remove a member (or leave, when the id is the signed-in user's own)."""
-    return _remove(request, _membership_or_404(request, membership_id))
+    """GET: ask to confirm; POST: remove a member (or leave, when the id is the signed-in user's own)."""
+    target = _membership_or_404(request, membership_id)
+    if request.method == "GET":
+        return _confirm_remove(request, target)
+    return _remove(request, target)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @organization_required
 def member_leave(request: HttpRequest) -> HttpResponse:
-    """Leave the active organization (any role; the last owner cannot)."""
+    """GET: ask to confirm; POST: leave the active organization (any role; the last owner cannot)."""
+    if request.method == "GET":
+        return _confirm_remove(request, request.membership)
     return _remove(request, request.membership)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @organization_required
 def invitation_revoke(request: HttpRequest, invitation_id: uuid.UUID) -> HttpResponse:
+    """GET: ask to confirm; POST: withdraw a pending invitation."""
     invitation = access_invitation(request.membership.organization, invitation_id)
     _authorize(request.actor.role, Action.MEMBER_MANAGE)
+    if request.method == "GET" and invitation.accepted_at is None and invitation.revoked_at is None:
+        return _confirm(request, title=f"Withdraw the invitation for {invitation.email}?",
+                        button="Withdraw invitation", lines=[
+                            f"Its link stops working at once; {invitation.email} can only join with a new invitation."])
     # revoke_invitation is a silent no-op for an invitation that is no longer pending;
     # say so rather than claim it was withdrawn.
     if invitation.accepted_at is not None:

@@ -144,6 +144,7 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
                     document=form.cleaned_data["document"],
                     actor=request.actor,
                     state=form.cleaned_data["state"],
+                    if_changed=True,
                 )
             except Forbidden as exc:
                 raise PermissionDenied(str(exc)) from None
@@ -152,6 +153,10 @@ def workflow_new(request: HttpRequest) -> HttpResponse:
             except QuotaExceeded as exc:  # the organization's stored definitions quota
                 form.add_error(None, str(exc))
             else:
+                if workflow.unchanged:  # identical to the latest version: nothing stored
+                    messages.info(request, f"Unchanged: {workflow.name} version {workflow.version} already has this "
+                                           "definition, so no new version was created.")
+                    return redirect("frontend:workflow_detail", workflow_id=workflow.pk)
                 messages.success(
                     request, f"Saved {workflow.name} version {workflow.version} ({workflow.state})."
                 )

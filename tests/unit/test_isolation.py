@@ -93,6 +93,7 @@ OBJECT_KINDS: dict[str, dict[str, str]] = {
     "frontend:run_task_mark_succeeded": {"run_id": "run", "task_run_id": "task_run"},
     "frontend:run_task_skip": {"run_id": "run", "task_run_id": "task_run"},
     "frontend:workflow_detail": {"workflow_id": "workflow"},
+    "frontend:workflow_grid": {"workflow_id": "workflow"},
     "frontend:workflow_start": {"workflow_id": "workflow"},
     "frontend:workflow_archive": {"workflow_id": "workflow"},
     "frontend:workflow_restore": {"workflow_id": "workflow"},

@@ -228,7 +228,8 @@ def test_member_actions_are_post_only_and_csrf_protected(team):
     member = team["member"]
     client = client_for(team["admin"].user)
     assert client.get(f"/members/{member.pk}/role/").status_code == 405
-    assert client.get("/members/leave/").status_code == 405
+    # GET of leave/remove is the confirmation step: it changes nothing (test_confirmation_steps_...).
+    assert client.get("/members/leave/").status_code == 200 and role_of(team["admin"]) == Role.ADMIN
     strict = client_for(team["admin"].user, enforce_csrf_checks=True, REMOTE_ADDR="10.9.9.9")
     assert strict.post(f"/members/{member.pk}/role/", {"role": Role.VIEWER}).status_code == 403
     assert strict.post(f"/members/{member.pk}/remove/").status_code == 403
@@ -317,3 +318,67 @@ def test_create_organization_shows_errors_on_the_field_and_makes_the_new_one_act
     assert Membership.objects.for_organization(org).get(user=user).role == Role.OWNER
     assert client.session[ORG_SESSION_KEY] == str(org.pk)
     assert "Created Acme Corp. You are its owner." in text(client.get("/members/"))
+
+
+def _confirm_form(body: str) -> tuple[str, str]:
+    """(action, button text) of the confirmation page's POST form."""
+    import re
+
+    found = re.search(r'<form method="post" action="([^"]+)" class="actions">.*?<button type="submit"[^>]*>([^<]+)</button>',
+                      body, re.S)
+    assert found, body
+    return found.group(1), found.group(2)
+
+
+def test_confirmation_steps_for_leave_remove_and_withdraw(team):
+    """The members page's Leave, Remove and Withdraw buttons open a confirmation page (a GET,
+    no JavaScript) that changes nothing; its button posts the action."""
+    org, admin, member = team["org"], team["admin"], team["member"]
+    page = client_for(admin.user).get("/members/").content.decode()
+    assert '<form class="inline" method="get" action="/members/leave/">' in page
+    assert f'<form class="inline" method="get" action="/members/{member.pk}/remove/">' in page
+
+    leaving = client_for(member.user)
+    resp = leaving.get("/members/leave/")
+    assert resp.status_code == 200
+    assert f"Leave {org.name}?" in text(resp)
+    assert _confirm_form(resp.content.decode()) == ("/members/leave/", "Leave organization")
+    assert role_of(member) == Role.MEMBER  # nothing happened yet
+
+    admin_client = client_for(admin.user)
+    resp = admin_client.get(f"/members/{member.pk}/remove/")
+    assert resp.status_code == 200
+    assert f"Remove {member.user.email} from {org.name}?" in text(resp)
+    assert _confirm_form(resp.content.decode()) == (f"/members/{member.pk}/remove/", "Remove member")
+    assert role_of(member) == Role.MEMBER
+
+    invitation = Invitation.objects.create(organization=org, email="w@example.com", token_hash="w" * 64,
+                                           expires_at=timezone.now() + dt.timedelta(days=3), invited_by=admin.user)
+    page = admin_client.get("/members/").content.decode()
+    assert f'<form class="inline" method="get" action="/members/invitations/{invitation.pk}/revoke/">' in page
+    resp = admin_client.get(f"/members/invitations/{invitation.pk}/revoke/")
+    assert resp.status_code == 200
+    assert "Withdraw the invitation for w@example.com?" in text(resp)
+    assert _confirm_form(resp.content.decode()) == (f"/members/invitations/{invitation.pk}/revoke/",
+                                                    "Withdraw invitation")
+    invitation.refresh_from_db()
+    assert invitation.revoked_at is None
+
+    # The confirmation's button acts.
+    assert admin_client.post(f"/members/invitations/{invitation.pk}/revoke/").status_code == 302
+    invitation.refresh_from_db()
+    assert invitation.revoked_at is not None
+    assert admin_client.post(f"/members/{member.pk}/remove/").status_code == 302
+    assert role_of(member) is None
+
+    # A viewer gets no confirmation page for removing someone: the same 403 as the action.
+    assert client_for(team["viewer"].user).get(f"/members/{admin.pk}/remove/").status_code == 403
+
+def test_confirmation_pages_of_another_organizations_ids_are_404(team, make_org):
+    other = make_org()
+    foreign = add_member(other, Role.MEMBER)
+    invitation = Invitation.objects.create(organization=other, email="f@example.com", token_hash="f" * 64,
+                                           expires_at=timezone.now() + dt.timedelta(days=3))
+    client = client_for(team["owner"].user)
+    assert client.get(f"/members/{foreign.pk}/remove/").status_code == 404
+    assert client.get(f"/members/invitations/{invitation.pk}/revoke/").status_code == 404

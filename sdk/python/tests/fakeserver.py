@@ -521,12 +521,18 @@ class FakeFlowForge:
         if errors:
             return Reply(400, problem(400, "The workflow definition is invalid; see errors.", "invalid_definition",
                                       errors))
-        version = 1 + sum(1 for w in self.workflows if w["name"] == body["name"])
+        same_name = [w for w in self.workflows if w["name"] == body["name"]]
+        if same_name and same_name[-1]["document"] == body:  # the server's "unchanged": nothing stored
+            latest = same_name[-1]
+            return Reply(200, {**self._workflow_detail(latest), "unchanged": True},
+                         {"Location": f"/api/v1/workflows/{latest['id']}/"})
+        version = 1 + len(same_name)
         workflow = {"id": str(uuid.uuid4()), "name": body["name"], "version": version, "state": "active",
                     "description": body.get("description", ""), "created_at": now_iso(), "concurrency": None,
                     "tasks": body["tasks"], "edges": [], "document": body}
         self.workflows.append(workflow)
-        return Reply(201, self._workflow_detail(workflow), {"Location": f"/api/v1/workflows/{workflow['id']}/"})
+        return Reply(201, {**self._workflow_detail(workflow), "unchanged": False},
+                     {"Location": f"/api/v1/workflows/{workflow['id']}/"})
 
     @staticmethod
     def _workflow_detail(workflow: dict[str, Any]) -> dict[str, Any]:

@@ -44,19 +44,23 @@ def test_base_url_gets_the_api_prefix_once(fake: FakeFlowForge) -> None:
         Client(fake.url, " ")
 
 
-def test_apply_stores_a_new_version_of_the_name_each_time(fake: FakeFlowForge, client: Client) -> None:
+def test_apply_stores_a_new_version_of_the_name_each_time_it_changes(fake: FakeFlowForge, client: Client) -> None:
     wf = Workflow("thumbnails", description="Resize images.")
     fetch = wf.noop("fetch")
     wf.worker_task("resize", queue="images", input={"width": 640}, depends_on=[fetch])
 
     first = client.workflows.apply(wf)
+    first_document = wf.to_document()
+    same = client.workflows.apply(wf.to_document())  # identical: the server answers 200, unchanged
+    assert (same.id, same.version, same.unchanged, first.unchanged) == (first.id, 1, True, False)
+    wf.description = "Resize images to 640 px."
     second = client.workflows.apply(wf.to_document())
 
     assert (first.name, first.version, first.state) == ("thumbnails", 1, "active")
-    assert second.version == 2
+    assert second.version == 2 and not second.unchanged
     assert [t["key"] for t in first.tasks] == ["fetch", "resize"]
     (call,) = fake.calls_to("/workflows/")[:1]
-    assert call.body == wf.to_document()
+    assert call.body == first_document
     assert client.workflows.get(first.id).version == 1
     latest = client.workflows.latest("thumbnails")
     assert latest is not None and latest.id == second.id

@@ -132,7 +132,9 @@ class WorkflowsAPI:
     def apply(self, definition: Workflow | Mapping[str, Any]) -> WorkflowVersion:
         """Store ``definition`` (a Workflow built in code, or a definition document) as the
         next version of its name — version 1 for a new name — active; returns it with
-        its tasks. Every apply stores a new version, even of an unchanged definition.
+        its tasks. A definition identical to the name's latest (active) version stores
+        nothing: that version is returned with ``unchanged`` True (the server's 200), so
+        applying the same workflow at every start makes no new versions.
 
         Raises flowforge_sdk.DefinitionError (nothing sent) for what Workflow checks
         locally, ValidationError (``code`` ``invalid_definition``, ``errors`` a list of
@@ -141,7 +143,7 @@ class WorkflowsAPI:
         definitions would pass its quota."""
         document = definition.to_document() if isinstance(definition, Workflow) else dict(definition)
         # Not retried after the request was sent: a retry could store a second version.
-        return WorkflowVersion.from_api(self._http.json("POST", "workflows/", body=document, expect=(201,)))
+        return WorkflowVersion.from_api(self._http.json("POST", "workflows/", body=document, expect=(200, 201)))
 
     def validate(self, definition: Workflow | Mapping[str, Any]) -> dict[str, Any]:
         """Check a definition as ``apply`` would, storing nothing; returns the normalized

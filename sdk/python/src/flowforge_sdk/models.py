@@ -76,6 +76,9 @@ class WorkflowVersion:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     edges: list[dict[str, Any]] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # ``workflows.apply`` only: True when the definition was identical to the latest version
+    # (nothing stored; this is that version).
+    unchanged: bool = False
 
     @classmethod
     def from_api(cls, data: dict[str, Any]) -> WorkflowVersion:
@@ -85,7 +88,7 @@ class WorkflowVersion:
                    created_at=parse_time(data.get("created_at")),
                    task_count=count if isinstance(count, int) else None,
                    concurrency=data.get("concurrency"), tasks=list(data.get("tasks") or []),
-                   edges=list(data.get("edges") or []), raw=data)
+                   edges=list(data.get("edges") or []), raw=data, unchanged=data.get("unchanged") is True)
 
 
 @dataclass(frozen=True)
