@@ -256,13 +256,24 @@ class Graph {
     if (this.chainLike(model)) {
       // A long chain wraps into rows shaped like the card instead of one row to pan along.
       graph.layoutOptions["elk.layered.wrapping.strategy"] = "SINGLE_EDGE";
+      // (Merged edges and wrapping together give wrong routes in elkjs 0.12: a chain has no fan-out to merge.)
+      delete graph.layoutOptions["elk.layered.mergeEdges"];
       graph.layoutOptions["elk.aspectRatio"] = String(Math.max(1, this.viewport.clientWidth / this.maxHeight()));
     }
     const out = await this.elk.layout(graph);
     const pos = out.children.map((c) => ({ x: c.x, y: c.y, w: c.width, h: c.height }));
     const routes = out.edges.map((e) => {
-      const sec = (e.sections || [])[0];
-      const pts = sec ? [sec.startPoint, ...(sec.bendPoints || []), sec.endPoint].map((p) => [p.x, p.y]) : null;
+      // An edge ELK split (a wrapped chain's edge back to the next row) has several
+      // sections, chained by their incoming and outgoing sections: followed in order.
+      const secs = e.sections || [];
+      const byId = new Map(secs.map((x) => [x.id, x]));
+      let sec = secs.find((x) => !(x.incomingSections || []).length) || secs[0];
+      let pts = null;
+      for (let guard = 0; sec && guard < secs.length; guard++) {
+        const more = [sec.startPoint, ...(sec.bendPoints || []), sec.endPoint].map((p) => [p.x, p.y]);
+        pts = pts ? pts.concat(more.slice(1)) : more;
+        sec = byId.get((sec.outgoingSections || [])[0]);
+      }
       const lab = (e.labels || [])[0];
       return { pts, label: lab ? { x: lab.x + lab.width / 2, y: lab.y + lab.height / 2, w: lab.width } : null };
     });
