@@ -142,7 +142,7 @@ def render_state_legend(states: Iterable[str] = TASK_RUN_STATES) -> SafeString:
 
 
 def load_graph(workflow) -> tuple[list[dict[str, Any]], list[tuple[str, str, str]]]:
-    """(tasks, edges) of one workflow version in two queries, for ``render_dag_svg``.
+    """(tasks, edges) of one workflow version in two queries, for ``graph_order`` and ``graph_data``.
 
     Tasks are dicts of id, key, type, position_x, position_y, max_attempts,
     retry_backoff_seconds, timeout_seconds, the scheduling columns (priority,

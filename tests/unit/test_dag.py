@@ -90,3 +90,12 @@ def test_load_graph_takes_two_queries_whatever_the_size(make_workflow, org, djan
     data = graph_data(graph_order(tasks, edges), edges)
     assert len(data["tasks"]) == 60 and len(data["edges"]) == 117
     assert [row[0] for row in data["tasks"]][:3] == ["t0", "t1", "t2"]  # t2 depends on t1: a layer later
+
+
+def test_a_missing_graph_bundle_is_a_system_check_warning(monkeypatch, tmp_path):
+    from frontend import checks
+
+    assert checks.check_graph_bundle() == []  # make install built it
+    monkeypatch.setattr(checks, "GRAPH_BUNDLE", tmp_path / "graph.js")
+    [warning] = checks.check_graph_bundle()
+    assert warning.id == "frontend.W002" and "make install" in warning.hint

@@ -364,6 +364,8 @@ def test_live_fragment_has_every_region_and_only_new_events(org):
     body = resp.content.decode()
     for region in ("run-summary", "run-dag", "run-timeline", "run-tasks", "run-events"):
         assert f'data-region="{region}"' in body
+    # Of the graph only the states are resent (a letter a task), never its tasks and edges.
+    assert 'id="graph-states"' in body and 'id="graph-data"' not in body
     assert f'data-seq="{run.last_event_seq}"' in body and 'data-terminal="0"' in body
     seqs = [int(s) for s in re.findall(r'<tr data-seq="(\d+)"', body)]
     assert seqs == list(range(seen + 1, run.last_event_seq + 1))
