@@ -136,6 +136,8 @@ class Graph {
     if (!holder) return false;
     let code = "";
     try { code = JSON.parse(holder.textContent); } catch (e) { return false; }
+    if (code === this.stateCode) return false; // unchanged: no redraw (it would drop the focus)
+    this.stateCode = code;
     this.states = decodeStates(code, this.tasks.length);
     return true;
   }

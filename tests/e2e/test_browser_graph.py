@@ -273,3 +273,40 @@ def test_run_page_nodes_follow_task_states_and_keep_the_zoom(live_server, browse
     assert page.locator(f"svg.dag #node-{key} .node-state-label").text_content() == "failed"
     assert measure(page)["scale"] == pytest.approx(scale, rel=1e-3)
     assert page.evaluate("window.__ffNoReload === true")
+
+
+def test_positions_given_in_the_definition_win(live_server, browser):
+    # Canvas positions (seed 003) that no layered layout would choose: the first task on the
+    # right, its dependents stacked to its left.
+    placed = {"collect": (900, 0), "left": (0, 0), "middle": (0, 200), "bottom": (300, 400)}
+
+    def make():
+        data = setup(7)
+        from engine.models import Workflow
+
+        org = Workflow.objects.unscoped().get(pk=data["workflow"]).organization
+        from tenancy.models import Membership
+
+        owner = Membership.objects.for_organization(org).get(role=Role.OWNER).user
+        actor = Actor(organization=org, role=Role.OWNER, user=owner, channel="web")
+        wf = apply_definition(actor=actor, document={"name": "placed", "tasks": [
+            {"key": key, "type": "noop", "position": {"x": x, "y": y},
+             "depends_on": [] if key == "collect" else ["collect"]} for key, (x, y) in placed.items()]})
+        return {**data, "placed": str(wf.pk)}
+
+    data = orm(make)
+    base = live_server.url
+    context = browser.new_context(viewport=VIEWPORT)
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": data["session"], "url": base}])
+    page = context.new_page()
+    m = open_graph(page, f"{base}/workflows/{data['placed']}/")
+    assert page.locator("svg.dag").get_attribute("data-layout") == "positions"
+    check_default_view(m, 4, "positions")
+    at = {lab["key"]: (lab["x"] / m["scale"], lab["y"] / m["scale"]) for lab in m["labels"]}
+    # The drawing keeps the given places, up to a shift and a spread (at most 3 times) per axis.
+    xs = sorted(placed, key=lambda k: placed[k][0])
+    ys = sorted(placed, key=lambda k: placed[k][1])
+    assert sorted(at, key=lambda k: at[k][0]) == xs and sorted(at, key=lambda k: at[k][1]) == ys
+    assert at["left"][1] == pytest.approx(at["collect"][1], abs=1)  # same row given, same row drawn
+    page.locator("[data-graph]").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "graph-positions-workflow.png"))
