@@ -320,10 +320,15 @@ class Graph {
     }));
     const routes = model.edges.map((e) => {
       const a = pos[e.a], b = pos[e.b];
-      const forward = b.x >= a.x + a.w;
-      const p0 = forward ? [a.x + a.w, a.y + a.h / 2] : [a.x + a.w / 2, a.y + (b.y > a.y ? a.h : 0)];
-      const p1 = forward ? [b.x, b.y + b.h / 2] : [b.x + b.w / 2, b.y + (b.y > a.y ? 0 : b.h)];
-      return { pts: [p0, p1], curve: forward ? "h" : "v",
+      let p0, p1, curve = "h";
+      if (b.x >= a.x + a.w) { p0 = [a.x + a.w, a.y + a.h / 2]; p1 = [b.x, b.y + b.h / 2]; } // b right of a
+      else if (b.x + b.w <= a.x) { p0 = [a.x, a.y + a.h / 2]; p1 = [b.x + b.w, b.y + b.h / 2]; } // b left of a
+      else { // one above the other
+        curve = "v";
+        p0 = [a.x + a.w / 2, a.y + (b.y > a.y ? a.h : 0)];
+        p1 = [b.x + b.w / 2, b.y + (b.y > a.y ? 0 : b.h)];
+      }
+      return { pts: [p0, p1], curve,
         label: e.label ? { x: (p0[0] + p1[0]) / 2, y: (p0[1] + p1[1]) / 2, w: Math.min(180, 14 + e.label.length * 6.8) } : null };
     });
     const width = Math.max(...pos.map((p) => p.x + p.w)) + 4;

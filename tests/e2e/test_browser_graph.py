@@ -246,7 +246,7 @@ def test_graph_is_legible_fits_its_card_zooms_pans_and_expands_groups(n, live_se
     assert not problems, problems
 
 
-def test_run_page_nodes_follow_task_states_and_keep_the_zoom(live_server, browser):
+def test_run_page_nodes_follow_task_states_keep_the_zoom_and_open_the_task_panel(live_server, browser):
     data = orm(lambda: setup(7))
     base = live_server.url
     context = browser.new_context(viewport=VIEWPORT)
@@ -272,6 +272,9 @@ def test_run_page_nodes_follow_task_states_and_keep_the_zoom(live_server, browse
     page.wait_for_selector(f"svg.dag #node-{key}.state-failed", timeout=30_000)
     assert page.locator(f"svg.dag #node-{key} .node-state-label").text_content() == "failed"
     assert measure(page)["scale"] == pytest.approx(scale, rel=1e-3)
+    # A node opens its task's panel, as its key in the task table does.
+    page.click(f"svg.dag #node-{key} .node-box")
+    page.wait_for_selector(f"#task-panel .task-panel[data-task-key='{key}']", timeout=30_000)
     assert page.evaluate("window.__ffNoReload === true")
 
 
