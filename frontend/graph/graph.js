@@ -208,12 +208,17 @@ class Graph {
       return;
     }
     const w = this.nodeWidth();
+    const token = (this.layoutSeq = (this.layoutSeq || 0) + 1);
     let layout;
-    if (this.positioned) {
-      layout = this.layoutFromPositions(model, w);
-    } else {
-      layout = await this.layoutWithElk(model, w);
+    try {
+      layout = this.positioned ? this.layoutFromPositions(model, w) : await this.layoutWithElk(model, w);
+    } catch (e) {
+      this.root.dataset.error = String(e);
+      this.setNote("The graph could not be laid out; the list shows every task.");
+      this.showList(true);
+      return;
     }
+    if (token !== this.layoutSeq) return; // a later expand or collapse was laid out meanwhile
     this.model = model;
     this.layout = layout;
     this.draw();
