@@ -1,9 +1,18 @@
+# The browser's DAG drawing (frontend/graph/graph.js with ELK), bundled as `make install` does.
+FROM node:20-slim AS graph
+WORKDIR /build
+COPY package.json package-lock.json ./
+RUN npm ci --no-audit --no-fund --loglevel=error
+COPY frontend/graph frontend/graph
+RUN npm run build
+
 FROM python:3.13-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 RUN apt-get update && apt-get install -y --no-install-recommends postgresql-client && rm -rf /var/lib/apt/lists/*
 COPY pyproject.toml README.md ./
 COPY . .
+COPY --from=graph /build/frontend/static/frontend/dist frontend/static/frontend/dist
 # tests/, bench/, .git, .venv and var/ stay out of the image (.dockerignore).
 # collectstatic runs with DEBUG off, which refuses a short or default SECRET_KEY, a missing
 # audit key and missing encryption or secret keys: these throwaway keys exist for the build only (nothing

@@ -36,7 +36,27 @@ $(STAMP): pyproject.toml sdk/python/pyproject.toml
 	$(PY) -m pip install --quiet -e sdk/python
 	@touch $(STAMP)
 
-install: $(STAMP)
+# The browser's DAG drawing (frontend/graph/graph.js with ELK from npm) bundled by esbuild
+# into frontend/static/frontend/dist/ (not committed): `npm ci` when package-lock.json
+# changed, the build when a source did. Node.js and npm are Debian's (or the machine's).
+NPM_STAMP := node_modules/.installed
+GRAPH_BUNDLE := frontend/static/frontend/dist/graph.js
+
+$(NPM_STAMP): package.json package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's nodejs and npm for the front-end build"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm) >/dev/null; \
+	  else \
+	    echo "the front-end build needs Node.js and npm: sudo apt-get install nodejs npm"; exit 1; \
+	  fi; }
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NPM_STAMP)
+
+$(GRAPH_BUNDLE): $(NPM_STAMP) frontend/graph/graph.js
+	npm run --silent build
+
+install: $(STAMP) $(GRAPH_BUNDLE)
 
 services: install
 	@$(PY) -m flowforge.services_check --create-database
@@ -99,4 +119,4 @@ faults: install
 	$(PY) -m tests.faults.run --runs $${FAULT_RUNS:-500}
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info node_modules frontend/static/frontend/dist

@@ -9,6 +9,7 @@ receive nothing, and although the links' tokens are redacted there
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from django.conf import settings
 from django.core.checks import Tags, Warning, register
@@ -47,3 +48,17 @@ def warn_if_mail_goes_to_console() -> bool:
         return False
     logger.warning("%s %s (%s)", MAIL_TO_CONSOLE_MESSAGE, MAIL_TO_CONSOLE_HINT, MAIL_TO_CONSOLE_ID)
     return True
+
+
+GRAPH_BUNDLE = Path(__file__).resolve().parent / "static" / "frontend" / "dist" / "graph.js"
+GRAPH_BUNDLE_MISSING_ID = "frontend.W002"
+
+
+@register()
+def check_graph_bundle(app_configs=None, **kwargs) -> list[Warning]:
+    """System check ``frontend.W002``: the DAG drawing's bundle (frontend/graph/graph.js built by
+    ``make install``: npm ci, npm run build) is missing, so workflow and run pages draw no graph."""
+    if GRAPH_BUNDLE.exists():
+        return []
+    return [Warning(f"{GRAPH_BUNDLE} is missing: workflow and run pages will show no graph.",
+                    hint="Run `make install` (npm ci and npm run build).", id=GRAPH_BUNDLE_MISSING_ID)]

@@ -3,8 +3,8 @@
 ``build_run_view`` reads the run's retries, its task runs with their tasks (as tuples,
 not models), the workflow's edges, the attempt events for the timeline and the latest
 events for the log (and, for a run with worker tasks, whether their queues have a live
-worker and their log lines); the DAG drawing is cached by workflow version and task states
-(``dag_svg``) and the rows that grow with the run are built without template loops
+worker and their log lines); the DAG is sent as data (``graph_data``, drawn in the browser)
+and a live update resends only its states (``graph_states``, a letter a task), and the rows that grow with the run are built without template loops
 (frontend.presenters.run_rows), so a 200-task run's page costs about twice a 5-task
 one's (bench/bench_pages.py). ``started_by`` reads the run's ``run.started`` audit row.
 """
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from django.core.cache import cache
 from django.db.models import BigIntegerField, Case, F, Func, JSONField, QuerySet, TextField, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Left
@@ -35,7 +33,7 @@ from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from engine.repositories import worker_queues as worker_rows
 from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState
-from frontend.dag import longest_path_layers, render_dag_svg
+from frontend.dag import graph_data, longest_path_layers, states_code
 from frontend.presenters.run_rows import (
     EventRow,
     render_event_rows,
@@ -130,7 +128,6 @@ class RunView:
     duration: str
     retries: list[WorkflowRun]
     can_operate: bool
-    dag_svg: str
     waiting_reason: str = ""  # a run queued by its workflow's run limit: "waiting: workflow run limit 2/2"
     logs: list[LogBlock] = dataclasses.field(default_factory=list)  # worker task runs' log lines
     logs_more_tasks: bool = False  # more task runs have lines than LOG_TASKS_LIMIT
@@ -166,6 +163,21 @@ class RunView:
     def failed_tasks_more(self) -> int:
         """Failed task runs the banner does not name."""
         return max(0, self.failed_task_count - FAILED_TASKS_NAMED)
+
+    @property
+    def graph_data(self) -> dict:
+        """The run's DAG for the graph card (frontend.dag.graph_data): the rows are in the
+        graph order already (by depth, then key), each node opens its task's panel."""
+        tasks = [{"id": r.task_id, "key": r.key, "type": r.type, "position_x": r.position_x,
+                  "position_y": r.position_y} for r in self.rows]
+        # frontend.dag takes edges from the upstream task to its dependent.
+        return graph_data(tasks, [(dep, task, label) for task, dep, label in self.edges], with_states=True,
+                          panel_urls={str(r.task_id): r.panel_url for r in self.rows})
+
+    @property
+    def graph_states(self) -> str:
+        """The task states in the graph order (frontend.dag.states_code): all a live update sends of the graph."""
+        return states_code((r.task_id for r in self.rows), {r.task_id: r.state for r in self.rows})
 
     @property
     def task_rows_html(self) -> SafeString:
@@ -229,40 +241,6 @@ def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[Even
         )
         for seq, created_at, task_run_id, kind, from_state, to_state, attempt, detail in events
     ]
-
-
-# Seconds a drawn DAG is kept in the cache (see _dag_svg).
-DAG_CACHE_SECONDS = 24 * 3600
-
-
-def dag_svg(rows: Sequence[TaskRow], edges, *, run: WorkflowRun) -> str:
-    """The workflow's DAG with each node coloured by its task run's state (frontend.dag);
-    a node links to its row in the task table.
-
-    The drawing depends only on the workflow version (immutable) and the task states,
-    so it is cached under both (and the organization, like every tenant cache key):
-    laying out 200 tasks takes ~50 ms, and a finished run's page, the one most viewed,
-    then costs what a 5-task page costs. Pages of active runs draw it afresh on most
-    updates (their states change), and viewers of one run share each drawing.
-    """
-    states = {r.task_id: r.state for r in rows}
-    digest = hashlib.sha256(
-        "|".join(f"{task_id}={state}" for task_id, state in sorted(states.items(), key=lambda kv: str(kv[0])))
-        .encode()
-    ).hexdigest()[:32]
-    key = f"ff:run-dag:v1:{run.organization_id}:{run.workflow_id}:{digest}"
-    svg = cache.get(key)
-    if svg is not None:
-        return svg
-    tasks = [
-        {"id": r.task_id, "key": r.key, "type": r.type, "position_x": r.position_x, "position_y": r.position_y}
-        for r in rows
-    ]
-    # frontend.dag takes edges from the upstream task to its dependent.
-    edge_list = [(dep, task, label) for task, dep, label in edges]
-    svg = str(render_dag_svg(tasks, edge_list, states=states, link=lambda t: f"#task-{t['key']}"))
-    cache.set(key, svg, DAG_CACHE_SECONDS)
-    return svg
 
 
 def build_run_view(
@@ -393,7 +371,6 @@ def build_run_view(
         duration=run_duration(run.started_at, run.finished_at, now),
         retries=retries,
         can_operate=can_operate,
-        dag_svg=dag_svg(rows, edges, run=run),
         waiting_reason=run_waiting,
         logs=logs,
         logs_more_tasks=more_logs,

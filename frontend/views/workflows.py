@@ -41,7 +41,7 @@ from engine.services import (
 )
 from engine.triggers import input_rejections
 from frontend import input_form
-from frontend.dag import load_graph, render_dag_svg
+from frontend.dag import graph_data, graph_order, load_graph
 from frontend.forms_workflows import ArchiveForm, DefinitionForm
 from frontend.organization import organization_required
 from frontend.presenters.scheduling import task_settings, workflow_settings
@@ -282,7 +282,7 @@ def _render_detail(
     can_edit = can(role, Action.WORKFLOW_EDIT)
     context = {
         "workflow": workflow,
-        "dag": render_dag_svg(tasks, edges),
+        "dag": graph_data(graph_order(tasks, edges), edges),
         "tasks": tasks,
         "any_scheduling": any(t["scheduling"] for t in tasks),
         "workflow_limits": workflow_settings(workflow),

@@ -203,6 +203,7 @@ def test_team_signs_up_invites_uploads_and_watches_runs_live(live_server, e2e_st
 
     # 4. Upload a workflow, look at its DAG, start a run.
     upload_workflow(page, base, ETL)
+    page.wait_for_selector("[data-graph][data-ready='1']", timeout=30_000)  # drawn by graph.js (ELK is async)
     assert page.locator("svg.dag .node").count() == 7
     page.screenshot(path=str(screenshots / "workflow-dag.png"), full_page=True)
     run_url = start_run(page)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
+import json
 import re
 import threading
 import time
@@ -25,6 +26,7 @@ from engine.models import TaskRun, TaskRunEvent, WorkflowRun
 from engine.repositories import task_runs
 from engine.services import apply_definition, start_run
 from frontend import live
+from frontend.dag import STATE_CODES
 from frontend.presenters import run_page, timeline
 from frontend.presenters import text as run_text
 from frontend.views import runs as run_views
@@ -270,6 +272,15 @@ def test_run_list_query_count_does_not_grow_with_runs_or_tasks(org):
     assert not any("OFFSET" in q for q in many)
 
 
+def graph_states(body: str) -> dict[str, str]:
+    """Task key -> state from the run page's #graph-data and #graph-states (frontend.dag)."""
+    data = json.loads(re.search(r'<script id="graph-data" type="application/json">(.*?)</script>', body, re.S).group(1))
+    code = json.loads(re.search(r'<script id="graph-states" type="application/json">(.*?)</script>', body, re.S).group(1))
+    letters = {v: k for k, v in STATE_CODES.items()}
+    assert len(code) == len(data["tasks"])
+    return {row[0]: letters[c] for row, c in zip(data["tasks"], code, strict=True)}
+
+
 # --- the run page ------------------------------------------------------------------------------
 
 
@@ -287,11 +298,10 @@ def test_run_page_shows_header_dag_timeline_tasks_and_events(org):
     assert '<span class="badge state-failed large">Failed</span>' in body
     assert owner_of(org).email in body
     assert "Web" in body
-    # DAG: every node coloured by its task run's state.
+    # DAG: its data and every task's state (a letter each, in the graph's order), drawn by graph.js.
     states = dict(TaskRun.objects.for_organization(org).filter(workflow_run=run).values_list("task__key", "state"))
-    assert len(re.findall(r'<g class="node state-', body)) == len(states) == 10
-    for key, state in states.items():
-        assert re.search(rf'<g class="node state-{state}" id="node-{re.escape(key)}"', body), (key, state)
+    assert graph_states(body) == dict(states) and len(states) == 10
+    assert '<script src="/static/frontend/dist/graph.js" defer></script>' in body
     assert states["t002"] == "failed" and states["t007"] == "skipped" and states["t000"] == "succeeded"
     # Timeline: one bar per attempt, coloured by outcome (t001 was retried once).
     assert len(re.findall(r'class="tl-bar outcome-retried"', body)) == 1
@@ -323,7 +333,7 @@ def test_active_run_page_is_live_and_offers_cancel(org):
     assert 'data-action="cancel"' in body and 'data-action="retry"' not in body
     assert '<script src="/static/frontend/run-page.js" defer></script>' in body
     assert "class=\"tl-bar outcome-succeeded\"" in body
-    assert re.search(r'<g class="node state-pending" id="node-t014"', body)
+    assert graph_states(body)["t014"] == "pending"
 
 
 def test_run_page_query_count_does_not_grow_with_tasks_or_events(org):
@@ -354,6 +364,8 @@ def test_live_fragment_has_every_region_and_only_new_events(org):
     body = resp.content.decode()
     for region in ("run-summary", "run-dag", "run-timeline", "run-tasks", "run-events"):
         assert f'data-region="{region}"' in body
+    # Of the graph only the states are resent (a letter a task), never its tasks and edges.
+    assert 'id="graph-states"' in body and 'id="graph-data"' not in body
     assert f'data-seq="{run.last_event_seq}"' in body and 'data-terminal="0"' in body
     seqs = [int(s) for s in re.findall(r'<tr data-seq="(\d+)"', body)]
     assert seqs == list(range(seen + 1, run.last_event_seq + 1))
