@@ -70,7 +70,12 @@ def test_a_refused_url_is_shown_on_its_field_and_nothing_is_stored(make_org):
 def test_a_workflow_filter_naming_no_workflow_of_the_organization_is_shown_on_its_field(make_org):
     org, stranger = make_org(), make_org()
     apply_definition(actor=actor_for(stranger), document={"name": "theirs", "tasks": [{"key": "a", "type": "noop"}]})
+    apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
     admin = client_for(owner_of(org))
+    # The field suggests the organization's own workflow names, never another organization's.
+    page = text(admin.get("/webhooks/"))
+    assert 'list="webhook-workflow-names"' in page
+    assert re.search(r'<datalist id="webhook-workflow-names"><option value="nightly"></datalist>', page)
     for name in ("no-such-wf", "theirs"):  # another organization's workflow: the same answer as a missing one
         page = admin.get("/webhooks/")
         resp = admin.post("/webhooks/", {"url": URL, "event_types": ["run.failed"], "workflow_name": name,
