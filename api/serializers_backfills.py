@@ -87,10 +87,12 @@ class BackfillPreviewSerializer(serializers.Serializer):
 
 
 class BackfillSerializer(serializers.ModelSerializer):
-    """A backfill of a cron trigger. ``total`` instants in [range_start, range_end]
-    (UTC, both included); ``created_runs`` runs it started; ``skipped`` instants that
-    already had a run; ``next_instant`` the next it will fire (null once finished);
-    ``error`` why it failed. Expects ``created_by`` selected."""
+    """A backfill of a cron trigger. ``total`` runs it set out to start: the instants in
+    [range_start, range_end] (UTC, both included) that had no run when it was made;
+    ``created_runs`` runs it started; ``skipped`` instants it passed because they had a
+    run; ``remaining`` runs it has still to start; ``next_instant`` the next instant it
+    will look at (null once finished); ``error`` why it failed. Expects ``created_by``
+    selected."""
 
     trigger = serializers.UUIDField(source="trigger_id", read_only=True)
     remaining = serializers.SerializerMethodField()
@@ -104,10 +106,11 @@ class BackfillSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_remaining(self, backfill) -> int:
-        """Instants it has still to go through (0 once finished)."""
+        """Runs it has still to start (0 once finished; an instant the clock fires meanwhile
+        is one fewer when the backfill passes it)."""
         if backfill.state != "running":
             return 0
-        return max(0, backfill.total - backfill.created_runs - backfill.skipped)
+        return max(0, backfill.total - backfill.created_runs)
 
     def get_created_by(self, backfill) -> str | None:
         return backfill.created_by.email if backfill.created_by_id else None

@@ -78,7 +78,8 @@ class EndpointWriteSerializer(serializers.Serializer):
         child=StrictChoiceField(choices=NotificationType.choices), min_length=1, max_length=len(NotificationType),
         help_text="One or more of run.succeeded, run.failed, run.cancelled, task.failed.")
     workflow_name = TextField(max_length=200, allow_blank=True, default="", required=False,
-                              help_text="Only runs of the workflow of this name; empty (the default) for every "
+                              help_text="Only runs of the workflow of this name (a workflow of the organization, "
+                              "any version or state; another name is a 400); empty (the default) for every "
                               "workflow.")
     description = TextField(max_length=notifications.MAX_DESCRIPTION_CHARS, allow_blank=True, default="",
                             required=False)

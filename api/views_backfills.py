@@ -60,12 +60,14 @@ BACKFILL_EXAMPLE = {
     "created_at": "2026-12-03T09:30:00.000000Z", "finished_at": None,
 }
 RANGE_INVALID = invalid(
-    "A bound is not a date or a date and time, the start is after now or the end before the start, or the range "
-    "holds more instants than FLOWFORGE_BACKFILL_MAX_RUNS; `errors` names the field.",
+    "A bound is not a date or a date and time, the start is after now or on a day before 1970-01-01 in the "
+    "trigger's time zone, the end before the start, or the range holds more instants than "
+    "FLOWFORGE_BACKFILL_MAX_RUNS (or, to start one, none: `range`); `errors` names the field.",
     {"end": ["the range holds more than 1000 instants of '*/5 * * * *' (FLOWFORGE_BACKFILL_MAX_RUNS); backfill at "
              "most 1000 at a time, with an earlier end"]})
 CONFLICT = problem(409, "A backfill of this trigger is already going, the organization has its limit of backfills "
-                   "going, or `expect_runs` is no longer the count.",
+                   "going, `expect_runs` is no longer the count, or every instant of the range already has a run "
+                   "(`range`: nothing to backfill; nothing is made).",
                    problem_example(409, "The request conflicts with existing data; see errors.", "conflict",
                                    errors={"trigger": ["a backfill of trigger 'nightly report' is already going; "
                                                        "cancel it or wait until it finishes"]}))
@@ -136,8 +138,9 @@ class BackfillListView(_BackfillView):
         summary="Backfill a cron trigger over a range",
         description="Start one run per instant of the trigger's schedule in the range (its time zone, both bounds "
         "included, cut at now), oldest first, with the trigger's input and each run's `scheduled_for` and data "
-        "interval; instants that already have a run (fired by the clock or an earlier backfill) are skipped, so a "
-        "second backfill of a range starts nothing. The runs start through the normal start path (the "
+        "interval; instants that already have a run (fired by the clock or an earlier backfill) are skipped, and its "
+        "`total` counts only the runs it will start; a range whose every instant already has a run is refused (409 "
+        "naming `range`), so a second backfill of a range starts nothing. The runs start through the normal start path (the "
         "organization's runs-per-minute quota and the workflow's run limit apply: the backfill waits for them), "
         "at most `max_active_runs` going at once. Answers 201 at once; the backfill goes on in the background "
         "(GET it to follow).",

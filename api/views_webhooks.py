@@ -75,7 +75,8 @@ FORBIDDEN = problem(403, "The caller's role may not manage webhooks (owners and 
                     problem_example(403, "role 'member' may not webhook.manage", "permission_denied"))
 ENDPOINT_INVALID = invalid(
     "A field is missing or refused: a URL that is not an absolute http(s) URL or that the egress policy refuses "
-    "(loopback, private, link-local ...) names `url`; an unknown event type `event_types`.",
+    "(loopback, private, link-local ...) names `url`; an unknown event type `event_types`; a `workflow_name` that "
+    "names no workflow of the organization (any version, active, draft or archived) `workflow_name`.",
     {"url": ["egress refused: 10.0.0.7 (private) for host 'hooks.internal' — allow it with FLOWFORGE_EGRESS_ALLOW"]})
 PAGE_INVALID = invalid("The cursor or the page size is malformed; `errors` names it.",
                        {"page_size": [f"must be a whole number from 1 to {MAX_PAGE_SIZE}"]})

@@ -75,14 +75,17 @@ ACTIVE_RUNS_WAIT_SECONDS = 1.0
 CLOCK_FIRST_SECONDS = dt.timedelta(seconds=30)
 #: How many of a preview's instants it lists.
 PREVIEW_SAMPLE = 5
-#: The earliest instant a range may start at.
-EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: The earliest day a range may start on, in the trigger's time zone (the day the user
+#: names: 1970-01-01 in Europe/Berlin starts at 1969-12-31T23:00Z, and is allowed). The
+#: schedule's instants before 1970-01-01T00:00Z are ordinary timestamps to croniter and
+#: PostgreSQL; the bound only keeps ranges to dates a schedule plausibly had.
+EARLIEST_DAY = dt.date(1970, 1, 1)
 
 
 class BackfillError(ValueError):
     """A backfill (or its preview) was refused for one field: ``field`` is ``start``,
-    ``end``, ``max_active_runs``, ``priority`` or ``trigger``; ``message`` says why.
-    Nothing was stored."""
+    ``end``, ``range`` (the two together), ``max_active_runs``, ``priority`` or
+    ``trigger``; ``message`` says why. Nothing was stored."""
 
     def __init__(self, field: str, message: str):
         self.field = field
@@ -93,7 +96,7 @@ class BackfillError(ValueError):
 class BackfillConflict(BackfillError):
     """A backfill was refused because of what exists (a backfill of the trigger already
     going, the organization's backfills at their limit, ``expect_runs`` no longer the
-    count): an HTTP 409 naming ``field``."""
+    count, every instant of the range already with a run): an HTTP 409 naming ``field``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +132,10 @@ def parse_bound(value: Any, *, field: str, tz_name: str, end: bool) -> dt.dateti
     start of that day in zone ``tz_name`` for a start, its last microsecond for an end, so
     the end date is included), an ISO 8601 datetime with an offset or ``Z`` (that
     instant), or one without (a wall time in ``tz_name``); or a ``date``/``datetime``.
-    Raises BackfillError naming ``field``."""
+    A bound whose instant lies past what a UTC datetime holds (years 1..9999; a day of
+    year 1 or 9999 in a zone far from UTC) is ``datetime.min``/``datetime.max`` in UTC:
+    the range checks of ``preview_backfill`` then refuse it (a start) or cut it at now
+    (an end). Raises BackfillError naming ``field``."""
     tz = ZoneInfo(tz_name)
     if isinstance(value, str):
         text = value.strip()
@@ -143,18 +149,28 @@ def parse_bound(value: Any, *, field: str, tz_name: str, end: bool) -> dt.dateti
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=tz)
-        try:
-            return value.astimezone(dt.UTC)
-        except (OverflowError, ValueError):
-            raise BackfillError(field, "is out of range") from None
-    if isinstance(value, dt.date):
-        try:
-            day = value + dt.timedelta(days=1) if end else value
-            midnight = dt.datetime.combine(day, dt.time(0, 0), tzinfo=tz).astimezone(dt.UTC)
-        except (OverflowError, ValueError):
-            raise BackfillError(field, "is out of range") from None
-        return midnight - dt.timedelta(microseconds=1) if end else midnight
-    raise BackfillError(field, "required: a date (2026-03-01) or a date and time (2026-03-01T06:00)")
+    elif isinstance(value, dt.date):
+        # The day's first microsecond, or its last (the later pass of a repeated hour: fold 1),
+        # on the day itself: the next day's midnight would not exist for 9999-12-31.
+        value = (dt.datetime.combine(value, dt.time.max, tzinfo=tz).replace(fold=1) if end
+                 else dt.datetime.combine(value, dt.time.min, tzinfo=tz))
+    else:
+        raise BackfillError(field, "required: a date (2026-03-01) or a date and time (2026-03-01T06:00)")
+    try:
+        return value.astimezone(dt.UTC)
+    except (OverflowError, ValueError):
+        # Its UTC instant is before year 1 or after year 9999: the low or the high edge.
+        low = value.year < 5000
+        return (dt.datetime.min if low else dt.datetime.max).replace(tzinfo=dt.UTC)
+
+
+def local_day(instant: dt.datetime, tz_name: str) -> dt.date:
+    """The day ``instant`` (aware) falls on in zone ``tz_name`` (``date.min``/``date.max``
+    past the ends of what a datetime holds)."""
+    try:
+        return instant.astimezone(ZoneInfo(tz_name)).date()
+    except (OverflowError, ValueError):
+        return dt.date.min if instant.year < 5000 else dt.date.max
 
 
 def preview_backfill(*, actor: Actor, trigger: ScheduledTrigger, start: Any, end: Any,
@@ -162,15 +178,16 @@ def preview_backfill(*, actor: Actor, trigger: ScheduledTrigger, start: Any, end
     """What a backfill of ``trigger`` from ``start`` to ``end`` (see ``parse_bound``) would
     start, without starting anything (``BackfillPreview``). Needs ``read``.
 
-    Raises Forbidden, and BackfillError naming ``start`` (not a date, before 1970, after
-    now) or ``end`` (not a date, before ``start``, a range holding more than
+    Raises Forbidden, and BackfillError naming ``start`` (not a date, on a day before
+    1970-01-01 in the trigger's zone, after now) or ``end`` (not a date, before ``start``, a range holding more than
     FLOWFORGE_BACKFILL_MAX_RUNS instants)."""
     require(actor.role, Action.READ)
     now = now or timezone.now()
     range_start = parse_bound(start, field="start", tz_name=trigger.timezone, end=False)
     range_end = parse_bound(end, field="end", tz_name=trigger.timezone, end=True)
-    if range_start < EARLIEST:
-        raise BackfillError("start", "must be 1970-01-01 or later")
+    if local_day(range_start, trigger.timezone) < EARLIEST_DAY:
+        raise BackfillError("start", f"must be {EARLIEST_DAY.isoformat()} or later in the trigger's time zone "
+                            f"({trigger.timezone})")
     if range_start > now:
         raise BackfillError("start", "must be in the past: a backfill starts runs for instants that have passed "
                             "(the trigger fires the coming ones)")
@@ -222,14 +239,20 @@ def create_backfill(*, actor: Actor, trigger: ScheduledTrigger, start: Any, end:
     has another number of runs to start. Records ``trigger.backfill_started``. Needs
     ``run.operate``.
 
-    A backfill with nothing to start is made all the same and finishes at its first pass
-    (its ``skipped`` then says how many instants already had a run). Raises Forbidden,
-    BackfillError (the fields of ``preview_backfill``, ``max_active_runs``, ``priority``)
-    and BackfillConflict (``trigger``: a backfill of it is already going, or the
-    organization has FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG going; ``expect_runs``)."""
+    Its ``total`` is the runs it sets out to start: the range's instants that have no run
+    yet (an instant that gets one meanwhile, from the clock, is passed over and counted in
+    ``skipped``). A range with nothing to start is refused, and nothing is made: a range
+    holding no instant (BackfillError naming ``range``), or one whose every instant has a
+    run already (BackfillConflict naming ``range``; the trigger's missed-instants note is
+    cleared when the range covers it, as a backfill of it would). Raises Forbidden,
+    BackfillError (the fields of ``preview_backfill``, ``max_active_runs``, ``priority``,
+    ``range``) and BackfillConflict (``trigger``: a backfill of it is already going, or the
+    organization has FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG going; ``expect_runs``;
+    ``range``)."""
     require(actor.role, Action.RUN_OPERATE)
     max_active_runs, priority = _check_options(max_active_runs, priority)
     org = actor.organization
+    refusal: BackfillConflict | None = None
     with transaction.atomic():
         # The trigger's row first, then the audit chain's lock (the clock's order).
         locked = ScheduledTrigger.objects.for_organization(org).select_for_update().filter(pk=trigger.pk).first()
@@ -239,36 +262,50 @@ def create_backfill(*, actor: Actor, trigger: ScheduledTrigger, start: Any, end:
         if expect_runs is not None and expect_runs != preview.runs:
             raise BackfillConflict("expect_runs", f"the range now has {preview.runs} runs to start, not "
                                    f"{expect_runs}; preview it again")
-        # The organization's backfill lock (after the trigger's row, as every create takes
-        # them): two creates on two triggers count each other's backfill.
-        runs.lock(f"backfills:{org.pk}")
-        going = TriggerBackfill.objects.for_organization(org).filter(state=BackfillState.RUNNING)
-        if going.filter(trigger=locked).exists():
-            raise BackfillConflict("trigger", f"a backfill of trigger {locked.name!r} is already going; cancel it "
-                                   "or wait until it finishes")
-        allowed = settings.FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG
-        if going.count() >= allowed:
-            raise BackfillConflict("trigger", f"the organization has {allowed} backfills going, its limit "
-                                   "(FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG); wait until one finishes")
-        backfill = TriggerBackfill(
-            organization=org, trigger=locked, state=BackfillState.RUNNING, range_start=preview.range_start,
-            range_end=preview.range_end, cron_expression=locked.cron_expression, timezone=locked.timezone,
-            max_active_runs=max_active_runs, priority=locked.priority if priority is None else priority,
-            total=preview.instants,
-            next_instant=preview.all_instants[0] if preview.all_instants else None,
-            created_by=actor.user or getattr(actor.api_key, "created_by", None),
-        )
-        try:
-            with transaction.atomic():
-                backfill.save(force_insert=True)
-        except IntegrityError:  # uniq_backfill_running_per_trigger: a concurrent one won
-            raise BackfillConflict("trigger", f"a backfill of trigger {locked.name!r} is already going") from None
-        audit.record("trigger.backfill_started", actor=actor, target=locked, metadata={
-            "backfill": str(backfill.pk), "name": locked.name, "range_start": preview.range_start.isoformat(),
-            "range_end": preview.range_end.isoformat(), "instants": preview.instants, "runs": preview.runs,
-            "max_active_runs": max_active_runs, "priority": backfill.priority, "channel": actor.channel,
-        })
-        transaction.on_commit(_wake)
+        if preview.instants == 0:
+            raise BackfillError("range", f"the range holds no instant of {locked.cron_expression!r} "
+                                f"({locked.timezone}): nothing to backfill")
+        if preview.runs == 0:
+            # Refused rather than made: a backfill that would start nothing must not answer as
+            # if it had the range's instants to go through. The trigger's missed-instants note,
+            # when the range covers it, is answered all the same (each of its instants has a run).
+            _answer_missed_note(locked, preview)
+            refusal = BackfillConflict("range", f"every instant of this range already has a run "
+                                       f"({preview.instants} instant{'s' if preview.instants != 1 else ''}): "
+                                       "nothing to backfill")
+        else:
+            # The organization's backfill lock (after the trigger's row, as every create takes
+            # them): two creates on two triggers count each other's backfill.
+            runs.lock(f"backfills:{org.pk}")
+            going = TriggerBackfill.objects.for_organization(org).filter(state=BackfillState.RUNNING)
+            if going.filter(trigger=locked).exists():
+                raise BackfillConflict("trigger", f"a backfill of trigger {locked.name!r} is already going; cancel it "
+                                       "or wait until it finishes")
+            allowed = settings.FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG
+            if going.count() >= allowed:
+                raise BackfillConflict("trigger", f"the organization has {allowed} backfills going, its limit "
+                                       "(FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG); wait until one finishes")
+            backfill = TriggerBackfill(
+                organization=org, trigger=locked, state=BackfillState.RUNNING, range_start=preview.range_start,
+                range_end=preview.range_end, cron_expression=locked.cron_expression, timezone=locked.timezone,
+                max_active_runs=max_active_runs, priority=locked.priority if priority is None else priority,
+                total=preview.runs,
+                next_instant=preview.all_instants[0] if preview.all_instants else None,
+                created_by=actor.user or getattr(actor.api_key, "created_by", None),
+            )
+            try:
+                with transaction.atomic():
+                    backfill.save(force_insert=True)
+            except IntegrityError:  # uniq_backfill_running_per_trigger: a concurrent one won
+                raise BackfillConflict("trigger", f"a backfill of trigger {locked.name!r} is already going") from None
+            audit.record("trigger.backfill_started", actor=actor, target=locked, metadata={
+                "backfill": str(backfill.pk), "name": locked.name, "range_start": preview.range_start.isoformat(),
+                "range_end": preview.range_end.isoformat(), "instants": preview.instants, "runs": preview.runs,
+                "max_active_runs": max_active_runs, "priority": backfill.priority, "channel": actor.channel,
+            })
+            transaction.on_commit(_wake)
+    if refusal is not None:
+        raise refusal
     backfill.refresh_from_db()
     return backfill
 
@@ -425,6 +462,15 @@ def _step(backfill: TriggerBackfill, now: dt.datetime) -> str:
     return "started" if claimed is not None else "skipped"
 
 
+def _answer_missed_note(trigger: ScheduledTrigger, covered: Any) -> None:
+    """Clear ``trigger``'s missed-instants note when ``covered`` (a backfill or a preview:
+    ``range_start``/``range_end``) holds all of its instants and they all have runs."""
+    note = trigger.missed_instants
+    if note and _covers(covered, note):
+        ScheduledTrigger.objects.for_organization(trigger.organization_id).filter(
+            pk=trigger.pk, missed_instants=note).update(missed_instants=None)
+
+
 def _creator_may_start_runs(backfill: TriggerBackfill) -> bool:
     """True when the backfill has no creator (the system, a command) or its creator is
     still a member of its organization whose role may start runs (``run.operate``)."""
@@ -435,8 +481,9 @@ def _creator_may_start_runs(backfill: TriggerBackfill) -> bool:
     return can(role, Action.RUN_OPERATE)
 
 
-def _covers(backfill: TriggerBackfill, note: dict[str, Any]) -> bool:
-    """True when the backfill's range holds every instant a missed-instants note names."""
+def _covers(backfill: TriggerBackfill | BackfillPreview, note: dict[str, Any]) -> bool:
+    """True when the backfill's (or preview's) range holds every instant a missed-instants
+    note names."""
     try:
         first = dt.datetime.fromisoformat(note["first_not_fired"])
         last = dt.datetime.fromisoformat(note["last_not_fired"])
@@ -454,11 +501,9 @@ def _finish(backfill: TriggerBackfill, state: str, now: dt.datetime) -> None:
     backfill.finished_at = now
     backfill.next_instant = None
     backfill.save(update_fields=["state", "finished_at", "next_instant", "error"])
-    note = backfill.trigger.missed_instants
-    if state == BackfillState.SUCCEEDED and note and _covers(backfill, note):
+    if state == BackfillState.SUCCEEDED:
         # Every instant the clock had left now has a run: the trigger's warning is answered.
-        ScheduledTrigger.objects.for_organization(backfill.organization_id).filter(
-            pk=backfill.trigger_id, missed_instants=note).update(missed_instants=None)
+        _answer_missed_note(backfill.trigger, backfill)
     audit.record("trigger.backfill_finished", actor=Actor.system(backfill.trigger.organization),
                  target=backfill.trigger,
                  metadata={"backfill": str(backfill.pk), "name": backfill.trigger.name, "state": state,

@@ -752,7 +752,8 @@ class TriggerBackfill(models.Model):
     max_active_runs = models.SmallIntegerField()
     # The priority of the runs it starts (PRIORITY_MIN..PRIORITY_MAX).
     priority = models.SmallIntegerField(default=0)
-    # Instants in the range; runs it started; instants that already had a run.
+    # Runs it set out to start: the range's instants without a run when it was made (a range
+    # with none is refused); runs it started; instants it passed because they had a run.
     total = models.IntegerField()
     created_runs = models.IntegerField(default=0)
     skipped = models.IntegerField(default=0)

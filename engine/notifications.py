@@ -41,6 +41,7 @@ from engine.models import (
     NotificationDelivery,
     NotificationType,
     WebhookEndpoint,
+    Workflow,
 )
 from engine.states import DeliveryChannel, DeliveryState
 from engine.webhooks import InvalidWebhook
@@ -161,6 +162,19 @@ def validate_workflow_name(value: Any) -> str:
     return value
 
 
+def check_workflow_exists(organization_id: Any, name: str) -> None:
+    """Refuse a ``workflow_name`` filter that names no workflow of the organization: a typo
+    would silently filter out every event. Any version in any state counts (a draft, or an
+    archived one: it can be restored, and archiving it cancels runs that notify); '' (every
+    workflow) passes. Scoped to the organization, so another organization's workflow is
+    refused exactly as a missing one, and its existence is not revealed. Raises
+    InvalidWebhook("workflow_name", ...)."""
+    if name and not Workflow.objects.for_organization(organization_id).filter(name=name).exists():
+        raise InvalidWebhook("workflow_name", f"no workflow named {name[:200]!r} in this organization; give the name "
+                             "of one of its workflows (any version, active, draft or archived), or leave it empty "
+                             "for every workflow")
+
+
 def validate_description(value: Any) -> str:
     """``value`` when it is text of at most MAX_DESCRIPTION_CHARS characters without NUL."""
     if value is None:
@@ -236,11 +250,13 @@ def create_endpoint(*, actor: Actor, url: Any, event_types: Any, workflow_name: 
     Raises Forbidden without webhook.manage, InvalidWebhook naming the field (a URL the
     egress policy refuses included), QuotaExceeded (``limit="max_webhooks"``) past
     FLOWFORGE_MAX_WEBHOOKS_PER_ORG. Records ``webhook.created``; nothing is stored when
-    anything is refused."""
+    anything is refused. A ``workflow_name`` must name a workflow of the organization
+    (``check_workflow_exists``)."""
     require(actor.role, Action.WEBHOOK_MANAGE)
     fields = _validated({"url": url, "event_types": event_types, "workflow_name": workflow_name,
                          "description": description, "enabled": enabled})
     organization_id = _organization_id(actor)
+    check_workflow_exists(organization_id, fields["workflow_name"])
     secret = webhooks.generate_secret()
     with transaction.atomic():
         _lock_endpoints(organization_id)
@@ -265,14 +281,18 @@ def update_endpoint(*, actor: Actor, endpoint: WebhookEndpoint, data: dict[str, 
     """Change some of an endpoint's ``url``, ``event_types``, ``workflow_name``,
     ``description``, ``enabled`` (the same rules as create_endpoint). Deliveries already
     recorded keep going to the endpoint (its new URL); a disabled endpoint gets no new ones
-    and its pending ones wait until it is enabled again. Returns the changed endpoint.
-    Raises Forbidden, InvalidWebhook (an unknown field too). Records ``webhook.updated``
-    with what changed (when something did)."""
+    and its pending ones wait until it is enabled again. A ``workflow_name`` changed to
+    another must name a workflow of the organization (``check_workflow_exists``); one left
+    as it was is kept even if its workflow has since gone, so the other fields stay
+    editable. Returns the changed endpoint. Raises Forbidden, InvalidWebhook (an unknown
+    field too). Records ``webhook.updated`` with what changed (when something did)."""
     require(actor.role, Action.WEBHOOK_MANAGE)
     fields = _validated(data)
     with transaction.atomic():
         locked = WebhookEndpoint.objects.for_organization(_organization_id(actor)).select_for_update().get(
             pk=endpoint.pk)
+        if "workflow_name" in fields and fields["workflow_name"] != locked.workflow_name:
+            check_workflow_exists(_organization_id(actor), fields["workflow_name"])
         before, old_url, old_description = _snapshot(locked), locked.url, locked.description
         for name, value in fields.items():
             setattr(locked, name, value)

@@ -34,7 +34,8 @@ class WebhookForm(forms.Form):
                                             widget=forms.CheckboxSelectMultiple,
                                             initial=[NotificationType.RUN_FAILED.value])
     workflow_name = forms.CharField(label="Only runs of the workflow", max_length=200, required=False,
-                                    help_text="A workflow name; leave empty for every workflow.")
+                                    help_text="The name of one of the organization's workflows (any version, "
+                                    "archived ones included); leave empty for every workflow.")
     description = forms.CharField(max_length=MAX_DESCRIPTION_CHARS, required=False)
     enabled = forms.BooleanField(required=False, initial=True, help_text="A disabled endpoint gets no new "
                                  "deliveries; those pending wait until it is enabled again.")

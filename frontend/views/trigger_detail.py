@@ -98,7 +98,7 @@ def _page(request: HttpRequest, trigger: ScheduledTrigger, *, form: BackfillForm
         .order_by("-scheduled_for")[:RECENT_FIRINGS]
     ]
     backfills = [
-        BackfillRow(backfill=b, done=b.created_runs + b.skipped,
+        BackfillRow(backfill=b, done=b.created_runs,
                     range_text=f"{_local_text(b.range_start, zone)} – {_local_text(b.range_end, zone)}")
         for b in TriggerBackfill.objects.for_organization(org).filter(trigger=trigger)
         .select_related("created_by").order_by("-created_at")[:RECENT_BACKFILLS]
@@ -169,8 +169,9 @@ def trigger_backfill(request: HttpRequest, trigger_id: uuid.UUID) -> HttpRespons
         except BackfillError as exc:
             _show_refusal(form, exc)
         else:
-            messages.success(request, f"Backfill of {trigger.name} started: {backfill.total} instants; it starts "
-                             "their runs oldest first, skipping those that already have one.")
+            messages.success(request, f"Backfill of {trigger.name} started: {backfill.total} "
+                             f"run{'s' if backfill.total != 1 else ''} to start, oldest first (instants that "
+                             "already have a run are passed over).")
             return redirect(f"/triggers/{trigger.pk}/#backfills")
     return _page(request, trigger, form=form, status=400)
 

@@ -25,7 +25,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from engine import notifications
 from engine.access import access_delivery, access_endpoint, access_workflow
-from engine.models import WebhookEndpoint
+from engine.models import WebhookEndpoint, Workflow
 from engine.notifications import InvalidWebhook, ReplayRefused
 from engine.webhooks import event_body
 from frontend.forms_notifications import FailureEmailsForm, RotateSecretForm, WebhookForm
@@ -81,9 +81,22 @@ def _shown_secret(request: HttpRequest, endpoint: WebhookEndpoint, secret: str, 
     return response
 
 
+# How many of the organization's workflow names the form's filter offers as suggestions.
+WORKFLOW_NAME_SUGGESTIONS = 500
+
+
+def _offer_workflow_names(form: WebhookForm, organization) -> list[str]:
+    """The organization's workflow names (any version or state, as the filter accepts), in
+    order, for the filter's suggestion list; ties the field to that list. One query."""
+    form.fields["workflow_name"].widget.attrs["list"] = "webhook-workflow-names"
+    return list(Workflow.objects.for_organization(organization).order_by("name").values_list("name", flat=True)
+                .distinct()[:WORKFLOW_NAME_SUGGESTIONS])
+
+
 def _render_list(request: HttpRequest, form: WebhookForm, *, status: int = 200) -> HttpResponse:
     org = request.membership.organization
     context = {
+        "workflow_names": _offer_workflow_names(form, org),
         "organization": org,
         "endpoints": list(notifications.endpoints_of(org).select_related("created_by")),
         "form": form,
@@ -136,6 +149,7 @@ def _render_detail(request: HttpRequest, endpoint: WebhookEndpoint, form: Webhoo
                                     "workflow_name": endpoint.workflow_name, "description": endpoint.description,
                                     "enabled": endpoint.enabled})
     context = {
+        "workflow_names": _offer_workflow_names(form, org),
         "endpoint": endpoint,
         "form": form,
         "deliveries": page.rows,

@@ -16,7 +16,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from engine.backfill import create_backfill
+from engine.backfill import BackfillConflict, create_backfill
 from engine.models import ScheduledTrigger, TaskRun, TriggerBackfill, TriggerFiring, WorkflowRun
 from engine.triggers import create_trigger, update_trigger
 from flowforge.stack import wait_until
@@ -126,10 +126,9 @@ def test_a_backfill_goes_through_the_clocks_pass_and_the_workers_one_run_per_ins
     for k, run in enumerate(runs):
         going = [r for r in runs[:k] if r.finished_at > run.created_at]
         assert len(going) <= 7, (run.scheduled_for, [r.scheduled_for for r in going])
-    # Again: nothing new.
-    again = create_backfill(actor=owner, trigger=trig, start="2026-03-01", end="2026-03-31")
-    wait_until(lambda: TriggerBackfill.objects.for_organization(org).get(pk=again.pk).state == "succeeded",
-               timeout=30, interval=0.25, what="the second backfill")
-    again.refresh_from_db()
-    assert (again.created_runs, again.skipped) == (0, 31)
+    # Again: nothing new; the second backfill is refused (every instant has a run) and none is made.
+    with pytest.raises(BackfillConflict) as excinfo:
+        create_backfill(actor=owner, trigger=trig, start="2026-03-01", end="2026-03-31")
+    assert excinfo.value.field == "range"
+    assert TriggerBackfill.objects.for_organization(org).count() == 1
     assert WorkflowRun.objects.for_organization(org).filter(trigger=trig).count() == 31

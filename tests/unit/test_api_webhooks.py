@@ -55,6 +55,7 @@ def dead_delivery(org, endpoint_id, *, attempts: int = 2) -> NotificationDeliver
 def test_create_returns_the_secret_once_and_no_read_shows_it(make_org):
     org = make_org()
     client = client_with(org)
+    apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
     resp = create(client, description="pager", workflow_name="nightly")
     assert resp.status_code == 201, resp.content
     body = resp.json()
@@ -86,6 +87,33 @@ def test_a_refused_field_is_a_400_naming_it_and_nothing_is_stored(make_org, fiel
     body = assert_problem(create(client_with(org), **fields), 400)
     assert list(body["errors"]) == [field]
     assert not WebhookEndpoint.objects.for_organization(org).exists()
+
+
+def test_a_workflow_filter_naming_no_workflow_of_the_organization_is_a_400_on_create_and_change(make_org):
+    org, stranger = make_org(), make_org()
+    apply_definition(actor=actor_for(stranger), document={"name": "theirs", "tasks": [{"key": "a", "type": "noop"}]})
+    apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
+    client = client_with(org)
+    errors = {}
+    for name in ("no-such-wf", "theirs"):
+        body = assert_problem(create(client, workflow_name=name), 400)
+        errors[name] = body["errors"]
+    assert errors["no-such-wf"] == {"workflow_name": [
+        "no workflow named 'no-such-wf' in this organization; give the name of one of its workflows (any version, "
+        "active, draft or archived), or leave it empty for every workflow"]}
+    # Another organization's workflow gets the very answer a missing one does: nothing tells it exists.
+    assert errors["theirs"] == {"workflow_name": [errors["no-such-wf"]["workflow_name"][0].replace(
+        "'no-such-wf'", "'theirs'")]}
+    assert not WebhookEndpoint.objects.for_organization(org).exists()
+    created = create(client, workflow_name="nightly")
+    assert created.status_code == 201, created.content
+    path = f"/api/v1/webhooks/{created.json()['id']}/"
+    for name in ("no-such-wf", "theirs"):
+        body = assert_problem(client.patch(path, {"workflow_name": name}, content_type="application/json"), 400)
+        assert list(body["errors"]) == ["workflow_name"] and f"no workflow named {name!r}" in body["errors"][
+            "workflow_name"][0]
+    assert client.get(path).json()["workflow_name"] == "nightly"
+    assert client.patch(path, {"workflow_name": ""}, content_type="application/json").json()["workflow_name"] == ""
 
 
 def test_past_the_endpoint_cap_the_create_is_a_422_naming_the_limit(make_org, settings):

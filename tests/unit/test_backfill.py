@@ -108,9 +108,88 @@ def test_backfilling_the_same_range_again_starts_nothing(org, make_workflow):
     run_through(create_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1], max_active_runs=100))
     preview = preview_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1])
     assert (preview.instants, preview.existing, preview.runs) == (31, 31, 0)
-    again = run_through(create_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1]))
-    assert (again.state, again.created_runs, again.skipped) == ("succeeded", 0, 31)
+    # A second backfill has nothing to start: refused (409, naming the range), nothing made.
+    with pytest.raises(BackfillConflict) as excinfo:
+        create_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1])
+    assert (excinfo.value.field, excinfo.value.message) == (
+        "range", "every instant of this range already has a run (31 instants): nothing to backfill")
+    assert TriggerBackfill.objects.for_organization(org).count() == 1
     assert len(backfill_runs(trig)) == 31
+
+
+@pytest.mark.django_db
+def test_a_backfill_over_a_partly_fired_range_counts_only_the_runs_it_will_start(org, make_workflow):
+    trig = daily_berlin(org, make_workflow)
+    run_through(create_backfill(actor=actor(org), trigger=trig, start="2026-03-10", end="2026-03-12"))
+    backfill = create_backfill(actor=actor(org), trigger=trig, start=MARCH[0], end=MARCH[1], max_active_runs=100)
+    assert (backfill.total, backfill.created_runs, backfill.skipped) == (28, 0, 0)
+    backfill = run_through(backfill)
+    assert (backfill.state, backfill.total, backfill.created_runs, backfill.skipped) == ("succeeded", 28, 28, 3)
+    assert len(backfill_runs(trig)) == 31
+
+
+@pytest.mark.django_db
+def test_a_range_holding_no_instant_is_refused_naming_the_range(org, make_workflow):
+    trig = daily_berlin(org, make_workflow)
+    assert preview_backfill(actor=actor(org), trigger=trig, start="2026-03-01T07:00", end="2026-03-01T08:00").instants \
+        == 0
+    with pytest.raises(BackfillError) as excinfo:
+        create_backfill(actor=actor(org), trigger=trig, start="2026-03-01T07:00", end="2026-03-01T08:00")
+    assert excinfo.value.field == "range" and not isinstance(excinfo.value, BackfillConflict)
+    assert excinfo.value.message == "the range holds no instant of '0 6 * * *' (Europe/Berlin): nothing to backfill"
+    assert not TriggerBackfill.objects.for_organization(org).exists()
+
+
+@pytest.mark.django_db
+def test_the_first_day_of_1970_in_berlin_is_a_valid_start_and_its_midnight_is_backfilled(org, make_workflow):
+    # Local midnight of 1970-01-01 in Berlin is 1969-12-31T23:00Z: the user gave a local day.
+    trig = daily_berlin(org, make_workflow, cron="0 0 * * *")
+    preview = preview_backfill(actor=actor(org), trigger=trig, start="1970-01-01", end="1970-01-03")
+    assert preview.range_start == utc(1969, 12, 31, 23)
+    assert [t.isoformat() for t in preview.sample] == [
+        "1970-01-01T00:00:00+01:00", "1970-01-02T00:00:00+01:00", "1970-01-03T00:00:00+01:00"]
+    backfill = run_through(create_backfill(actor=actor(org), trigger=trig, start="1970-01-01", end="1970-01-03"))
+    assert (backfill.state, backfill.created_runs) == ("succeeded", 3)
+    assert [r.scheduled_for for r in backfill_runs(trig)] == [utc(1969, 12, 31, 23), utc(1970, 1, 1, 23),
+                                                              utc(1970, 1, 2, 23)]
+    # An instant given in UTC is read as the day it falls on in Berlin: 1970-01-01 00:30 there.
+    assert preview_backfill(actor=actor(org), trigger=trig, start="1969-12-31T23:30:00Z",
+                            end="1970-01-03").instants == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("zone", "start"), [
+    ("Europe/Berlin", "1969-12-31"),
+    ("Europe/Berlin", "1969-12-31T23:59"),
+    ("Europe/Berlin", "1969-12-31T22:59:59Z"),  # 23:59:59 on 31 December in Berlin
+    ("America/New_York", "1969-12-31T23:59"),
+    ("America/New_York", "1970-01-01T04:59:59Z"),  # 23:59:59 on 31 December in New York
+    ("Asia/Tokyo", "0001-01-01"),  # before year 1 in UTC: still named, not "out of range"
+])
+def test_a_start_on_a_day_before_1970_in_the_triggers_zone_is_refused_saying_so(org, make_workflow, zone, start):
+    trig = daily_berlin(org, make_workflow)
+    ScheduledTrigger.objects.for_organization(org).filter(pk=trig.pk).update(timezone=zone)
+    trig.refresh_from_db()
+    with pytest.raises(BackfillError) as excinfo:
+        preview_backfill(actor=actor(org), trigger=trig, start=start, end="1970-01-05")
+    assert (excinfo.value.field, excinfo.value.message) == (
+        "start", f"must be 1970-01-01 or later in the trigger's time zone ({zone})")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("zone", ["Europe/Berlin", "America/New_York", "Pacific/Kiritimati", "Pacific/Pago_Pago"])
+def test_an_end_on_the_last_day_a_date_holds_is_cut_at_now_in_every_zone(org, make_workflow, zone):
+    # 9999-12-31 in New York ends after the last instant a UTC datetime holds: still a valid
+    # end (after now), not "out of range".
+    trig = daily_berlin(org, make_workflow, cron="0 * * * *")
+    ScheduledTrigger.objects.for_organization(org).filter(pk=trig.pk).update(timezone=zone)
+    trig.refresh_from_db()
+    now = timezone.now()
+    for end in ("9999-12-31", "9999-12-31T23:59", "9999-12-31T23:59:59-12:00"):
+        preview = preview_backfill(actor=actor(org), trigger=trig, start=(now - dt.timedelta(hours=72)).isoformat(),
+                                   end=end)
+        assert preview.end_cut and now <= preview.range_end <= timezone.now(), end
+        assert preview.instants == 72, end  # every hour of the last three days
 
 
 @pytest.mark.django_db
@@ -145,7 +224,7 @@ def test_instants_as_bounds_are_read_in_the_triggers_zone_and_both_included(org,
     ("2026-03-01", "", "end", "required"),
     ("2026-03-10", "2026-03-01", "end", "must not be before start"),
     ("2999-01-01", "2999-02-01", "start", "must be in the past"),
-    ("1969-12-01", "1970-01-02", "start", "must be 1970-01-01 or later"),
+    ("1969-12-01", "1970-01-02", "start", "must be 1970-01-01 or later in the trigger's time zone (Europe/Berlin)"),
 ])
 def test_a_bad_range_is_refused_naming_the_field(org, make_workflow, start, end, field, message):
     trig = daily_berlin(org, make_workflow)
@@ -455,13 +534,31 @@ def test_the_api_previews_starts_lists_and_cancels_a_backfill(client, acme):  # 
     assert {k: r.json()[k] for k in ("trigger_source", "scheduled_for", "data_interval_start", "data_interval_end")} \
         == {"trigger_source": "backfill", "scheduled_for": "2026-03-29T04:00:00Z",
             "data_interval_start": "2026-03-28T05:00:00Z", "data_interval_end": "2026-03-29T04:00:00Z"}
-    # The second backfill of March starts nothing; cancelling a finished one changes nothing.
-    r = client.post(base, {"start": MARCH[0], "end": MARCH[1]}, content_type="application/json",
-                    headers=acme.as_(Role.MEMBER))
-    second = run_through(TriggerBackfill.objects.for_organization(acme.org).get(pk=r.json()["id"]))
-    assert (second.created_runs, second.skipped) == (0, 31)
-    r = client.post(base + f"{second.pk}/cancel/", headers=acme.as_(Role.MEMBER))
+    # The second backfill of March has nothing to start: a 409 naming the range, nothing made.
+    body = assert_problem(client.post(base, {"start": MARCH[0], "end": MARCH[1]}, content_type="application/json",
+                                      headers=acme.as_(Role.MEMBER)), 409)
+    assert body["errors"] == {"range": ["every instant of this range already has a run (31 instants): nothing to "
+                                        "backfill"]}
+    assert TriggerBackfill.objects.for_organization(acme.org).count() == 1
+    # Cancelling a finished one changes nothing.
+    r = client.post(base + f"{created['id']}/cancel/", headers=acme.as_(Role.MEMBER))
     assert r.status_code == 200 and r.json()["state"] == "succeeded"
+
+
+@pytest.mark.django_db
+def test_the_api_answers_a_backfill_of_a_partly_fired_range_with_the_runs_it_will_start(client, acme):  # noqa: F811
+    trig = api_trigger(acme)
+    base = f"/api/v1/triggers/{trig.pk}/backfills/"
+    run_through(create_backfill(actor=actor(acme.org), trigger=trig, start="2026-03-10", end="2026-03-12"))
+    r = client.post(base, {"start": MARCH[0], "end": MARCH[1], "expect_runs": 28}, content_type="application/json",
+                    headers=acme.as_(Role.MEMBER))
+    assert r.status_code == 201, r.content
+    assert {k: r.json()[k] for k in ("total", "created_runs", "skipped", "remaining")} == {
+        "total": 28, "created_runs": 0, "skipped": 0, "remaining": 28}
+    advance_backfill(r.json()["id"], batch=12)  # 1..9 March started, 10..12 passed over
+    r = client.get(base + f"{r.json()['id']}/", headers=acme.as_(Role.VIEWER))
+    assert {k: r.json()[k] for k in ("state", "total", "created_runs", "skipped", "remaining")} == {
+        "state": "running", "total": 28, "created_runs": 9, "skipped": 3, "remaining": 19}
 
 
 @pytest.mark.django_db
@@ -546,6 +643,15 @@ def test_the_command_previews_then_starts_a_backfill(org, make_workflow):
     call_command("show_run", str(backfill_runs(trig)[0].pk), "--no-events", stdout=out)
     assert ("scheduled for 2026-03-01T05:00:00+00:00  data interval 2026-02-28T05:00:00+00:00 .. "
             "2026-03-01T05:00:00+00:00  (backfill)") in out.getvalue()
+    # 1 March has its run now: backfilling that day is refused, saying why, and makes nothing.
+    out = io.StringIO()
+    with pytest.raises(CommandError) as excinfo:
+        call_command("backfill_trigger", "daily", "--org", org.slug, "--start", MARCH[0], "--end", MARCH[0],
+                     stdout=out)
+    assert "1 instants, 1 already have a run: 0 runs to start" in out.getvalue()
+    assert str(excinfo.value) == ("--start/--end: every instant of this range already has a run (1 instant): "
+                                  "nothing to backfill")
+    assert TriggerBackfill.objects.for_organization(org).count() == 1
     with pytest.raises(CommandError, match=r"--end: must not be before start"):
         call_command("backfill_trigger", "daily", "--org", org.slug, "--start", "2026-03-05", "--end", "2026-03-01")
     with pytest.raises(CommandError, match=r"no trigger 'nope'"):
@@ -586,6 +692,14 @@ def test_the_trigger_page_previews_then_starts_a_backfill(org, make_workflow):
     body = text(browser.get(f"/triggers/{trig.pk}/"))
     assert "31 / 31" in body and "Succeeded" in body
     assert body.count('<a class="mono" href="/runs/') == 20  # the most recent firings, each linking its run
+    # Previewed again, March has nothing to start: no start button, and a start is refused saying why.
+    body = text(browser.get(f"/triggers/{trig.pk}/", {"start": MARCH[0], "end": MARCH[1]}))
+    assert "0 runs to start" in body and 'data-action="start-backfill"' not in body
+    assert "Nothing to backfill: every instant of this range already has a run." in body
+    resp = browser.post(f"/triggers/{trig.pk}/backfill/", {"start": MARCH[0], "end": MARCH[1], "expect_runs": "0"})
+    assert resp.status_code == 400
+    assert "Every instant of this range already has a run (31 instants): nothing to backfill" in text(resp)
+    assert TriggerBackfill.objects.for_organization(org).count() == 1
     # A run it started shows its instant on the run page.
     run = backfill_runs(trig)[-1]
     body = text(browser.get(f"/runs/{run.pk}/"))
@@ -669,3 +783,23 @@ def test_the_trigger_page_takes_a_constant_number_of_queries(org, make_workflow)
         run_through(create_backfill(actor=actor(org), trigger=trig, start=day, end=day))
     after, _ = sql_count(browser, f"/triggers/{trig.pk}/")
     assert after == before
+
+
+@pytest.mark.django_db
+def test_a_refused_backfill_of_a_missed_range_whose_instants_all_have_runs_answers_the_note(org, make_workflow):
+    trig = daily_berlin(org, make_workflow)
+    ScheduledTrigger.objects.for_organization(org).filter(pk=trig.pk).update(
+        next_fire_at=utc(2026, 3, 1, 5), catch_up="latest")
+    process_trigger(trig.pk, utc(2026, 3, 4, 6))
+    # Two backfills of parts of the missed range give each of its instants a run; the note stays.
+    run_through(create_backfill(actor=actor(org), trigger=trig, start="2026-03-01", end="2026-03-01"))
+    run_through(create_backfill(actor=actor(org), trigger=trig, start="2026-03-02", end="2026-03-03"))
+    trig.refresh_from_db()
+    assert trig.missed_instants is not None
+    # "Backfill them" then has nothing to start: refused, and the note is answered.
+    with pytest.raises(BackfillConflict) as excinfo:
+        create_backfill(actor=actor(org), trigger=trig, start="2026-03-01T06:00", end="2026-03-03T06:00")
+    assert excinfo.value.field == "range"
+    trig.refresh_from_db()
+    assert trig.missed_instants is None
+    assert TriggerBackfill.objects.for_organization(org).count() == 2

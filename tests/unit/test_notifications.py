@@ -21,11 +21,17 @@ from django.utils import timezone
 
 from audit.models import AuditLog
 from engine import notifications, notifier, webhooks
-from engine.models import FailureSubscription, NotificationAttempt, NotificationDelivery, NotificationEvent
+from engine.models import (
+    FailureSubscription,
+    NotificationAttempt,
+    NotificationDelivery,
+    NotificationEvent,
+    Workflow,
+)
 from engine.notifications import InvalidWebhook, ReplayRefused
 from engine.repositories import events as event_ops
 from engine.repositories import notifications as outbox
-from engine.services import apply_definition, cancel_run, start_run
+from engine.services import apply_definition, archive_workflow, cancel_run, start_run
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded
 from tenancy.models import Membership, Role, User
@@ -151,6 +157,7 @@ def test_succeeded_and_cancelled_runs_are_recorded_with_their_type(make_org):
 def test_only_the_subscribed_types_and_the_filtered_workflow_are_recorded(make_org):
     org = make_org()
     only_runs, _ = endpoint_for(org, "https://93.184.215.14/a", events=["run.failed"])
+    workflow(org, "other")  # a filter names an existing workflow
     only_other, _ = endpoint_for(org, "https://93.184.215.14/b", workflow_name="other")
     endpoint_for(org, "https://93.184.215.14/c", enabled=False)
     finished_run(org, "main", fail=True)
@@ -487,6 +494,48 @@ def test_the_event_types_and_the_workflow_filter_are_checked(make_org):
     assert refused.value.field == "workflow_name"
     endpoint, _ = endpoint_for(org, "https://93.184.215.14/hook", events=["task.failed", "run.failed", "run.failed"])
     assert endpoint.event_types == ["run.failed", "task.failed"]
+
+
+def missing_workflow(name: str) -> str:
+    return (f"no workflow named {name!r} in this organization; give the name of one of its workflows (any version, "
+            "active, draft or archived), or leave it empty for every workflow")
+
+
+def test_a_workflow_filter_must_name_a_workflow_of_the_organization(make_org):
+    org, stranger = make_org(), make_org()
+    workflow(stranger, "theirs")
+    for name in ("no-such-wf", "theirs"):  # another organization's workflow is refused as a missing one
+        with pytest.raises(InvalidWebhook) as refused:
+            endpoint_for(org, "https://93.184.215.14/hook", workflow_name=name)
+        assert (refused.value.field, refused.value.message) == ("workflow_name", missing_workflow(name))
+    assert not notifications.endpoints_of(org).exists()
+    assert not AuditLog.objects.for_organization(org).filter(action="webhook.created").exists()
+    # An archived workflow is still one of its workflows: it can be restored, and archiving cancels runs.
+    archived = workflow(org, "retired")
+    archive_workflow(actor=actor_for(org), workflow=archived, confirm="retired")
+    assert Workflow.objects.for_organization(org).get(name="retired").state == "archived"
+    endpoint, _ = endpoint_for(org, "https://93.184.215.14/hook", workflow_name="retired")
+    assert endpoint.workflow_name == "retired"
+    everything, _ = endpoint_for(org, "https://93.184.215.14/all", workflow_name="")
+    assert everything.workflow_name == ""
+
+
+def test_changing_the_workflow_filter_checks_it_and_an_unchanged_one_is_kept(make_org):
+    org, stranger = make_org(), make_org()
+    workflow(stranger, "theirs")
+    workflow(org, "nightly")
+    endpoint, _ = endpoint_for(org, "https://93.184.215.14/hook", workflow_name="nightly")
+    for name in ("no-such-wf", "theirs"):
+        with pytest.raises(InvalidWebhook) as refused:
+            notifications.update_endpoint(actor=actor_for(org), endpoint=endpoint, data={"workflow_name": name})
+        assert (refused.value.field, refused.value.message) == ("workflow_name", missing_workflow(name))
+    endpoint.refresh_from_db()
+    assert endpoint.workflow_name == "nightly"
+    # Its workflow gone, the endpoint's other fields stay editable with the filter as it was.
+    Workflow.objects.for_organization(org).filter(name="nightly").delete()
+    changed = notifications.update_endpoint(actor=actor_for(org), endpoint=endpoint,
+                                            data={"workflow_name": "nightly", "description": "pager"})
+    assert (changed.workflow_name, changed.description) == ("nightly", "pager")
 
 
 def test_the_number_of_endpoints_is_capped_with_a_clear_error(make_org, settings):

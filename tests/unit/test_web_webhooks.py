@@ -67,6 +67,34 @@ def test_a_refused_url_is_shown_on_its_field_and_nothing_is_stored(make_org):
     assert not WebhookEndpoint.objects.for_organization(org).exists()
 
 
+def test_a_workflow_filter_naming_no_workflow_of_the_organization_is_shown_on_its_field(make_org):
+    org, stranger = make_org(), make_org()
+    apply_definition(actor=actor_for(stranger), document={"name": "theirs", "tasks": [{"key": "a", "type": "noop"}]})
+    apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
+    admin = client_for(owner_of(org))
+    # The field suggests the organization's own workflow names, never another organization's.
+    page = text(admin.get("/webhooks/"))
+    assert 'list="webhook-workflow-names"' in page
+    assert re.search(r'<datalist id="webhook-workflow-names"><option value="nightly"></datalist>', page)
+    for name in ("no-such-wf", "theirs"):  # another organization's workflow: the same answer as a missing one
+        page = admin.get("/webhooks/")
+        resp = admin.post("/webhooks/", {"url": URL, "event_types": ["run.failed"], "workflow_name": name,
+                                         "enabled": "on", "form_token": token_of(text(page))})
+        assert resp.status_code == 400
+        assert re.search(r'id="id_workflow_name_errors".*No workflow named ' + re.escape(repr(name))
+                         + r" in this organization; give the name of one of its workflows", text(resp), re.S)
+    assert not WebhookEndpoint.objects.for_organization(org).exists()
+    # Changing an endpoint's filter to a missing name is refused on the field too.
+    endpoint = endpoint_of(org)
+    resp = admin.post(f"/webhooks/{endpoint.pk}/", {"url": URL, "event_types": ["run.failed"],
+                                                    "workflow_name": "no-such-wf", "enabled": "on"})
+    assert resp.status_code == 400
+    assert re.search(r'id="id_workflow_name_errors".*No workflow named \'no-such-wf\' in this organization',
+                     text(resp), re.S)
+    endpoint.refresh_from_db()
+    assert endpoint.workflow_name == ""
+
+
 @pytest.mark.parametrize("role", [Role.MEMBER, Role.VIEWER])
 def test_members_and_viewers_get_403_on_every_webhook_page(make_org, role):
     org = make_org()
@@ -110,6 +138,7 @@ def test_settings_rotate_and_delete(make_org):
     endpoint = endpoint_of(org)
     admin = client_for(owner_of(org))
     path = f"/webhooks/{endpoint.pk}/"
+    apply_definition(actor=actor_for(org), document={"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]})
     saved = admin.post(path, {"url": URL, "event_types": ["run.succeeded"], "workflow_name": "nightly",
                               "description": ""}, follow=True)
     assert "Saved the endpoint" in text(saved)

@@ -14,7 +14,8 @@ from tenancy.actors import Actor
 
 def _named(exc: BackfillError) -> str:
     """The refusal, naming the option it is about (``--end: ...``) or the field."""
-    option = {"start": "--start", "end": "--end", "max_active_runs": "--max-active-runs", "priority": "--priority"}
+    option = {"start": "--start", "end": "--end", "range": "--start/--end", "max_active_runs": "--max-active-runs",
+              "priority": "--priority"}
     return f"{option.get(exc.field, exc.field)}: {exc.message}"
 
 
@@ -22,7 +23,8 @@ class Command(BaseCommand):
     help = (
         "Backfill a cron trigger: one run per instant of its schedule from --start to --end (dates or ISO "
         "instants, read in the trigger's time zone; both included), oldest first, skipping instants that "
-        "already have a run. Prints the count first; --dry-run stops there."
+        "already have a run. Prints the count first; --dry-run stops there. A range with nothing to start "
+        "(every instant already has a run, or it holds none) is refused: nothing is made, the exit is non-zero."
     )
 
     def add_arguments(self, parser):
