@@ -290,6 +290,16 @@ class RunView:
         return json.dumps({r.key: r.state for r in rows}, separators=(",", ":"))
 
     @property
+    def send_logs(self) -> bool:
+        """Whether the fragment carries the worker logs: a first load, or a live update that
+        touched a worker task run (their lines come with their attempts' events)."""
+        if not self.has_worker_tasks:
+            return False
+        if not self.delta or self.changed is None:
+            return True
+        return any(r.queue and r.id in self.changed for r in self.rows)
+
+    @property
     def now_ms(self) -> int:
         return int((self.now or timezone.now()).timestamp() * 1000)
 

@@ -167,6 +167,7 @@ def _live_urls(run: WorkflowRun) -> dict[str, str]:
     }
 
 
+@gzip_page  # a big run's page is mostly repeated markup (see run_live)
 @require_GET
 @organization_required
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:

@@ -27,6 +27,7 @@ from django.contrib.sessions.backends.db import SessionStore
 
 from engine.models import WorkflowRun
 from engine.services import apply_definition, resolve_workflow, start_run
+from frontend import live_org
 from tenancy.actors import Actor
 from tenancy.models import Role
 from tenancy.services import create_organization
@@ -35,9 +36,18 @@ from tests.e2e.conftest import SCREENSHOTS, orm
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 VIEWPORT = {"width": 1440, "height": 900}
-# Seconds the process's LISTEN hubs need to close their connections once no page listens
-# (engine.queue_hub.IDLE_CLOSE_SECONDS), so the test database can be dropped.
-HUB_IDLE_SECONDS = 6
+# Seconds, after the browser closed, for the live server to notice (a keep-alive write every
+# second, below) and end the pages' streams, giving back their slots, and for the process's
+# LISTEN hubs to close their connections (engine.queue_hub.IDLE_CLOSE_SECONDS), so that later
+# tests of the session get their stream slots and the test database can be dropped.
+HUB_IDLE_SECONDS = 8
+
+
+@pytest.fixture(autouse=True)
+def _quick_keep_alive(monkeypatch):
+    """The organization streams never end on their own (the run pages' end with their run):
+    a keep-alive every second makes the server notice a closed page quickly."""
+    monkeypatch.setattr(live_org, "HEARTBEAT_SECONDS", 1.0)
 
 
 def session_for(user) -> str:
@@ -239,7 +249,10 @@ def test_home_shows_the_make_run_example_and_a_failed_run_within_a_second(live_s
         page.wait_for_function(f"() => 'finished:{example.pk}' in window.__ffSeen", timeout=90_000)
         assert page.locator(f"[data-section=finished] tr[data-run-id='{example.pk}'] .badge.state-succeeded").count() == 1
 
-        # A run that fails: on the home page within a second of failing.
+        # A run that fails: on the home page within a second of failing, and on the run list.
+        runs_page = context.new_page()
+        runs_page.goto(base + "/runs/")
+        runs_page.evaluate(NO_RELOAD)
         failing = orm(lambda: start_run(workflow=resolve_workflow(organization=data["org"], workflow="partner-sync"),
                                         actor=data["actor"]))
         page.wait_for_function(f"() => 'failed:{failing.pk}' in window.__ffSeen", timeout=60_000)
@@ -254,6 +267,8 @@ def test_home_shows_the_make_run_example_and_a_failed_run_within_a_second(live_s
         assert "partner-sync" in page.locator(f"[data-section=failed] tr[data-run-id='{failing.pk}']").inner_text()
         page.screenshot(path=str(screenshots / "home-failed.png"), full_page=True)
         assert page.evaluate("window.__ffNoReload === true"), "the page reloaded"
+        runs_page.wait_for_selector(f"tr[data-run-id='{failing.pk}'] .badge.state-failed", timeout=10_000)
+        assert runs_page.evaluate("window.__ffNoReload === true"), "the run list reloaded"
         assert not csp, csp
     finally:
         context.close()

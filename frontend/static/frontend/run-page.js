@@ -31,6 +31,17 @@
     }
   });
 
+  // A link to a task's row (the graph's nodes: "#task-<key>") whose row is on another page of
+  // the task table, or filtered out: show the table filtered by that key instead.
+  document.addEventListener("click", function (event) {
+    var link = event.target instanceof Element ? event.target.closest('a[href^="#task-"]') : null;
+    if (!link) return;
+    var id = decodeURIComponent(link.getAttribute("href").slice(1));
+    if (document.getElementById(id)) return;
+    event.preventDefault();
+    window.location.assign("?task_key=" + encodeURIComponent(id.slice("task-".length)) + "#" + id);
+  });
+
   var root = document.getElementById("run-live");
   if (!root || root.dataset.terminal === "1") return;
 
