@@ -325,6 +325,27 @@ def test_a_live_update_sends_only_the_changed_rows_and_the_graphs_new_states(org
     assert len(body) <= 20 * 1024
 
 
+def test_a_live_updates_query_count_does_not_grow_with_the_run(org):
+    client = client_for(owner_of(org))
+
+    def delta_queries(n: int, width: int) -> tuple[int, int]:
+        run = make_run(org, n, width=width)
+        drive_run(run, steps=width)
+        sig = _sig(client.get(f"/runs/{run.pk}/").content.decode())
+        run.refresh_from_db()
+        seen = run.last_event_seq
+        drive_run(run, steps=2)
+        resp, sql = counted(client, f"/runs/{run.pk}/live/?after={seen}&sig={sig}")
+        assert 'data-mode="patch"' in resp.content.decode()
+        return len(sql), len(resp.content)
+
+    delta_queries(6, 3)  # warm-up
+    small, _ = delta_queries(6, 3)
+    big, size = delta_queries(300, 30)
+    assert big == small
+    assert size <= 20 * 1024
+
+
 def test_a_live_update_sends_the_page_whole_when_its_rows_changed(org):
     run = make_run(org, 30, width=10)
     drive_run(run, steps=3)

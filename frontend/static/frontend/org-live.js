@@ -5,6 +5,9 @@
  * whole page. One fetch at a time; changes meanwhile fold into one more. If the stream is
  * refused (429) or unsupported, the page polls its fragment every 5 s instead.
  * `flowforge:org-updated` is dispatched after each swap (detail: {at: Date.now()}).
+ * Runs' state changes come over the stream; their progress bars (task counts) change with
+ * every task, which the stream does not announce: while the region shows a running run,
+ * the fragment is also fetched every PROGRESS_MS.
  */
 (function () {
   "use strict";
@@ -13,6 +16,7 @@
   var regionName = root.dataset.regionName;
   var fragmentUrl = root.dataset.fragmentUrl;
   var POLL_MS = 5000;
+  var PROGRESS_MS = 10000;
   var inFlight = false, again = false, source = null;
 
   function setStatus(text, cls) {
@@ -47,6 +51,11 @@
   }
 
   function poll() { refresh(); setTimeout(poll, POLL_MS); }
+
+  setInterval(function () {
+    var region = document.querySelector('[data-region="' + regionName + '"]');
+    if (source && region && region.querySelector("tr.run-row.state-running")) refresh();
+  }, PROGRESS_MS);
 
   if (!("EventSource" in window)) { poll(); return; }
   source = new EventSource(root.dataset.streamUrl + "?since=" + encodeURIComponent(root.dataset.since));
