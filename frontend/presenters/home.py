@@ -4,8 +4,8 @@ what broke?".
 ``home_sections`` reads, in a constant number of statements whatever the organization's
 size: its open runs (idx_wfrun_org_open), their task counts (idx_taskrun_run_state, only
 when any is open), its recently failed runs (idx_wfrun_org_failed), its recently finished
-runs (idx_wfrun_org_finished), its next trigger fire times (uniq_trigger_org_name: an
-organization's triggers are few) and its own workers' queues (one statement:
+runs (idx_wfrun_org_finished), its next trigger fire times (the index on organization_id:
+an organization's triggers are few) and its own workers' queues (one statement:
 ``worker_queue_summary``). At most 6 statements.
 """
 
