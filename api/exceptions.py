@@ -89,6 +89,15 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class Gone(exceptions.APIException):
+    """410: the resource existed but its stored content is no longer available (an
+    offloaded output whose bytes are missing from the storage)."""
+
+    status_code = status.HTTP_410_GONE
+    default_detail = "The resource is no longer available."
+    default_code = "gone"
+
+
 class FieldConflict(exceptions.ValidationError):
     """409 naming the field whose value clashes with an existing object (a taken
     name, an address that is already a member): a problem with ``errors``."""

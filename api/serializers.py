@@ -367,6 +367,12 @@ class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
         read_only_fields = fields
 
 
+SKIP_REASON_HELP = (
+    "Why a skipped task run was skipped: upstream_failed (a failure upstream; its dependents' trigger rules "
+    "count it as a failure), trigger_rule (its rule could not be met otherwise), condition_false (its condition "
+    "was false); '' when it was not skipped, or a person marked it skipped.")
+
+
 class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
     """A task run of a run's detail. Expects the task runs from
     ``engine.outputs.with_output_sizes``: an output over FLOWFORGE_INLINE_OUTPUT_BYTES is
@@ -390,11 +396,7 @@ class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):
         help_text="For a ready task run of a worker queue: the live workers of its queue (polled within "
         "FLOWFORGE_WORKER_LIVE_SECONDS, or holding a task of it); 0 means none will take it until a worker "
         "with a worker key polls the queue. Null otherwise.")
-    skip_reason = serializers.ChoiceField(
-        choices=SkipReason.choices, read_only=True,
-        help_text="Why a skipped task run was skipped: upstream_failed (a failure upstream; its dependents' "
-        "trigger rules count it as a failure), trigger_rule (its rule could not be met otherwise), "
-        "condition_false; '' when it was not skipped.")
+    skip_reason = serializers.ChoiceField(choices=SkipReason.choices, read_only=True, help_text=SKIP_REASON_HELP)
 
     class Meta:
         model = TaskRun

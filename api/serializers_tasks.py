@@ -15,9 +15,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.serializers import WAITING_REASON_HELP, RunEventSerializer
+from api.serializers import SKIP_REASON_HELP, WAITING_REASON_HELP, RunEventSerializer
 from engine.models import TaskLog, TaskRunState
 from engine.outputs import output_or_summary
+from engine.states import SkipReason, TriggerRule
 from engine.task_detail import OUTCOMES, AttemptDetail, TaskDetail, UpstreamDetail
 
 
@@ -69,7 +70,7 @@ class AttemptSerializer(serializers.Serializer):
     outcome = serializers.ChoiceField(choices=OUTCOMES, help_text=(
         "`running`; `succeeded`; `retried` (it failed and another attempt followed); `failed` (it failed and "
         "none followed); `timed_out` (its timeout_seconds passed); `lease_expired` (its worker stopped "
-        "heartbeating); `cancelled` (with its run)."))
+        "heartbeating); `cancelled` (with its run); `skipped` (its condition was false: the handler did not run)."))
     error = serializers.CharField(help_text="`Type: message` of its failure ('' for none), secret values redacted.")
     traceback = serializers.CharField(help_text=(
         "The handler's full traceback when it raised ('' otherwise), secret values redacted, at most "
@@ -129,6 +130,11 @@ class TaskRunDetailSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     waiting_reason = serializers.CharField(allow_null=True, help_text=WAITING_REASON_HELP)
+    skip_reason = serializers.ChoiceField(choices=SkipReason.choices, help_text=SKIP_REASON_HELP)
+    trigger_rule = serializers.ChoiceField(choices=TriggerRule.choices, help_text=(
+        "Its task's trigger rule: when it runs, by its upstream task runs' outcomes (docs/api.md, \"Trigger "
+        "rules and conditions\")."))
+    condition = serializers.CharField(help_text="Its task's CEL condition ('' for none): false skips it.")
     config = serializers.JSONField(help_text=(
         "The task's input as configured: its config as the workflow version stores it. A secret is shown as its "
         "reference (`{{ secrets.NAME }}`), never its value."))
@@ -152,6 +158,7 @@ class TaskRunDetailSerializer(serializers.Serializer):
             "started_at": serializers.DateTimeField().to_representation(tr.started_at) if tr.started_at else None,
             "finished_at": serializers.DateTimeField().to_representation(tr.finished_at) if tr.finished_at else None,
             "waiting_reason": detail.waiting_reason,
+            "skip_reason": tr.skip_reason, "trigger_rule": tr.task.trigger_rule, "condition": tr.task.condition,
             "config": detail.config,
             "output": output_or_summary(tr, url=output_url(context, tr)),
             "upstream": UpstreamSerializer(detail.upstream, many=True, context=context).data,

@@ -10,6 +10,7 @@ from ``Model.objects.for_organization(self.organization)``, are keyset-paginated
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.db import transaction
@@ -26,7 +27,7 @@ from rest_framework.response import Response
 from api import idempotency, streaming
 from api.base import OrganizationAPIView, validated_query
 from api.examples import EVENT_EXAMPLE, PAGE_PARAMETERS, RUN_EXAMPLE, RUN_SUMMARY_EXAMPLE
-from api.exceptions import PROBLEM_CONTENT_TYPE, Conflict
+from api.exceptions import PROBLEM_CONTENT_TYPE, Conflict, Gone
 from api.pagination import non_negative_int, page, paginate_by_int, paginate_newest_first
 from api.schema import problem, problem_example
 from api.serializers import (
@@ -38,7 +39,7 @@ from api.serializers import (
     RunSerializer,
     RunStartInputSerializer,
 )
-from engine import live_stream, worker_queues
+from engine import live_stream, offload, worker_queues
 from engine.access import access_run, access_task_run
 from engine.models import TaskRun, TaskRunEvent, Workflow, WorkflowRun
 from engine.outputs import with_output_sizes
@@ -330,18 +331,30 @@ class RunTaskOutputView(OrganizationAPIView):
     @extend_schema(
         operation_id="runs_task_output",
         summary="Get a task run's output",
-        description="The whole output of one task run of the run (at most FLOWFORGE_MAX_OUTPUT_BYTES of JSON): "
-        "`output` is null while the task has none.",
-        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="`{id, key, state, output}`.")},
+        description="The whole output of one task run of the run: `output` is null while the task has none. "
+        "An output over FLOWFORGE_MAX_OUTPUT_BYTES was kept in the offload storage (up to "
+        "FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES) and is returned whole here, with `offloaded: true`; "
+        "410 when its stored bytes are gone or damaged.",
+        responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="`{id, key, state, output, offloaded}`."),
+                   **problem(410, "The offloaded output's bytes are gone from the storage or do not match their "
+                             "SHA-256.", problem_example(410, "the offloaded output outputs/... cannot be read "
+                                                              "([Errno 2] No such file or directory)", "gone"))},
         examples=[OpenApiExample("output", response_only=True, value={
             "id": "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a", "key": "extract", "state": "succeeded",
-            "output": {"rows": 1200}})],
+            "output": {"rows": 1200}, "offloaded": False})],
     )
     def get(self, request, run_id, pk):
         task_run = access_task_run(self.actor, run_id, pk, shape=lambda qs: qs.select_related("task").only(
-            "id", "organization_id", "workflow_run_id", "state", "output", "task__key"))
+            "id", "organization_id", "workflow_run_id", "state", "output", "fencing_token", "task__key"))
+        output = task_run.output
+        payload = offload.payload_of(task_run) if offload.is_ref(output) else None
+        if payload is not None:
+            try:
+                output = json.loads(offload.read_payload(payload))
+            except offload.PayloadUnavailable as exc:
+                raise Gone(str(exc)) from None
         return Response({"id": str(task_run.pk), "key": task_run.task.key, "state": task_run.state,
-                         "output": task_run.output})
+                         "output": output, "offloaded": payload is not None})
 
 
 # --- run events -----------------------------------------------------------------------------------

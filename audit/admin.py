@@ -9,7 +9,7 @@ from django.contrib.admin.options import ActionLocation
 from django.http import HttpRequest, StreamingHttpResponse
 from django.urls import path
 
-from audit.models import AuditLog
+from audit.models import AuditCheckpoint, AuditLog
 
 EXPORT_COLUMNS = (
     "created_at", "organization_id", "actor_type", "actor_email", "actor_api_key_prefix", "action",
@@ -89,3 +89,21 @@ class AuditLogAdmin(admin.ModelAdmin):
         response = StreamingHttpResponse(stream(), content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="audit-log.csv"'
         return response
+
+
+@admin.register(AuditCheckpoint)
+class AuditCheckpointAdmin(admin.ModelAdmin):
+    """Where each chain starts after audit retention (audit.retention): read-only."""
+
+    list_display = ("created_at", "chain", "seq", "rows_removed", "row_created_at", "key_id")
+    search_fields = ("chain",)
+    ordering = ("-created_at",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

@@ -57,3 +57,13 @@ def row_mac(fields: dict[str, Any], key: bytes) -> str:
     """The keyed scheme: HMAC-SHA256 (hex, 64 characters) under ``key`` of the canonical
     encoding of KEYED_FIELDS (``fields["key_id"]`` names ``key``)."""
     return hmac.new(key, canonical(fields, KEYED_FIELDS), hashlib.sha256).hexdigest()
+
+# The fields a retention checkpoint's signature covers (audit.models.AuditCheckpoint).
+CHECKPOINT_FIELDS = ("chain", "seq", "row_hash", "row_created_at", "key_id")
+
+
+def checkpoint_mac(fields: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 (hex) under ``key`` of a retention checkpoint's CHECKPOINT_FIELDS
+    (``fields["key_id"]`` names ``key``): written by ``audit.retention``, checked by the walk
+    of ``audit.verify`` before it trusts where a chain now starts."""
+    return hmac.new(key, canonical(fields, CHECKPOINT_FIELDS), hashlib.sha256).hexdigest()

@@ -80,7 +80,43 @@ class AuditLog(models.Model):
             models.Index(fields=["request_id"], name="idx_auditlog_request_id"),
             # Staff search by target: WHERE target_id = ?.
             models.Index(fields=["target_id"], name="idx_auditlog_target_id"),
+            # Audit retention (audit.retention): WHERE created_at < cutoff GROUP BY chain —
+            # the chains with rows past the policy, reading only those rows.
+            models.Index(fields=["created_at"], name="idx_auditlog_created"),
         ]
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.action} by {self.actor_email or self.actor_type}"
+
+
+class AuditCheckpoint(models.Model):
+    """Where a chain starts after audit retention removed its oldest rows (docs/audit.md).
+
+    One row per retention batch of a chain, never updated or deleted (a trigger refuses
+    both): rows ``1..seq`` of ``chain`` were removed after the walk from the chain's previous
+    start verified them, and ``row_hash`` is the hash of row ``seq``, the ``prev_hash`` the
+    first kept row must carry. ``signature`` is the HMAC-SHA256 (``audit.retention.checkpoint_mac``)
+    under the audit key ``key_id`` of (chain, seq, row_hash, row_created_at), so a checkpoint
+    written without the key does not verify.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    chain = models.CharField(max_length=40)
+    seq = models.BigIntegerField()
+    row_hash = models.CharField(max_length=64)
+    row_created_at = models.DateTimeField()
+    key_id = models.CharField(max_length=32)
+    signature = models.CharField(max_length=64)
+    rows_removed = models.BigIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "core_auditcheckpoint"
+        constraints = [
+            # The removal function (ff_audit_remove_through) and the walk look a chain's
+            # checkpoint up by (chain, seq); one per place.
+            models.UniqueConstraint(fields=["chain", "seq"], name="uniq_auditcheckpoint_chain_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.chain} through seq {self.seq}"

@@ -1,6 +1,9 @@
 """Checking the audit log (``manage.py audit_verify``): what each check proves is in docs/audit.md.
 
-- every chain is walked from the genesis: each row in its place (``seq`` 1, 2, ...),
+- every chain is walked from the genesis, or from its latest retention checkpoint once
+  audit retention removed its oldest rows (``audit.retention``: the checkpoint's signature
+  is checked, and the first kept row must link to the hash it carries): each row in its
+  place (``seq`` 1, 2, ...),
   linked to its predecessor (``prev_hash``), and its ``row_hash`` recomputed — the HMAC
   under the key its ``key_id`` names for a keyed row, the plain SHA-256 for a legacy one
   (``audit.chain``). Unkeyed rows are refused unless FLOWFORGE_AUDIT_ACCEPT_LEGACY is
@@ -25,9 +28,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from audit.chain import GENESIS, HASHED_FIELDS, row_hash, row_mac
+from audit.chain import GENESIS, HASHED_FIELDS, checkpoint_mac, row_hash, row_mac
 from audit.keys import key_for, signing_key
-from audit.models import AuditLog
+from audit.models import AuditCheckpoint, AuditLog
 
 HEAD_FORMAT = "flowforge-audit-head/1"
 
@@ -86,19 +89,58 @@ class Report:
         return not self.breaks and not self.unverifiable
 
 
-def _walk(chain: str, report: Report) -> Break | None:
+def checkpoint_problem(checkpoint: AuditCheckpoint) -> str:
+    """Why a retention checkpoint cannot be trusted ("" when its signature verifies)."""
+    key = key_for(checkpoint.key_id)
+    if key is None:
+        return (f"the retention checkpoint at seq {checkpoint.seq} is signed with key id {checkpoint.key_id!r}, "
+                "which FLOWFORGE_AUDIT_KEYS does not hold")
+    fields = {f: getattr(checkpoint, f) for f in ("chain", "seq", "row_hash", "row_created_at", "key_id")}
+    if not hmac.compare_digest(checkpoint_mac(fields, key), checkpoint.signature):
+        return (f"the retention checkpoint at seq {checkpoint.seq} does not match its signature "
+                "(written or edited without the audit key)")
+    return ""
+
+
+def _start(chain: str, first_seq: int, first_id: str) -> tuple[int, str] | Break:
+    """Where the walk of ``chain`` starts when its first row is ``first_seq``: (seq, the
+    prev_hash that row must carry), from the genesis or from the signed checkpoint that
+    audit retention wrote at ``first_seq - 1``; a Break when neither accounts for it."""
+    if first_seq == 1:
+        return 1, GENESIS
+    checkpoint = AuditCheckpoint.objects.filter(chain=chain, seq=first_seq - 1).first()
+    if checkpoint is None:
+        return Break(chain, first_seq, first_id, f"the chain does not start at the genesis: its first row is seq "
+                                                 f"{first_seq} (rows 1..{first_seq - 1} are missing, and no "
+                                                 "retention checkpoint accounts for them)")
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        return Break(chain, first_seq, first_id, problem)
+    return first_seq, checkpoint.row_hash
+
+
+def _walk(chain: str, report: Report, *, through: int | None = None) -> Break | None:
     # Unkeyed rows are accepted only where the deployment says it has some from before
     # keys: otherwise rewriting a whole chain as "legacy" SHA-256 would verify.
     accept_legacy = bool(getattr(settings, "FLOWFORGE_AUDIT_ACCEPT_LEGACY", False))
-    expected_seq, expected_prev = 1, GENESIS
+    expected_seq, expected_prev = 0, GENESIS  # set from the first row (_start)
     keyed_since: int | None = None
     unknown: dict[str, list[int]] = {}
     fields = [*HASHED_FIELDS, "key_id", "row_hash"]
-    rows = AuditLog.objects.unscoped().filter(chain=chain).order_by("seq").values(*fields).iterator(chunk_size=2000)
+    rows = AuditLog.objects.unscoped().filter(chain=chain)
+    if through is not None:
+        rows = rows.filter(seq__lte=through)
+    rows = rows.order_by("seq").values(*fields).iterator(chunk_size=2000)
     brk = None
     for row in rows:
         report.checked += 1
         rid, seq = str(row["id"]), row["seq"]
+        if expected_seq == 0:
+            start = _start(chain, seq, rid)
+            if isinstance(start, Break):
+                brk = start
+                break
+            expected_seq, expected_prev = start
         if seq != expected_seq:
             if expected_seq == 1:
                 problem = f"the chain does not start at the genesis: its first row is seq {seq} (rows 1..{seq - 1} are missing)"
@@ -108,8 +150,9 @@ def _walk(chain: str, report: Report) -> Break | None:
             break
         if row["prev_hash"] != expected_prev:
             problem = ("the chain does not start at the genesis: its first row's prev_hash is not the genesis"
-                       if seq == 1 else
-                       "prev_hash does not match the previous row's hash (a row before it was edited or replaced)")
+                       if expected_prev == GENESIS else
+                       "prev_hash does not match the previous row's hash (a row before it was edited or replaced, "
+                       "or the retention checkpoint before it does not belong to this chain)")
             brk = Break(chain, seq, rid, problem)
             break
         key_id = row["key_id"]
@@ -142,10 +185,11 @@ def _walk(chain: str, report: Report) -> Break | None:
     return brk
 
 
-def verify_chain(chain: str) -> tuple[int, Break | None]:
-    """Check one chain from the genesis. Returns (rows checked, first break or None)."""
+def verify_chain(chain: str, *, through: int | None = None) -> tuple[int, Break | None]:
+    """Check one chain from the genesis (or its retention checkpoint), up to row
+    ``through`` when given. Returns (rows checked, first break or None)."""
     report = Report()
-    brk = _walk(chain, report)
+    brk = _walk(chain, report, through=through)
     return report.checked, brk
 
 
@@ -170,6 +214,14 @@ def _against_head(report: Report, head: dict[str, tuple[int, str]]) -> None:
                                                         f"seq {seq}: rows {last + 1}..{seq} were removed"))
             continue
         row = AuditLog.objects.unscoped().filter(chain=chain, seq=seq).values("id", "row_hash").first()
+        if row is None:
+            # Removed since by audit retention: the walk checked the checkpoint the chain
+            # now starts from, and the head is at or before it.
+            if AuditCheckpoint.objects.filter(chain=chain, seq__gte=seq).exists():
+                continue
+            report.breaks.append(Break(chain, seq, "", "the row at the exported head's seq is gone and no retention "
+                                                       "checkpoint covers it"))
+            continue
         if not hmac.compare_digest(row["row_hash"], digest):
             report.breaks.append(Break(chain, seq, str(row["id"]), "the row at the exported head's seq is not the "
                                                                    "one exported (the chain was rewritten)"))

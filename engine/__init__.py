@@ -66,9 +66,11 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
         running handler logs and prints, kept per attempt (per thread, by context
         variable), redacted and capped.
-    models.py | db.py | metrics.py | live.py
+    models.py | db.py | metrics.py | live.py | trigger_rules.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
-        (JSON hygiene is flowforge.jsonb, shared with the audit log).
+        (JSON hygiene is flowforge.jsonb, shared with the audit log); trigger_rules: a
+        rule's verdict on given upstream outcomes, in Python (what a retry of one task and
+        the run page's buttons ask; the engine decides in SQL).
     sql/
         every statement the engine runs, whole and named, in *.sql files (one per table,
         metrics.sql for the /metrics gauges), each with the index it relies on; loaded

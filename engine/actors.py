@@ -17,7 +17,8 @@ from __future__ import annotations
 import dramatiq
 from django.conf import settings
 
-from engine import backfill, live, notifier, services
+from audit import retention as audit_retention
+from engine import backfill, live, notifier, retention, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
@@ -80,12 +81,15 @@ def sweep_runs() -> None:
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows,
     workers not seen for a week, the secret values kept for worker task generations no
-    longer running, and abandoned live subscriptions."""
+    longer running, abandoned live subscriptions, and audit rows past the audit retention
+    (``audit.retention``: a bounded number per chain and pass)."""
     services.purge_expired_idempotency_keys()
     services.purge_old_rate_limit_buckets()
     services.purge_forgotten_workers()
     services.purge_finished_attempt_secrets()
     live.purge_expired()
+    retention.purge()
+    audit_retention.purge()
 
 
 # Dramatiq priority (lower runs first among the messages a worker has fetched): the

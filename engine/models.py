@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models import F, Func, Q
 from django.db.models.functions import Coalesce, Length, Now
@@ -327,7 +328,7 @@ class WorkflowRun(models.Model):
             models.Index(fields=["workflow", "created_at"], name="idx_wfrun_open_by_workflow",
                          condition=Q(state__in=["pending", "running"])),
             # The home page (issue 20, frontend.presenters.home): the organization's open runs,
-            # its recently finished ones and its recently failed ones, newest first (migration 0029).
+            # its recently finished ones and its recently failed ones, newest first (migration 0030).
             models.Index(F("organization"), F("created_at").desc(), name="idx_wfrun_org_open",
                          condition=Q(state__in=["pending", "running"])),
             models.Index(F("organization"), F("finished_at").desc(), name="idx_wfrun_org_finished",
@@ -570,6 +571,10 @@ class OutboxMessage(models.Model):
             # Dead letters, kept for staff and replay, and the reaper's scan for their task runs (seed 001).
             models.Index(fields=["dead_lettered_at"], name="idx_outbox_dead_letter",
                          condition=Q(dead_lettered_at__isnull=False)),
+            # Housekeeping's removal of published rows (outbox_purge_published: created_at <
+            # cutoff). BRIN: rows arrive in created_at order, and its upkeep on the hot
+            # path's insert is next to nothing (a B-tree would add an index insert per task).
+            BrinIndex(fields=["created_at"], name="idx_outbox_created_brin"),
         ]
 
     def __str__(self) -> str:
@@ -1178,3 +1183,41 @@ class NotificationAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.delivery_id}: {self.outcome}"
+
+
+class OffloadedPayload(models.Model):
+    """A task run's output kept outside the task-run row (issue 21): one generation's output
+    over FLOWFORGE_MAX_OUTPUT_BYTES, written whole to the "offload" storage
+    (``engine.offload``) under ``storage_key`` before its completion. The row's ``output``
+    then holds only a summary (``engine.offload.REF``), and the API reads the whole value
+    from here — looked up by the task run's own id and current fencing token, so an output
+    that merely looks like a summary never reaches another task's payload. Removed with its
+    run (``engine.retention``, files first)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+", db_index=False)
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="+", db_index=False)
+    fencing_token = models.BigIntegerField()
+    # Where the bytes are in the "offload" storage (built from the ids above, never from task data).
+    storage_key = models.CharField(max_length=255)
+    # Size in bytes of the JSON text, and its SHA-256 (hex): checked when it is read back.
+    size_bytes = models.BigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now())
+
+    objects = OrganizationScopedManager()
+
+    class Meta:
+        db_table = "core_offloadedpayload"
+        constraints = [
+            # One payload per generation: the API reads the one of the task run's current token.
+            models.UniqueConstraint(fields=["task_run", "fencing_token"], name="uniq_offloadedpayload_generation"),
+        ]
+        indexes = [
+            # Retention: a run's payloads (WHERE workflow_run_id = ANY(...)), files then rows.
+            models.Index(fields=["workflow_run"], name="idx_offloadedpayload_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.storage_key} ({self.size_bytes} bytes)"

@@ -2,7 +2,7 @@
 organization when one of its runs is created or changes state (issue 20).
 
 The triggers ``workflowrun_org_insert_notify`` / ``workflowrun_org_state_notify`` (engine
-migration 0029) raise ``pg_notify('flowforge_org_runs', '<organization id>:runs')`` at the
+migration 0030) raise ``pg_notify('flowforge_org_runs', '<organization id>:runs')`` at the
 commit of every such change. The machinery is engine.queue_hub's (register before reading,
 reconnect with backoff and wake everyone, close when idle), on its own channel and
 connection: ``wait_for(organization_id)`` returns a QueueWait whose ``wait(timeout)`` says
@@ -18,7 +18,7 @@ import uuid
 
 from engine.queue_hub import QueueHub, QueueWait
 
-#: The channel of the triggers of engine migration 0029.
+#: The channel of the triggers of engine migration 0030.
 CHANNEL = "flowforge_org_runs"
 APPLICATION_NAME = "flowforge-org-hub"
 #: The payload's second part (``<organization id>:runs``).

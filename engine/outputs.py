@@ -16,6 +16,8 @@ from django.conf import settings
 from django.db.models import Case, F, Func, IntegerField, JSONField, QuerySet, TextField, Value, When
 from django.db.models.functions import Cast
 
+from engine import offload
+
 
 def inline_output_limit() -> int:
     """FLOWFORGE_INLINE_OUTPUT_BYTES: the largest output (bytes of JSON text) shown inline."""
@@ -43,15 +45,20 @@ def with_output_sizes(queryset: QuerySet) -> QuerySet:
 
 
 def is_summarized(task_run: Any) -> bool:
-    """Whether ``task_run`` (from ``with_output_sizes``) has an output too large to show inline."""
+    """Whether ``task_run`` (from ``with_output_sizes``) has an output too large to show
+    inline: over the inline limit, or kept in the offload storage (``engine.offload``)."""
     size = getattr(task_run, "output_bytes", None)
-    return size is not None and size > inline_output_limit()
+    return (size is not None and size > inline_output_limit()) or offload.is_ref(getattr(task_run, "output_inline", None))
 
 
 def output_or_summary(task_run: Any, *, url: str) -> Any:
     """The output to show for ``task_run`` (from ``with_output_sizes``): the output
     itself when small, else ``{"truncated": True, "bytes": <bytes of its JSON text>,
-    "url": url}`` where ``url`` returns the whole output."""
+    "url": url}`` where ``url`` returns the whole output (for an offloaded output, the
+    bytes are the whole output's, from its summary)."""
+    inline = getattr(task_run, "output_inline", None)
+    if offload.is_ref(inline):
+        return {"truncated": True, "bytes": inline["bytes"], "url": url}
     if is_summarized(task_run):
         return {"truncated": True, "bytes": task_run.output_bytes, "url": url}
-    return task_run.output_inline
+    return inline

@@ -53,12 +53,12 @@ from django.conf import settings
 from django.db import transaction
 
 from audit import services as audit
-from engine import dispatch, metrics
+from engine import dispatch, metrics, trigger_rules
 from engine.db import retry_transient
 from engine.models import TaskDependency, TaskRun, Workflow, WorkflowRun, WorkflowState
 from engine.repositories import recovery as rows
 from engine.repositories import runs, task_runs
-from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState, TaskRunState
+from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState, TaskRunState, TriggerRule
 from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.permissions import Action, require
@@ -132,10 +132,17 @@ def retry_task_run(*, actor: Actor, task_run: TaskRun, reason: str = "") -> Acti
     run any finished task run (a succeeded one too); on a running run a failed or skipped
     one whose downstream has finished. Records ``task_run.retried``.
 
+    The task's trigger rule must be met by the outcomes of the task runs it depends on as
+    they are now (engine.trigger_rules.verdict, the engine's own rule): a task whose rule
+    is ``all_done``, ``always``, ``one_failed`` or ``all_failed`` can be retried below a
+    failure, one whose rule is ``all_success`` only once every upstream succeeded.
+
     Raises Forbidden, InvalidAction (``reason``), and ActionRefused for a task run still
-    going, one a task it depends on has not succeeded for (retry that one instead: its
-    downstream runs again with it), one whose downstream is still going, and as
-    ``resume_run`` for a finished run that cannot go back to running.
+    going, one whose trigger rule its upstream outcomes do not meet (the message names the
+    rule and each upstream's state: retry or mark succeeded that one instead, its
+    downstream runs again with it) or do not decide yet (an upstream still going), one
+    whose downstream is still going, and as ``resume_run`` for a finished run that cannot
+    go back to running.
     """
 
     def plan(graph: _Graph, run_state: str) -> _Plan:
@@ -145,12 +152,7 @@ def retry_task_run(*, actor: Actor, task_run: TaskRun, reason: str = "") -> Acti
             raise ActionRefused(f"task {row.key} {row.state} and its run is still running: until the run "
                                 "finishes only a failed or skipped task can be retried")
         _refuse_open_downstream(graph, row)
-        for up in graph.upstream[row.task_id]:
-            other = graph.rows[up]
-            if other.state != TaskRunState.SUCCEEDED:
-                raise ActionRefused(
-                    f"task {row.key} depends on task {other.key}, which {_did(other.state)}: retry {other.key} "
-                    f"(its downstream, {row.key} included, runs again) or mark it succeeded")
+        _refuse_rule_not_met(graph, row)
         return _Plan(reopen=graph.closure([row.task_id]))
 
     return _act(actor=actor, run=_run_of(task_run), action=RETRY, reason=reason, target=task_run, plan=plan)
@@ -215,6 +217,8 @@ class _Row:
     key: str
     state: str
     fencing_token: int
+    skip_reason: str
+    trigger_rule: str
 
 
 @dataclasses.dataclass
@@ -253,7 +257,7 @@ class _Graph:
 def _read_graph(run: WorkflowRun) -> _Graph:
     """Two queries: the run's task runs (idx_taskrun_run_state) and its version's edges."""
     got = TaskRun.objects.for_organization(run.organization_id).filter(workflow_run_id=run.pk).values_list(
-        "id", "task_id", "task__key", "state", "fencing_token")
+        "id", "task_id", "task__key", "state", "fencing_token", "skip_reason", "task__trigger_rule")
     by_task = {r[1]: _Row(*r) for r in got}
     upstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
     downstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
@@ -293,6 +297,36 @@ def _refuse_open_downstream(graph: _Graph, row: _Row) -> None:
         if below.state not in TASK_TERMINAL_STATES:
             raise ActionRefused(f"task {below.key}, downstream of {row.key}, {_did(below.state)}; "
                                 "act once it has finished")
+
+
+def _refuse_rule_not_met(graph: _Graph, row: _Row) -> None:
+    """Refuse to retry ``row`` unless its task's trigger rule is met by its upstream task
+    runs' outcomes now: retried, it would be skipped (or left waiting) at once, the
+    engine deciding by that rule (task_run_settle_dependents)."""
+    ups = sorted((graph.rows[u] for u in graph.upstream[row.task_id]), key=lambda r: r.key)
+    decided = trigger_rules.verdict(row.trigger_rule, [trigger_rules.outcome(u.state, u.skip_reason) for u in ups])
+    if decided == trigger_rules.READY:
+        return
+    states = ", ".join(f"{u.key} {_did(u.state)}" for u in ups)
+    needs = trigger_rules.RULE_NEEDS.get(row.trigger_rule, row.trigger_rule)
+    if decided is None:
+        going = [u.key for u in ups if trigger_rules.outcome(u.state, u.skip_reason) == trigger_rules.OPEN]
+        raise ActionRefused(f"task {row.key} cannot be retried yet: its trigger rule {row.trigger_rule} (it runs "
+                            f"once {needs}) is not decided while {' and '.join(going)} "
+                            f"{'has' if len(going) == 1 else 'have'} not finished (upstream: {states}); act once "
+                            f"{'it has' if len(going) == 1 else 'they have'} finished")
+    if row.trigger_rule in (TriggerRule.ALL_FAILED, TriggerRule.ONE_FAILED):
+        # It reacts to failures upstream: retried now, it would be skipped again at once.
+        fix = "retried now it would be skipped again"
+    else:
+        # What would let it run: the upstream tasks that did not succeed, succeeding.
+        bad = (lambda u: trigger_rules.outcome(u.state, u.skip_reason) == trigger_rules.FAILURE) \
+            if row.trigger_rule == TriggerRule.NONE_FAILED else (lambda u: u.state != TaskRunState.SUCCEEDED)
+        misfits = [u.key for u in ups if bad(u)]
+        fix = (f"retry {' or '.join(misfits)} (its downstream, {row.key} included, runs again) or mark "
+               f"{'it' if len(misfits) == 1 else 'them'} succeeded")
+    raise ActionRefused(f"task {row.key} cannot be retried: its trigger rule {row.trigger_rule} (it runs once "
+                        f"{needs}) is not met by its upstream tasks ({states}); {fix}")
 
 
 def _run_of(task_run: TaskRun) -> WorkflowRun:

@@ -44,11 +44,15 @@ _END_KINDS = {
     EventKind.ATTEMPT_TIMED_OUT.value: "timed_out",
     EventKind.LEASE_EXPIRED.value: "lease_expired",
     EventKind.CANCELLED.value: "cancelled",
+    # Its condition was false (evaluated by the worker after the start, before the handler).
+    # A skip of a task run that never started has no attempt to close.
+    EventKind.SKIPPED.value: "skipped",
 }
 ATTEMPT_KINDS = (*_START_KINDS, *_END_KINDS)
 #: Every outcome an attempt may have: still running; succeeded; failed and retried (another
-#: attempt follows); failed (the last); timed out; its worker's lease expired; cancelled.
-OUTCOMES = ("running", "succeeded", "retried", "failed", "timed_out", "lease_expired", "cancelled")
+#: attempt follows); failed (the last); timed out; its worker's lease expired; cancelled;
+#: skipped (its condition was false: the handler did not run).
+OUTCOMES = ("running", "succeeded", "retried", "failed", "timed_out", "lease_expired", "cancelled", "skipped")
 
 
 @dataclasses.dataclass
@@ -135,7 +139,7 @@ def attempts_from_events(events: list[tuple]) -> list[AttemptDetail]:
         if kind == EventKind.ATTEMPT_FAILED and to_state == TaskRunState.READY:
             outcome = "retried"
         current.outcome = outcome
-        if kind != EventKind.SUCCEEDED:
+        if kind not in (EventKind.SUCCEEDED, EventKind.SKIPPED):
             current.error = str(detail.get("error") or detail.get("reason") or "")
             current.traceback = str(detail.get("traceback") or "")
     return out

@@ -68,6 +68,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # BrinIndex (engine.models.OutboxMessage: idx_outbox_created_brin).
+    "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -310,6 +312,30 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where offloaded payloads (task outputs over the row's cap: engine.offload) are kept: the
+# filesystem under var/offload by default; S3 or any S3-compatible store (MinIO, R2, ...)
+# with FLOWFORGE_OFFLOAD_STORAGE=s3 and django-storages' AWS_* settings from the environment
+# (AWS_STORAGE_BUCKET_NAME, AWS_S3_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+FLOWFORGE_OFFLOAD_STORAGE = os.environ.get("FLOWFORGE_OFFLOAD_STORAGE", "filesystem").strip().lower()
+if FLOWFORGE_OFFLOAD_STORAGE == "filesystem":
+    _offload = {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": os.environ.get("FLOWFORGE_OFFLOAD_DIR", str(BASE_DIR / "var" / "offload")),
+                            "base_url": None}}
+elif FLOWFORGE_OFFLOAD_STORAGE == "s3":
+    _offload = {"BACKEND": "storages.backends.s3.S3Storage",
+                "OPTIONS": {"bucket_name": os.environ.get("AWS_STORAGE_BUCKET_NAME", ""),
+                            "endpoint_url": os.environ.get("AWS_S3_ENDPOINT_URL") or None,
+                            "location": os.environ.get("FLOWFORGE_OFFLOAD_PREFIX", "flowforge-offload"),
+                            "default_acl": None, "querystring_auth": True, "file_overwrite": True}}
+else:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"FLOWFORGE_OFFLOAD_STORAGE={FLOWFORGE_OFFLOAD_STORAGE!r}: expected filesystem or s3")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "offload": _offload,
+}
 # WhiteNoise serves straight from the apps' static folders (no collectstatic needed to run;
 # the Docker image runs collectstatic and serves the compressed copies).
 WHITENOISE_USE_FINDERS = True
@@ -452,6 +478,22 @@ FLOWFORGE_BACKFILL_MAX_RUNS = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNS", 
 FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG", "5"))
 # Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
 FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
+# An output over FLOWFORGE_MAX_OUTPUT_BYTES (the largest kept in the task-run row) is offloaded
+# to the "offload" storage (engine.offload) up to this size in bytes of JSON; over it the task fails.
+FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES", str(32 * 1024 * 1024)))
+# Run retention (engine.retention, docs/retention.md): finished runs older than this many days
+# are removed with everything they own; an organization's run_retention_days (staff, admin)
+# replaces it; 0 keeps runs forever.
+FLOWFORGE_RUN_RETENTION_DAYS = int(env_float("FLOWFORGE_RUN_RETENTION_DAYS", 30))
+if FLOWFORGE_RUN_RETENTION_DAYS < 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_DAYS: expected a number of days >= 0 (0 keeps runs forever)")
+# Runs removed per retention transaction, and at most per housekeeping pass.
+FLOWFORGE_RETENTION_BATCH_RUNS = int(os.environ.get("FLOWFORGE_RETENTION_BATCH_RUNS", "200"))
+FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS = int(os.environ.get("FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS", "20000"))
+# Published outbox rows are removed this many seconds after publishing (housekeeping).
+FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS = env_float("FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS", 3600)
 # Where example workflows write their reports.
 FLOWFORGE_REPORT_DIR = Path(os.environ.get("FLOWFORGE_REPORT_DIR", str(BASE_DIR / "var" / "reports")))
 
@@ -607,6 +649,18 @@ except AuditKeyError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # FLOWFORGE_AUDIT_ACCEPT_LEGACY: audit_verify accepts unkeyed (plain SHA-256) rows written before keyed chains; off, so a chain rewritten as "legacy" fails.
 FLOWFORGE_AUDIT_ACCEPT_LEGACY = env_bool("FLOWFORGE_AUDIT_ACCEPT_LEGACY", False)
+# FLOWFORGE_AUDIT_RETENTION_DAYS: audit rows older than this are removed by housekeeping, each chain
+# carried forward by a signed checkpoint (audit.retention, docs/audit.md). 2557 days (7 years; seed
+# 001 keeps audit events 84 months); 0 keeps everything; 1..364 is refused (a year at least).
+_audit_days = env_float("FLOWFORGE_AUDIT_RETENTION_DAYS", 2557)
+if _audit_days != int(_audit_days) or (_audit_days != 0 and _audit_days < 365):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"FLOWFORGE_AUDIT_RETENTION_DAYS={os.environ.get('FLOWFORGE_AUDIT_RETENTION_DAYS')!r}: expected a whole "
+        "number of days, at least 365 (audit rows are kept a year at least), or 0 to keep everything"
+    )
+FLOWFORGE_AUDIT_RETENTION_DAYS = int(_audit_days)
 # --- issue 14, finding 7 (smalls helper): secrets at rest, mail in the log ---------------
 # Fernet keys encrypting secrets at rest (TOTP secrets, recovery-code seeds), comma-separated:
 # the first encrypts, all decrypt (rotation). Required with DEBUG off; with DEBUG on and none

@@ -1,7 +1,7 @@
 """The organization's live pages (issue 20): the home page and the run list hold a
 server-sent "the organization's runs changed" stream, fed by PostgreSQL LISTEN/NOTIFY.
 
-The triggers of engine migration 0029 notify ``flowforge_org_runs`` at the commit of every
+The triggers of engine migration 0030 notify ``flowforge_org_runs`` at the commit of every
 run created or changing state; engine.org_hub is the process's one listener. A stream
 (``/live/runs/stream/``, frontend.views.home):
 

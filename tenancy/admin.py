@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.admin import UserAdmin as BaseUserAdmin
@@ -67,7 +68,7 @@ class OrganizationAdminForm(forms.ModelForm):
 
     class Meta:
         model = Organization
-        fields = ("name", "slug", *LIMIT_FIELDS)
+        fields = ("name", "slug", *LIMIT_FIELDS, "run_retention_days")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -85,6 +86,13 @@ class OrganizationAdminForm(forms.ModelForm):
             defaults = ", ".join(f"{plan} {values[name]:,}" for plan, values in table.items())
             bounds = f"{low}..{high}" if high is not None else f"at least {low}"
             field.help_text = f"Empty: the plan's default ({defaults}). Otherwise {bounds}."
+        retention = self.fields.get("run_retention_days")
+        if retention is not None:
+            retention.validators += [MinValueValidator(0), MaxValueValidator(36500)]
+            retention.widget.attrs.update(min=0, max=36500)
+            retention.help_text = (f"Days finished runs are kept (docs/retention.md). Empty: the deployment's "
+                                   f"{settings.FLOWFORGE_RUN_RETENTION_DAYS} (FLOWFORGE_RUN_RETENTION_DAYS); "
+                                   "0 keeps them forever.")
         if "plan" in self.fields:
             self.fields["plan"].help_text = "Defaults of each limit: " + "; ".join(
                 f"{plan}: " + ", ".join(f"{n} {values[n]:,}" for n in LIMIT_NAMES) for plan, values in table.items())
@@ -102,13 +110,14 @@ class OrganizationAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "slug", "created_at")}),
         ("Plan and limits (docs/scheduling.md)", {"fields": LIMIT_FIELDS}),
+        ("History (docs/retention.md)", {"fields": ("run_retention_days",)}),
     )
 
     def construct_change_message(self, request, form, formsets, add=False):
         """Django's change message, and for the plan and limits each value before and
         after (the audit record's ``change``: audit.signals.on_admin_change)."""
         message = super().construct_change_message(request, form, formsets, add)
-        changed = [f for f in LIMIT_FIELDS if f in form.changed_data]
+        changed = [f for f in (*LIMIT_FIELDS, "run_retention_days") if f in form.changed_data]
         if add or not changed:
             return message
         values = "; ".join(f"{f}: {_shown(form.initial.get(f))} -> {_shown(form.cleaned_data.get(f))}"

@@ -89,11 +89,19 @@ class Organization(models.Model):
     max_runs_per_minute_override = models.IntegerField(null=True, blank=True)
     # At most this many bytes of stored workflow definitions (every version, JSON text).
     max_definition_bytes_override = models.BigIntegerField(null=True, blank=True)
+    # Run retention in days (issue 21: engine.retention): finished runs older than this are
+    # removed; NULL follows FLOWFORGE_RUN_RETENTION_DAYS, 0 keeps them forever. Staff set it.
+    run_retention_days = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "core_organization"
         constraints = [
             models.CheckConstraint(condition=models.Q(plan__in=["free", "team", "business"]), name="org_plan_valid"),
+            models.CheckConstraint(
+                condition=models.Q(run_retention_days__isnull=True)
+                | models.Q(run_retention_days__gte=0, run_retention_days__lte=36500),
+                name="org_run_retention_range",
+            ),
             models.CheckConstraint(
                 condition=models.Q(weight_override__isnull=True)
                 | models.Q(weight_override__gte=1, weight_override__lte=100),

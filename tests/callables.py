@@ -59,3 +59,9 @@ def schedule_of(input, upstream, context=None):
     holds it (``TaskContext.schedule``: ISO 8601 strings in UTC), or None for a run that
     has none."""
     return context.schedule.as_dict() if context.schedule is not None else None
+
+
+def big_output(input, upstream, size=2 * 1024 * 1024, context=None):
+    """An output of ``size`` characters of payload (tests/integration/test_offload.py: over
+    the task-run row's cap, so it is offloaded)."""
+    return {"size": size, "blob": "x" * size}

@@ -70,7 +70,7 @@ def _no_failed_key_limit_across_tests(settings):
 
 @pytest.fixture(autouse=True)
 def _audit_log_flushable(request):
-    """Let pytest-django empty core_auditlog after a transactional test (and stop the
+    """Let pytest-django empty core_auditlog (and core_auditcheckpoint) after a transactional test (and stop the
     worker refill threads first).
 
     The audit log's append-only trigger refuses TRUNCATE, which is how the test
@@ -85,6 +85,7 @@ def _audit_log_flushable(request):
 
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE core_auditlog ENABLE TRIGGER ff_auditlog_no_truncate")
+        cur.execute("ALTER TABLE core_auditcheckpoint ENABLE TRIGGER ff_auditcheckpoint_no_truncate")
     yield
     from engine.worker.batching import Refiller
     from engine.worker.log_shipper import LogShipper
@@ -95,6 +96,7 @@ def _audit_log_flushable(request):
     LogShipper.stop_all()
     with connection.cursor() as cur:
         cur.execute("ALTER TABLE core_auditlog DISABLE TRIGGER ff_auditlog_no_truncate")
+        cur.execute("ALTER TABLE core_auditcheckpoint DISABLE TRIGGER ff_auditcheckpoint_no_truncate")
 
 
 @pytest.fixture

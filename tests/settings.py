@@ -18,6 +18,8 @@ FLOWFORGE_TASK_CALLABLES = [
     "tests.callables.log_print_raise",
     "tests.callables.chatty",
     "tests.callables.slow_logger",
+    # Issue 21: an output over the task-run row's cap (tests/integration/test_offload.py).
+    "tests.callables.big_output",
 ]
 
 # The unit tests follow one transition at a time: a new run's roots stay ready until the

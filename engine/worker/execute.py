@@ -20,7 +20,8 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │                    secret deleted since: SecretUnavailable, the task fails for good)
       ▼
     handler.run(context) ──▶ secret_refs.redact ──▶ output.encode_output (size and JSON
-      │                      checks) / error_text: no value used reaches the completion,
+      │                      checks; over the row's cap, offload.offload_output keeps it in
+      │                      the offload storage) / error_text: no value used reaches the completion,
       │                      its events or a log line (logs.redacting)
       │  inside attempt_log.capturing: the handler's logging records, stdout and stderr
       │  (and the http task's request summary) are the attempt's lines, redacted and
@@ -57,7 +58,7 @@ import uuid
 
 from django.conf import settings
 
-from engine import attempt_log, conditions, metrics, secret_refs
+from engine import attempt_log, conditions, metrics, offload, secret_refs
 from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
@@ -232,7 +233,16 @@ def _execute(
                 in_handler = True
                 result = handler.run(context)
                 in_handler = False
-            output_json = encode_output(secret_refs.redact(result, secret_values))
+            output_json = encode_output(secret_refs.redact(result, secret_values),
+                                        limit_bytes=settings.FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES,
+                                        setting="FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES")
+            if len(output_json) > settings.FLOWFORGE_MAX_OUTPUT_BYTES // 4 and (
+                    len(output_json.encode()) > settings.FLOWFORGE_MAX_OUTPUT_BYTES):
+                # Over the row's cap: the whole output goes to the offload storage, the row
+                # keeps a summary (engine.offload; a character is 1 to 4 UTF-8 bytes).
+                output_json = offload.offload_output(
+                    organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
+                    task_run_id=task_run_id, fencing_token=fencing_token, text=output_json)
         succeeded = True
     except Exception as exc:
         retryable = not isinstance(exc, PermanentTaskError)

@@ -76,25 +76,28 @@ class OutputNotJson(PermanentTaskError):
     """A handler returned a value JSON cannot encode."""
 
 
-def encode_output(output: Any) -> str:
-    """``output`` (NULs stripped) as the JSON text to store, when it fits
-    FLOWFORGE_MAX_OUTPUT_BYTES (a size in bytes of UTF-8 JSON).
+def encode_output(output: Any, *, limit_bytes: int | None = None,
+                  setting: str = "FLOWFORGE_MAX_OUTPUT_BYTES") -> str:
+    """``output`` (NULs stripped) as the JSON text to store, when it fits ``limit_bytes``
+    (bytes of UTF-8 JSON; default FLOWFORGE_MAX_OUTPUT_BYTES, the largest output kept in the
+    task-run row; the attempt flow passes FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES and offloads
+    what is over the row's cap: ``engine.offload``).
 
-    Raises OutputTooLarge (naming both sizes) rather than storing a truncated value
-    that dependents would misread, and OutputNotJson for a value JSON cannot encode
+    Raises OutputTooLarge (naming both sizes and ``setting``) rather than storing a truncated
+    value that dependents would misread, and OutputNotJson for a value JSON cannot encode
     (NaN and Infinity included); both fail the task without retries, since another
     attempt returns the same. The text goes to the completion as it is, so an output is
     encoded once (``types.SuccessRequest.output_json``).
     """
+    limit = settings.FLOWFORGE_MAX_OUTPUT_BYTES if limit_bytes is None else limit_bytes
     try:
         encoded = json.dumps(strip_nul(output), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OutputNotJson(f"task output is not JSON-encodable: {exc}") from exc
     size = len(encoded.encode())
-    if size > settings.FLOWFORGE_MAX_OUTPUT_BYTES:
+    if size > limit:
         raise OutputTooLarge(
-            f"task output is {size} bytes of JSON, over FLOWFORGE_MAX_OUTPUT_BYTES "
-            f"({settings.FLOWFORGE_MAX_OUTPUT_BYTES}); return a summary or a reference instead"
+            f"task output is {size} bytes of JSON, over {setting} ({limit}); return a summary or a reference instead"
         )
     return encoded
 

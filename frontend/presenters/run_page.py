@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from audit.models import AuditLog
-from engine import worker_queues
+from engine import trigger_rules, worker_queues
 from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
@@ -433,6 +433,9 @@ def build_run_view(
             output_bytes_expression(),
             "queue",
             "attempt_base",
+            "skip_reason",
+            "task__trigger_rule",
+            "task__condition",
         )
     )
     edges = list(
@@ -461,9 +464,10 @@ def build_run_view(
             output_bytes=output_bytes,
             output_url=f"{run_path}tasks/{tr_id}/output/" if output and len(output) > OUTPUT_PREVIEW_CHARS else "",
             concurrency_key=concurrency_key or "", queue=queue, panel_url=f"{run_path}tasks/{tr_id}/",
+            skip_reason=skip_reason, trigger_rule=trigger_rule, condition=condition,
         )
         for (tr_id, task_id, key, type_, state, max_attempts, px, py, started_at, finished_at, concurrency_key,
-             output, error, output_bytes, queue, attempt_base) in task_runs
+             output, error, output_bytes, queue, attempt_base, skip_reason, trigger_rule, condition) in task_runs
     ]
     can_operate = can(request.membership.role, Action.RUN_OPERATE)
     if can_operate:
@@ -564,7 +568,8 @@ _FINISHED = frozenset(TASK_TERMINAL_STATES)
 def task_actions(rows: Sequence[TaskRow], edges, *, run_state: str, run_path: str) -> None:
     """Set each row's ``actions``: what engine.recovery would accept for it now (the
     service decides; this only spares a button it would refuse). On a finished run: retry
-    any finished task whose dependencies all succeeded, mark succeeded a failed, skipped or
+    any finished task whose trigger rule its dependencies' outcomes meet
+    (engine.trigger_rules.verdict, as the service asks), mark succeeded a failed, skipped or
     cancelled one, skip a failed or cancelled one. On a running run, only for a failed or
     skipped task whose downstream has finished."""
     by_task = {r.task_id: r for r in rows}
@@ -593,7 +598,9 @@ def task_actions(rows: Sequence[TaskRow], edges, *, run_state: str, run_path: st
         if not finished_run and (r.state not in ("failed", "skipped") or not below_finished(r.task_id)):
             continue
         actions = []
-        if all(by_task[u].state == "succeeded" for u in upstream[r.task_id] if u in by_task):
+        outcomes = [trigger_rules.outcome(by_task[u].state, by_task[u].skip_reason)
+                    for u in upstream[r.task_id] if u in by_task]
+        if trigger_rules.verdict(r.trigger_rule, outcomes) == trigger_rules.READY:
             actions.append("retry")
         if r.state in ("failed", "skipped", "cancelled"):
             actions.append("mark_succeeded")

@@ -93,8 +93,8 @@ def render_task_actions(r: TaskRow, csrf_token: str) -> str:
 
 def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) -> SafeString:
     """The task table's ``<tr>``s: key (with its rendered concurrency key and its worker
-    queue), type, state (with a ready task's wait reason, and the warning when its queue
-    has no live worker), attempts, duration, error, output; with ``csrf_token`` (someone
+    queue), type, state (with a ready task's wait reason, a skipped task's skip reason in
+    words, and the warning when its queue has no live worker), attempts, duration, error, output; with ``csrf_token`` (someone
     who may operate runs) a last cell with the row's actions (``render_task_actions``)."""
     out = []
     for r in rows:
@@ -103,6 +103,14 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
                  if r.error_preview else "")
         output = f'<code class="output">{_esc(r.output_preview)}</code>' if r.output_preview else ""
         waiting = f' <span class="wait-reason">{_esc(r.waiting_reason)}</span>' if r.waiting_reason else ""
+        label = r.skip_reason_label
+        if label:
+            # The sentence (with a false condition's text, up to 2,000 characters) is the title;
+            # the task's panel shows both.
+            title = f"{label}: {r.condition}" if r.skip_reason == "condition_false" and r.condition else \
+                r.skip_reason_text
+            waiting += (f' <span class="skip-reason" data-skip-reason="{_esc(r.skip_reason)}" '
+                        f'title="{_esc(title)}">{_esc(label)}</span>')
         # Rendered from the run's input: any characters at all.
         permit = (f'<div class="concurrency-key"><span class="muted">concurrency</span> '
                   f'<code>{_esc(r.concurrency_key)}</code></div>' if r.concurrency_key else "")

@@ -24,6 +24,7 @@ from django.utils.safestring import SafeString, mark_safe
 from engine import task_detail
 from engine.outputs import is_summarized
 from engine.repositories.task_logs import StoredLine
+from engine.trigger_rules import skip_reason_text
 from frontend.presenters.run_page import event_rows
 from frontend.presenters.run_rows import render_event_rows
 from frontend.presenters.text import human_bytes, human_duration, seconds_between
@@ -110,6 +111,14 @@ class TaskPanel:
     @property
     def is_terminal(self) -> bool:
         return self.detail.is_terminal
+
+    @property
+    def skip_reason_text(self) -> str:
+        """Why the task run was skipped, in words ('' unless skipped for a reason)."""
+        tr = self.detail.task_run
+        if tr.state != "skipped":
+            return ""
+        return skip_reason_text(tr.skip_reason, trigger_rule=tr.task.trigger_rule)
 
 
 def render_log_lines(lines: Sequence[StoredLine]) -> SafeString:

@@ -15,11 +15,14 @@ from collections.abc import Iterable, Sequence
 from django.utils import timezone
 
 from engine.models import WorkflowRun
+from engine.trigger_rules import skip_reason_label, skip_reason_text
 from frontend.presenters.text import compact_json, human_duration, seconds_between
 
 # Event kinds that open and close one attempt of a task run, for the timeline.
 ATTEMPT_START_KINDS = ("started",)
-ATTEMPT_END_KINDS = ("succeeded", "attempt_failed", "attempt_timed_out", "lease_expired", "cancelled")
+# A "skipped" event ends an attempt when the task's condition was false after its start (its
+# worker evaluates it before the handler); one of a task that never started closes nothing.
+ATTEMPT_END_KINDS = ("succeeded", "attempt_failed", "attempt_timed_out", "lease_expired", "cancelled", "skipped")
 TIMELINE_KINDS = ATTEMPT_START_KINDS + ATTEMPT_END_KINDS
 
 
@@ -30,7 +33,7 @@ class Attempt:
     number: int | None
     start: dt.datetime
     end: dt.datetime | None = None
-    outcome: str = "running"  # running, succeeded, failed, retried, timed_out, lease_expired, cancelled
+    outcome: str = "running"  # running, succeeded, failed, retried, timed_out, lease_expired, cancelled, skipped
     error: str = ""
     # SVG coordinates on the timeline (set by Timeline).
     x: float = 0.0
@@ -49,7 +52,8 @@ class Attempt:
 def attempts_from_events(events: Iterable[tuple]) -> dict[uuid.UUID, list[Attempt]]:
     """Attempts per task run from its (task_run_id, kind, created_at, attempt, to_state,
     error text) events in ``seq`` order: a ``started`` opens an attempt, the next end event
-    (succeeded, attempt_failed, attempt_timed_out, lease_expired, cancelled) closes it.
+    (succeeded, attempt_failed, attempt_timed_out, lease_expired, cancelled, skipped: its
+    condition was false) closes it.
 
     An ``attempt_failed`` that sent the task back to ``ready`` is a ``retried`` attempt;
     one that failed the task is ``failed``. An attempt with no end event yet is
@@ -69,8 +73,8 @@ def attempts_from_events(events: Iterable[tuple]) -> dict[uuid.UUID, list[Attemp
         current.end = created_at
         if kind == "succeeded":
             current.outcome = "succeeded"
-        elif kind == "cancelled":
-            current.outcome = "cancelled"
+        elif kind in ("cancelled", "skipped"):
+            current.outcome = kind
         else:
             retried = to_state == "ready"
             current.outcome = {
@@ -218,6 +222,23 @@ class TaskRow:
     actions: tuple[str, ...] = ()
     actions_path: str = ""
     panel_url: str = ""  # the task's panel (frontend.views.tasks)
+    skip_reason: str = ""  # a skipped task run's SkipReason ('' for none)
+    trigger_rule: str = "all_success"  # its task's (engine.states.TriggerRule)
+    condition: str = ""  # its task's CEL condition ('' for none)
+
+    @property
+    def skip_reason_text(self) -> str:
+        """Why it was skipped, in a sentence ('' unless it was skipped for a reason)."""
+        if self.state != "skipped":
+            return ""
+        return skip_reason_text(self.skip_reason, trigger_rule=self.trigger_rule)
+
+    @property
+    def skip_reason_label(self) -> str:
+        """Why it was skipped, in a few words ('' unless it was skipped for a reason)."""
+        if self.state != "skipped":
+            return ""
+        return skip_reason_label(self.skip_reason, trigger_rule=self.trigger_rule)
 
     @property
     def duration(self) -> str:

@@ -4,6 +4,7 @@ rename the organization, and anyone else's POST is refused with a 403."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -69,5 +70,9 @@ def organization_settings(request: HttpRequest) -> HttpResponse:
         "membership": membership,
         "can_manage": can_manage,
         "form": form if can_manage else None,
+        # Run and audit retention (engine.retention, audit.retention).
+        "retention_days": org.run_retention_days if org.run_retention_days is not None else settings.FLOWFORGE_RUN_RETENTION_DAYS,
+        "retention_overridden": org.run_retention_days is not None,
+        "audit_retention_days": settings.FLOWFORGE_AUDIT_RETENTION_DAYS,
     }
     return render(request, "frontend/settings/index.html", context, status=status)

@@ -120,7 +120,7 @@ def test_a_task_run_of_another_run_is_a_404(api):
 
 
 @pytest.mark.parametrize(("action", "key", "detail"), [
-    ("retry", "c", "task c depends on task b, which failed"),
+    ("retry", "c", "task c cannot be retried: its trigger rule all_success (it runs once every upstream task succeeded) is not met by its upstream tasks (b failed); retry b (its downstream, c included, runs again) or mark it succeeded"),
     ("mark-succeeded", "a", "task a already succeeded"),
     ("skip", "c", "task c was skipped; only a failed or cancelled task can be skipped"),
 ])

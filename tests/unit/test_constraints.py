@@ -698,6 +698,45 @@ def test_two_audit_rows_in_one_chain_place_violate_uniq_auditlog_chain_seq(org):
     assert AuditLog.objects.for_organization(org).filter(seq=1000).count() == 1
 
 
+def test_two_checkpoints_at_one_chain_place_violate_uniq_auditcheckpoint_chain_seq(org):
+    from django.utils import timezone
+
+    from audit.models import AuditCheckpoint
+
+    def checkpoint():
+        now = timezone.now()
+        return AuditCheckpoint(chain=str(org.pk), seq=7, row_hash="a" * 64, row_created_at=now, key_id="k1",
+                               signature="b" * 64, rows_removed=7, created_at=now)
+
+    AuditCheckpoint.objects.bulk_create([checkpoint()])
+    # Checkpoints are append-only (a trigger refuses UPDATE), so the write is an insert.
+    violation("uniq_auditcheckpoint_chain_seq", lambda: AuditCheckpoint.objects.bulk_create([checkpoint()]))
+    assert AuditCheckpoint.objects.filter(chain=str(org.pk), seq=7).count() == 1
+
+
+def test_two_payloads_of_one_generation_violate_uniq_offloadedpayload_generation(org, run):
+    from engine.models import OffloadedPayload
+
+    a = task_run(run, "a")
+
+    def payload():
+        return OffloadedPayload(organization=org, workflow_run=run, task_run=a, fencing_token=1,
+                                storage_key="outputs/x.json", size_bytes=10, sha256="0" * 64)
+
+    OffloadedPayload.objects.bulk_create([payload()])
+    violation("uniq_offloadedpayload_generation", lambda: OffloadedPayload.objects.bulk_create([payload()]))
+    assert OffloadedPayload.objects.for_organization(org).filter(task_run=a).count() == 1
+
+
+def test_a_negative_or_huge_retention_violates_org_run_retention_range(org):
+    from tenancy.models import Organization
+
+    violation("org_run_retention_range", lambda: Organization.objects.filter(pk=org.pk).update(run_retention_days=-1))
+    violation("org_run_retention_range",
+              lambda: Organization.objects.filter(pk=org.pk).update(run_retention_days=36501))
+    assert Organization.objects.get(pk=org.pk).run_retention_days is None
+
+
 def test_unknown_actor_type_violates_auditlog_actor_type_valid(org):
     from audit.models import AuditLog
 

@@ -351,7 +351,7 @@ def test_a_task_still_going_upstream_of_what_is_retried_decides_for_its_dependen
 
 
 @pytest.mark.parametrize(("action", "key", "state_before", "message"), [
-    ("retry", "c", "skipped", "task c depends on task b, which failed: retry b"),
+    ("retry", "c", "skipped", "task c cannot be retried: its trigger rule all_success \\(it runs once every upstream task succeeded\\) is not met by its upstream tasks \\(b failed\\); retry b \\(its downstream, c included, runs again\\) or mark it succeeded"),
     ("mark", "a", "succeeded", "task a already succeeded; retry it to run it again"),
     ("skip", "c", "skipped", "task c was skipped; only a failed or cancelled task can be skipped"),
     ("skip", "a", "succeeded", "task a succeeded; only a failed or cancelled task can be skipped"),

@@ -203,7 +203,8 @@ def test_the_schema_describes_the_task_detail(api):
     assert {"attempts", "upstream", "config", "events", "logs_url"} <= set(detail)
     outcome = schema["components"]["schemas"]["Attempt"]["properties"]["outcome"]
     enum = schema["components"]["schemas"][outcome["allOf"][0]["$ref"].rsplit("/", 1)[1]]["enum"]
-    assert enum == ["running", "succeeded", "retried", "failed", "timed_out", "lease_expired", "cancelled"]
+    assert enum == ["running", "succeeded", "retried", "failed", "timed_out", "lease_expired", "cancelled",
+                    "skipped"]
 
 
 # --- the web UI -----------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ def test_an_action_the_service_refuses_is_a_message_saying_why(org):
     run = failed(org)
     # c's dependency b failed: retrying c alone is refused (the page offers no such button).
     resp = client.post(f"/runs/{run.pk}/tasks/{by_key(run)['c'].pk}/retry/", follow=True)
-    assert "Task c depends on task b, which failed: retry b" in text(resp)
+    assert "Task c cannot be retried: its trigger rule all_success (it runs once every upstream task succeeded) is not met by its upstream tasks (b failed); retry b (its downstream, c included, runs again) or mark it succeeded" in text(resp)
     reason = client.post(f"/runs/{run.pk}/tasks/{by_key(run)['b'].pk}/skip/", {"reason": "r" * 501}, follow=True)
     assert "Reason is 501 characters; at most 500." in text(reason)
     assert by_key(run)["b"].state == "failed"

@@ -3,7 +3,9 @@ application connects as in production (docs/audit.md).
 
 Run as the role that owns the tables (the one migrations run as). The application
 role may read and write the engine's and tenancy's tables, but on ``core_auditlog``
-it holds only SELECT and INSERT: it cannot update, delete or truncate audit rows,
+it holds only SELECT and INSERT (and on ``core_auditcheckpoint``): it cannot update, delete
+or truncate audit rows — audit retention removes old ones only through the owner's
+``ff_audit_remove_through``, which checks a signed checkpoint and the age —
 and, not owning the table, it cannot ``ALTER TABLE ... DISABLE TRIGGER`` either (nor
 set ``session_replication_role``, which needs a superuser). Idempotent.
 """
@@ -13,6 +15,9 @@ from django.db import connection, transaction
 from psycopg import sql
 
 AUDIT_TABLE = "core_auditlog"
+CHECKPOINT_TABLE = "core_auditcheckpoint"
+# Audit retention's one way to remove rows (migration audit/0004): runs with the owner's rights.
+REMOVE_FUNCTION = "ff_audit_remove_through(text, bigint, interval)"
 
 
 class Command(BaseCommand):
@@ -44,8 +49,12 @@ class Command(BaseCommand):
             sql.SQL("ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {}").format(ident),
             sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(AUDIT_TABLE), ident),
             sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(sql.Identifier(AUDIT_TABLE), ident),
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(CHECKPOINT_TABLE), ident),
+            sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(sql.Identifier(CHECKPOINT_TABLE), ident),
+            sql.SQL("GRANT EXECUTE ON FUNCTION " + REMOVE_FUNCTION + " TO {}").format(ident),
         ]
         with transaction.atomic(), connection.cursor() as cur:
             for stmt in stmts:
                 cur.execute(stmt)
-        self.stdout.write(f"role {role}: DML on every table; SELECT and INSERT only on {AUDIT_TABLE}")
+        self.stdout.write(f"role {role}: DML on every table; SELECT and INSERT only on {AUDIT_TABLE} "
+                          f"and {CHECKPOINT_TABLE}")

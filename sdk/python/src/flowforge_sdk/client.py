@@ -28,6 +28,7 @@ from flowforge_sdk.models import (
     PollResult,
     Run,
     Secret,
+    TaskRun,
     WorkerInfo,
     WorkerTask,
     WorkflowVersion,
@@ -43,6 +44,8 @@ MAX_LOG_MESSAGE_CHARS = 4000
 MAX_ERROR_CHARS = 10_000
 MAX_TRACEBACK_CHARS = 100_000
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: Characters of the ``reason`` a recovery action may carry (the server's limit).
+MAX_REASON_CHARS = 500
 
 
 class Client:
@@ -219,6 +222,74 @@ class RunsAPI:
         Conflict while this one is still going."""
         return Run.from_api(self._http.json("POST", f"runs/{segment(run_id)}/retry/", expect=(201,)))
 
+    # --- when a run fails: resume it in place, or act on one task run (docs/recovery.md) ----------
+    #
+    # Each is one POST answered with the run as it is after the action, and is never sent twice
+    # by the SDK's own retries once the request went out (a second retry of a task would run it
+    # again). Every one needs a key of role member or above (PermissionDenied otherwise).
+
+    def resume(self, run_id: str, *, reason: str | None = None) -> Run:
+        """Resume a failed or cancelled run in place: every task run that did not succeed, and
+        everything downstream of one, runs again (new attempts); succeeded task runs keep
+        their outputs. Returns the run (``running`` again). ``reason`` (at most 500
+        characters) is kept in its history and audit record.
+
+        Raises Conflict (``detail`` says why) for a run still going or one that succeeded,
+        a workflow version no longer active, or a workflow whose run limit is full;
+        ValidationError naming ``reason``; NotFound for a run the key's organization does
+        not have; PermissionDenied for a viewer's key. ValueError (nothing sent) for a
+        ``reason`` over 500 characters."""
+        return self._act(f"runs/{segment(run_id)}/resume/", reason=reason)
+
+    def retry_task(self, run_id: str, task_run: str | TaskRun, *, reason: str | None = None) -> Run:
+        """Run one finished task run again (a new attempt, a fresh retry budget), and
+        everything downstream of it; the rest of the run keeps its state and outputs.
+        ``task_run``: its id, or a TaskRun of ``run.task_runs`` (``run.task("key")``).
+
+        Raises Conflict when the task's trigger rule is not met by the outcomes of the tasks
+        it depends on (``detail`` names the rule and each upstream's state; an ``all_done``
+        or ``always`` cleanup below a failure may be retried, an ``all_success`` task
+        may not), when it is still going, or (on a running run) when its downstream is;
+        otherwise as ``resume``."""
+        return self._act(f"runs/{segment(run_id)}/task-runs/{segment(_task_run_id(task_run))}/retry/",
+                         reason=reason)
+
+    def mark_task_succeeded(self, run_id: str, task_run: str | TaskRun, output: Any = None, *,
+                            reason: str | None = None) -> Run:
+        """Mark a failed, skipped or cancelled task run succeeded with ``output`` (any JSON
+        value, default null; at most the server's FLOWFORGE_MAX_OUTPUT_BYTES, 256 KiB by
+        default); its downstream task runs that did not succeed then run, handed it.
+
+        Raises ValidationError naming ``output`` (too large, nested deeper than 64 levels)
+        or ``reason``; Conflict for a task run that succeeded or is still going, or (on a
+        running run) whose downstream is; otherwise as ``resume``. ValueError (NaN,
+        Infinity) or TypeError (what JSON cannot hold) before anything is sent."""
+        return self._act(f"runs/{segment(run_id)}/task-runs/{segment(_task_run_id(task_run))}/mark-succeeded/",
+                         reason=reason, body={"output": output})
+
+    def skip_task(self, run_id: str, task_run: str | TaskRun, *, reason: str | None = None) -> Run:
+        """Mark a failed or cancelled task run skipped (a skipped task does not fail its
+        run: a run whose only failure is skipped ends ``succeeded``); its downstream task
+        runs that did not succeed are decided again by their trigger rules.
+
+        Raises Conflict for a task run that succeeded, was skipped or is still going, or
+        (on a running run) whose downstream is; otherwise as ``resume``."""
+        return self._act(f"runs/{segment(run_id)}/task-runs/{segment(_task_run_id(task_run))}/skip/",
+                         reason=reason)
+
+    def _act(self, path: str, *, reason: str | None, body: dict[str, Any] | None = None) -> Run:
+        payload = dict(body or {})
+        if reason is not None:
+            if not isinstance(reason, str):
+                raise TypeError(f"reason must be a string, got {type(reason).__name__}")
+            kept = len(reason.replace("\x00", "").strip())  # as the server counts it
+            if kept > MAX_REASON_CHARS:
+                raise ValueError(f"reason is {kept} characters; at most {MAX_REASON_CHARS}")
+            payload["reason"] = reason
+        # Not idempotent: a request whose answer was lost is not sent again (the action may
+        # have been done); a 429 (refused before anything was done) is still retried.
+        return Run.from_api(self._http.json("POST", path, body=payload, idempotent=False, expect=(200,)))
+
     def task_output(self, run_id: str, task_run_id: str) -> Any:
         """The whole output of one task run (for an output too large to inline in the run)."""
         answer = self._http.json("GET", f"runs/{segment(run_id)}/task-runs/{segment(task_run_id)}/output/")
@@ -242,6 +313,15 @@ class RunsAPI:
                 delay = min(delay, left)
             time.sleep(delay)
             delay = min(poll_interval, delay * 1.5)
+
+
+def _task_run_id(task_run: str | TaskRun) -> str:
+    """A task run's id, from its id or a TaskRun of a run's ``task_runs``."""
+    if isinstance(task_run, TaskRun):
+        return task_run.id
+    if not isinstance(task_run, str) or not task_run.strip():
+        raise ValueError(f"task_run must be a task run's id or a TaskRun, got {task_run!r}")
+    return task_run
 
 
 class EventsAPI:

@@ -112,6 +112,9 @@ class TaskRun:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     waiting_reason: str | None = None
+    #: Why a skipped task run was skipped: ``upstream_failed``, ``trigger_rule`` or
+    #: ``condition_false``; '' when it was not (or a person skipped it), None from an older server.
+    skip_reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -120,7 +123,7 @@ class TaskRun:
                    attempt=_int(data, "attempt"), output=data.get("output"), error=_opt_str(data, "error"),
                    created_at=parse_time(data.get("created_at")), started_at=parse_time(data.get("started_at")),
                    finished_at=parse_time(data.get("finished_at")), waiting_reason=_opt_str(data, "waiting_reason"),
-                   raw=data)
+                   skip_reason=_opt_str(data, "skip_reason"), raw=data)
 
 
 @dataclass(frozen=True)

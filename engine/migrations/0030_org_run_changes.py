@@ -50,7 +50,7 @@ DROP FUNCTION IF EXISTS ff_workflowrun_org_notify();
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("engine", "0028_notifications"),
+        ("engine", "0029_offloaded_payloads_retention"),
     ]
 
     operations = [

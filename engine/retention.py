@@ -1,0 +1,125 @@
+"""Run retention (issue 21; docs/retention.md): the database keeps a bounded history.
+
+- **Finished runs** (succeeded, failed, cancelled) whose creation and end are both older
+  than their organization's retention — ``Organization.run_retention_days`` (staff, in the
+  admin), else FLOWFORGE_RUN_RETENTION_DAYS (30), 0 keeping them forever — are removed with
+  everything they own, FLOWFORGE_RETENTION_BATCH_RUNS runs per transaction
+  (``run_purge_many``, one statement), at most FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS per
+  pass. Each batch removes its runs' offloaded files first (``engine.offload``), then the
+  rows: a crash in between leaves rows whose files are gone (their runs were about to go),
+  never files no row points at.
+- **Published outbox rows** go FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS (an hour) after
+  publishing, not with their run (``outbox_purge_published``).
+
+The clock's housekeeping runs ``purge`` every few minutes; ``manage.py purge_runs
+[--preview]`` runs it now. Running runs, and runs a person is resuming (locked: SKIP
+LOCKED), are never touched; the statements hold row locks only on the runs they remove and
+their children, which the hot path (ready and running work) never waits for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from engine import offload, sql
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class OrganizationBacklog:
+    """Runs of one organization past its retention: how many, and the oldest one's creation."""
+
+    organization_id: str
+    slug: str
+    retention_days: int
+    runs: int
+    oldest: dt.datetime
+
+
+@dataclasses.dataclass
+class PurgeResult:
+    """What one ``purge`` removed: runs, offloaded files and published outbox rows."""
+
+    runs: int = 0
+    files: int = 0
+    outbox_rows: int = 0
+
+
+def default_days() -> int:
+    """FLOWFORGE_RUN_RETENTION_DAYS (0: keep runs forever unless an organization says otherwise)."""
+    return int(getattr(settings, "FLOWFORGE_RUN_RETENTION_DAYS", 30))
+
+
+def backlog() -> list[OrganizationBacklog]:
+    """Each organization with finished runs past its retention (the purge's preview and lag)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.queries["run_retention_counts"], {"default_days": default_days()})
+        return [OrganizationBacklog(str(i), slug, days, n, oldest) for i, slug, days, n, oldest in cur.fetchall()]
+
+
+def purge(*, max_runs: int | None = None, batch_runs: int | None = None) -> PurgeResult:
+    """Remove finished runs past their retention (at most ``max_runs``, in batches of
+    ``batch_runs``) and published outbox rows past FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS.
+    Returns the counts. Each batch is its own transaction; an error in one is raised after
+    the batches before it committed."""
+    max_runs = settings.FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS if max_runs is None else max_runs
+    batch_runs = settings.FLOWFORGE_RETENTION_BATCH_RUNS if batch_runs is None else batch_runs
+    if max_runs < 1 or batch_runs < 1:
+        raise ValueError("max_runs and batch_runs must be at least 1")
+    result = PurgeResult()
+    while result.runs < max_runs:
+        want = min(batch_runs, max_runs - result.runs)
+        removed, files = _purge_batch(want)
+        result.runs += removed
+        result.files += files
+        if removed < want:
+            break
+    result.outbox_rows = purge_published_outbox()
+    if result.runs or result.outbox_rows:
+        log.info("retention: removed %s runs (%s offloaded files) and %s published outbox rows",
+                 result.runs, result.files, result.outbox_rows)
+    return result
+
+
+def _purge_batch(limit: int) -> tuple[int, int]:
+    with connection.cursor() as cur:
+        cur.execute(sql.queries["run_retention_candidates"],
+                    {"default_days": default_days(), "per_org": limit, "limit": limit})
+        run_ids = [r[0] for r in cur.fetchall()]
+    if not run_ids:
+        return 0, 0
+    return purge_runs(run_ids)
+
+
+def purge_runs(run_ids: list) -> tuple[int, int]:
+    """Remove the finished runs among ``run_ids`` now, whatever their age (the purge's
+    batch; tests), with everything they own. Returns (runs removed, files removed). A run
+    not finished, or locked by another transaction, is left."""
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(sql.queries["run_lock_finished"], {"run_ids": run_ids})
+            run_ids = [r[0] for r in cur.fetchall()]
+            if not run_ids:
+                return 0, 0
+            cur.execute(sql.queries["run_payload_keys"], {"run_ids": run_ids})
+            payloads = [(str(i), key) for i, key in cur.fetchall()]
+        files = offload.delete_payloads(payloads) if payloads else 0
+        with connection.cursor() as cur:
+            cur.execute(sql.queries["run_purge_many"], {"run_ids": run_ids})
+            removed = len(cur.fetchall())
+    return removed, files
+
+
+def purge_published_outbox(*, limit: int = 10_000) -> int:
+    """Remove up to ``limit`` outbox rows published more than
+    FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS ago. Returns how many."""
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(sql.queries["outbox_purge_published"],
+                    {"keep_seconds": settings.FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS, "limit": limit})
+        return len(cur.fetchall())
