@@ -107,7 +107,13 @@ def test_durations_and_running_bars_advance_between_events_without_a_reload(live
         page.evaluate(NO_RELOAD)
         cell = page.locator("#task-crunch td.duration")
         page.wait_for_selector("#task-crunch td.duration[data-started]", timeout=30_000)
-        # Requests from here on: a 10 s sleep writes no event, so the page should make none.
+        # Its attempt's `started` event (after the claim): the last event of the 10 s.
+        page.wait_for_function("() => [...document.querySelectorAll('.events-table tr.kind-started')]"
+                               ".some(r => r.innerText.includes('crunch'))", timeout=30_000)
+        page.wait_for_timeout(300)
+        # Requests from here on: a 10 s sleep writes no event, so the page makes none, or only
+        # a late one for a change it already showed (after=<the last seq>: no task row in it).
+        seq_before = orm(lambda: WorkflowRun.objects.unscoped().get(pk=data["run"].pk).last_event_seq)
         requests: list[str] = []
         page.on("request", lambda r: requests.append(r.url))
         first_task, first_run = seconds_of(cell.inner_text()), seconds_of(page.locator(".run-duration").inner_text())
@@ -124,7 +130,9 @@ def test_durations_and_running_bars_advance_between_events_without_a_reload(live
         assert later_run - first_run >= 5, (first_run, later_run)
         # The bar grows on its scale (the chart rescales as the span grows: wider, not 0).
         assert later_width > first_width, (first_width, later_width)
-        assert not [u for u in requests if "/live/" in u], requests
+        seq_after = orm(lambda: WorkflowRun.objects.unscoped().get(pk=data["run"].pk).last_event_seq)
+        assert seq_after == seq_before, "an event came during the window: the test cannot tell who moved the time"
+        assert all(f"after={seq_before}&" in u for u in requests if "/live/" in u), requests
         # Then the task finishes: the duration stops, the page follows live.
         page.wait_for_selector(".run-title .badge.state-succeeded", timeout=30_000)
         assert page.locator("#task-crunch td.duration[data-started]").count() == 0

@@ -62,8 +62,13 @@
   source.addEventListener("open", function () { setStatus("Live"); });
   source.addEventListener("change", refresh);
   source.addEventListener("end", function () { if (source) { source.close(); source = null; } setStatus("Not live", "stale"); });
+  var failures = 0;
+  source.addEventListener("open", function () { failures = 0; });
   source.addEventListener("error", function () {
-    if (source && source.readyState === EventSource.CLOSED) {
+    failures += 1;
+    // Refused (CLOSED), or failing again and again without opening: poll instead.
+    if (source && (source.readyState === EventSource.CLOSED || failures >= 2)) {
+      source.close();
       source = null;
       setStatus("Live (polling)", "polling");
       poll();

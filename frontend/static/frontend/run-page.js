@@ -52,6 +52,8 @@
     seq = Math.max(seq, Number(row.dataset.seq) || 0);
   });
   var POLL_MS = 2000;
+  var MAX_STREAM_FAILURES = 2;
+  var failures = 0;
   var MAX_EVENT_ROWS = 1000;
   var inFlight = false;
   var again = false;
@@ -264,10 +266,15 @@
       again = false;
       if (inFlight) { again = true; } else { refresh(); }
     });
+    source.addEventListener("open", function () { failures = 0; });
     source.addEventListener("error", function () {
       if (finished) return;
-      if (source && source.readyState === EventSource.CLOSED) {
-        // The server refused the stream (not a dropped connection, which the browser retries).
+      failures += 1;
+      // The server refused the stream (CLOSED), or it failed MAX_STREAM_FAILURES times in a
+      // row without ever opening (a network that drops it: the browser would retry forever
+      // while the page stood still): poll instead. A dropped open stream is retried.
+      if (source && (source.readyState === EventSource.CLOSED || failures >= MAX_STREAM_FAILURES)) {
+        source.close();
         source = null;
         setStatus("Live (polling)", "polling");
         poll();
