@@ -195,6 +195,25 @@ def _db_gauges() -> list[str]:
                   f"flowforge_outbox_oldest_age_seconds {_fmt(float(oldest))}",
                   "# HELP flowforge_outbox_dead_letters Outbox rows dead-lettered after failed publishes.",
                   "# TYPE flowforge_outbox_dead_letters gauge", f"flowforge_outbox_dead_letters {dead}"]
+        lines += _history_gauges(cur)
+    return lines
+
+
+def _history_gauges(cur) -> list[str]:
+    """Table sizes, the oldest run kept and the retention purge's lag (issue 21; docs/retention.md)."""
+    cur.execute(sql.queries["metrics_table_sizes"])
+    sizes = cur.fetchall()
+    cur.execute(sql.queries["metrics_retention"],
+                {"default_days": int(getattr(settings, "FLOWFORGE_RUN_RETENTION_DAYS", 30))})
+    oldest, lag = cur.fetchone()
+    lines = ["# HELP flowforge_table_bytes Bytes on disk of a history table (with its indexes and TOAST).",
+             "# TYPE flowforge_table_bytes gauge"]
+    lines += [f'flowforge_table_bytes{{table="{name}"}} {size}' for name, size in sizes]
+    lines += ["# HELP flowforge_oldest_run_age_seconds Age of the oldest run kept, any state.",
+              "# TYPE flowforge_oldest_run_age_seconds gauge", f"flowforge_oldest_run_age_seconds {_fmt(float(oldest))}",
+              "# HELP flowforge_retention_lag_seconds How long past its organization's retention the oldest "
+              "finished run still kept is (0: the purge is keeping up).",
+              "# TYPE flowforge_retention_lag_seconds gauge", f"flowforge_retention_lag_seconds {_fmt(float(lag))}"]
     return lines
 
 

@@ -58,7 +58,14 @@ from engine.db import retry_transient
 from engine.models import TaskDependency, TaskRun, Workflow, WorkflowRun, WorkflowState
 from engine.repositories import recovery as rows
 from engine.repositories import runs, task_runs
-from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState, TaskRunState, TriggerRule
+from engine.states import (
+    RUN_TERMINAL_STATES,
+    TASK_TERMINAL_STATES,
+    RunState,
+    SkipReason,
+    TaskRunState,
+    TriggerRule,
+)
 from flowforge.jsonb import strip_nul
 from tenancy.actors import Actor
 from tenancy.permissions import Action, require
@@ -104,9 +111,10 @@ class ActionResult:
 
 
 def resume_run(*, actor: Actor, run: WorkflowRun, reason: str = "") -> ActionResult:
-    """Resume a failed or cancelled run in place: every task run that did not succeed, and
-    everything downstream of one, runs again (new generations); succeeded task runs and
-    their outputs are kept. Records ``run.resumed``.
+    """Resume a failed or cancelled run in place: every task run that failed, was cancelled
+    or was skipped for a failure upstream, and everything downstream of one, runs again (new
+    generations); succeeded task runs and their outputs are kept, and so are tasks skipped
+    for a branch not taken (``_resume_roots``). Records ``run.resumed``.
 
     Raises Forbidden (no ``run.operate``), InvalidAction (``reason`` too long),
     ActionRefused for a run still going or one that succeeded (nothing to resume), for a
@@ -118,12 +126,30 @@ def resume_run(*, actor: Actor, run: WorkflowRun, reason: str = "") -> ActionRes
             raise ActionRefused(f"run {run.pk} is {run_state}; only a finished run can be resumed "
                                 "(act on one of its failed tasks, or cancel it first)")
         if run_state == RunState.SUCCEEDED:
+            handled = sorted(r.key for r in graph.rows.values() if r.state == TaskRunState.FAILED)
+            if handled:
+                raise ActionRefused(
+                    f"run {run.pk} succeeded: the failure of {', '.join(handled)} was handled by a task whose "
+                    f"trigger rule reacts to failures (one_failed, all_failed), so there is nothing to resume; "
+                    f"retry task {handled[0]} to run it again")
             raise ActionRefused(f"run {run.pk} succeeded: every task succeeded and there is nothing to resume; "
                                 "retry one of its tasks, or re-run it as a new run")
-        not_ok = [t for t, r in graph.rows.items() if r.state != TaskRunState.SUCCEEDED]
-        return _Plan(reopen=graph.closure(not_ok))
+        return _Plan(reopen=graph.closure(_resume_roots(graph)))
 
     return _act(actor=actor, run=run, action=RESUME, reason=reason, target=None, plan=plan)
+
+
+def _resume_roots(graph: _Graph) -> list:
+    """The tasks a resume reopens from (everything below them reopens with them): those that
+    failed or were cancelled (or, in a run a person stopped, never finished), and those
+    skipped because of a failure upstream (``upstream_failed``). A task skipped because its
+    condition was false or its trigger rule was not met for another reason (a branch not
+    taken, a failure handler with nothing to handle) is an outcome of the run's successes:
+    it is re-decided only when it lies below a reopened task, so the succeeded tasks below
+    a branch not taken are kept."""
+    return [t for t, r in graph.rows.items()
+            if r.state not in (TaskRunState.SUCCEEDED, TaskRunState.SKIPPED)
+            or (r.state == TaskRunState.SKIPPED and r.skip_reason == SkipReason.UPSTREAM_FAILED)]
 
 
 def retry_task_run(*, actor: Actor, task_run: TaskRun, reason: str = "") -> ActionResult:

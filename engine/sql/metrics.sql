@@ -47,3 +47,33 @@ SELECT CASE WHEN k.rank <= %(top)s THEN o.slug ELSE '(others)' END AS org, sum(k
 FROM ranked k JOIN core_organization o ON o.id = k.org
 GROUP BY 1
 ORDER BY min(k.rank);
+
+
+-- name: metrics_table_sizes
+-- Bytes on disk (table, its indexes and TOAST) of the tables that grow with history (issue 21: retention keeps them bounded); the catalog, no table read.
+SELECT t.name, pg_total_relation_size(t.name::regclass)
+FROM unnest(ARRAY['core_workflowrun', 'core_taskrun', 'core_taskrunevent', 'core_tasklog', 'core_outboxmessage',
+                  'core_offloadedpayload', 'core_triggerfiring', 'core_notificationevent',
+                  'core_notificationdelivery', 'core_auditlog']) AS t(name);
+
+
+-- name: metrics_retention
+-- The age in seconds of the oldest run kept (one probe per state, idx_wfrun_state_age) and of the purge's lag: how long past its organization's retention the oldest finished run still kept is (0 when none; per organization its oldest old run, idx_wfrun_org_recent), with default_days the deployment's retention.
+SELECT
+    COALESCE((SELECT EXTRACT(EPOCH FROM clock_timestamp() - min(m.oldest))
+              FROM unnest(ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled']) AS s(state)
+              CROSS JOIN LATERAL (SELECT min(r.created_at) AS oldest FROM core_workflowrun r
+                                  WHERE r.state = s.state) m), 0),
+    COALESCE((SELECT max(EXTRACT(EPOCH FROM (clock_timestamp()
+                                             - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s)))
+                                            - l.finished_at))
+              FROM core_organization o
+              CROSS JOIN LATERAL (
+                  SELECT r.finished_at FROM core_workflowrun r
+                  WHERE r.organization_id = o.id
+                    AND r.created_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
+                    AND r.finished_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
+                    AND r.state IN ('succeeded', 'failed', 'cancelled')
+                  ORDER BY r.created_at
+                  LIMIT 1) l
+              WHERE COALESCE(o.run_retention_days, %(default_days)s) > 0), 0);

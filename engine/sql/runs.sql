@@ -120,7 +120,7 @@ WITH runs AS (
     -- Of its failures, those nothing handled (docs/api.md, "A run's final state"): a failure
     -- is handled by a task with trigger rule one_failed or all_failed that depends on it,
     -- directly or through task runs skipped for it (skip_reason 'upstream_failed'), started
-    -- after it failed and succeeded. Looked for only when a task run failed, by (run, task)
+    -- after it failed (or marked succeeded after it failed) and succeeded. Looked for only when a task run failed, by (run, task)
     -- (idx_taskrun_run_state, uniq_taskrun_per_run_task); the states compared as
     -- expressions so that no plan reads every failed, skipped or succeeded task run of the
     -- table by state (idx_taskrun_state_age).
@@ -140,7 +140,9 @@ WITH runs AS (
                                 JOIN core_task k ON k.id = e.task_id
                                 JOIN core_taskrun h ON h.workflow_run_id = f.workflow_run_id AND h.task_id = e.task_id
                                 WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND (h.state || '') = 'succeeded'
-                                  AND h.started_at >= f.finished_at)) END AS failed,
+                                  -- A handler marked succeeded by a person (engine.recovery: no
+                                  -- start, finished at the mark) handled it too.
+                                  AND COALESCE(h.started_at, h.finished_at) >= f.finished_at)) END AS failed,
                                n.cancelled) c
     WHERE o.one IS NULL
 ), prev AS (

@@ -18,6 +18,7 @@ tasks, runs or events (tests/unit/test_web_runs.py counts them): the run list th
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 
 from django.contrib import messages
@@ -32,7 +33,7 @@ from django.utils import timezone
 from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_POST
 
-from engine import live_stream
+from engine import live_stream, offload
 from engine.access import access_run, access_task_run
 from engine.models import RunState, TaskLog, TaskRunEvent, Workflow, WorkflowRun
 from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, retry_run
@@ -288,9 +289,18 @@ def run_task_output(request: HttpRequest, run_id: uuid.UUID, task_run_id: uuid.U
     # The output as PostgreSQL writes jsonb, not re-serialized; one query (the run is not read).
     task_run = access_task_run(
         request.membership.organization, run_id, task_run_id,
-        shape=lambda qs: qs.annotate(output_text=Cast("output", TextField())).only("id", "organization_id"))
-    found = [task_run.output_text]
-    response = HttpResponse(found[0] if found[0] is not None else "null", content_type="application/json")
+        shape=lambda qs: qs.annotate(output_text=Cast("output", TextField())).only(
+            "id", "organization_id", "fencing_token"))
+    text = task_run.output_text
+    if text is not None and len(text) < 512 and offload.is_ref(json.loads(text)):
+        # Kept in the offload storage (engine.offload): the whole output from there.
+        payload = offload.payload_of(task_run)
+        if payload is not None:
+            try:
+                text = offload.read_payload(payload)
+            except offload.PayloadUnavailable as exc:
+                return HttpResponse(str(exc), status=410, content_type="text/plain; charset=utf-8")
+    response = HttpResponse(text if text is not None else "null", content_type="application/json")
     response["Content-Disposition"] = f'inline; filename="{task_run_id}-output.json"'
     return response
 

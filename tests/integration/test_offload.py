@@ -65,3 +65,26 @@ def test_a_2_mib_output_is_offloaded_returned_whole_and_removed_with_its_run(sta
     assert not OffloadedPayload.objects.unscoped().filter(pk=payload.pk).exists()
     assert not os.path.exists(path)
     assert client.get(url, headers=bearer(key)).status_code == 404
+
+
+def test_the_run_page_link_gives_the_whole_offloaded_output(stack, org):
+    from tests.unit.test_web_workflows import client_for
+
+    stack.start_worker(processes=1, threads=2)
+    stack.start_clock()
+    wf = apply_definition(organization=org, document={"name": "big-web", "tasks": [
+        {"key": "produce", "type": "python", "config": {"callable": "tests.callables.big_output",
+                                                         "params": {"size": 300_000}}}]})
+    run = start_run(workflow=wf)
+    assert wait_for_run_terminal(run, timeout=60) == "succeeded"
+    produce = TaskRun.objects.for_organization(org).get(workflow_run=run, task__key="produce")
+    member = client_for(Membership.objects.for_organization(org).get(role=Role.OWNER))
+    whole = member.get(f"/runs/{run.pk}/tasks/{produce.pk}/output/")
+    assert whole.status_code == 200
+    body = whole.json()
+    assert body["size"] == 300_000 and body["blob"] == "x" * 300_000
+    # Its bytes gone from the storage: a 410 that says so, not a summary passed off as the output.
+    payload = OffloadedPayload.objects.for_organization(org).get(task_run=produce)
+    offload.storage().delete(payload.storage_key)
+    gone = member.get(f"/runs/{run.pk}/tasks/{produce.pk}/output/")
+    assert gone.status_code == 410 and "cannot be read" in gone.content.decode()

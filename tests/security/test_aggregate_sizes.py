@@ -72,7 +72,7 @@ def test_a_run_detail_of_400_outputs_of_255_kb_is_under_1_mb_with_each_output_li
     whole = api.get(url, role=Role.VIEWER)  # a viewer may read it
     assert whole.status_code == 200
     assert whole.json() == {"id": task_runs[7]["id"], "key": task_runs[7]["key"], "state": "succeeded",
-                            "output": BIG_OUTPUT}
+                            "output": BIG_OUTPUT, "offloaded": False}
 
     outsider = api_factory()
     assert_problem(outsider.get(url, role=Role.MEMBER), 404)

@@ -103,7 +103,10 @@ def test_per_organization_gauges_keep_the_top_organizations_and_sum_the_rest(mak
         orgs.append(org)
     with CaptureQueriesContext(connection) as ctx:
         body = "\n".join(metrics._db_gauges())
-    assert sum("core_organization" in q["sql"] for q in ctx.captured_queries) == 1
+    # One query for the per-organization gauges (no query per organization), one for the
+    # retention lag (its own single statement over every organization).
+    assert sum("core_organization" in q["sql"] for q in ctx.captured_queries) == 2
+    assert len(ctx.captured_queries) == len(set(q["sql"] for q in ctx.captured_queries))
     ready = _series(body, "flowforge_org_task_runs_ready")
     running = _series(body, "flowforge_org_task_runs_running")
     smallest = orgs[0]  # 2 task runs: the fewest
@@ -151,3 +154,32 @@ def test_a_tenant_slugged_other_keeps_its_own_series(make_org, make_workflow, se
     start_run(workflow=make_workflow(quiet, [{"key": "t", "type": "noop"}]))
     ready = _series("\n".join(metrics._db_gauges()), "flowforge_org_task_runs_ready")
     assert ready == {"other": 3, "(others)": 1}
+
+
+@pytest.mark.django_db
+def test_history_gauges_show_table_sizes_the_oldest_run_and_the_retention_lag(make_org, make_workflow, settings):
+    from django.db import connection
+
+    from engine.services import start_run
+    from tests.unit.test_web_runs import drive_run
+
+    settings.FLOWFORGE_RUN_RETENTION_DAYS = 30
+    org = make_org()
+    run = drive_run(start_run(workflow=make_workflow(org, [{"key": "a", "type": "noop"}], name="old")))
+    assert run.state == "succeeded"
+
+    def gauges() -> dict[str, str]:
+        body = "\n".join(metrics._db_gauges())
+        return dict(line.rsplit(" ", 1) for line in body.splitlines() if line and not line.startswith("#"))
+
+    now = gauges()
+    assert float(now['flowforge_table_bytes{table="core_taskrunevent"}']) > 0
+    assert float(now["flowforge_retention_lag_seconds"]) == 0  # nothing past its retention
+    assert 0 <= float(now["flowforge_oldest_run_age_seconds"]) < 3600
+    # The run finished 32 days ago: 2 days past the 30-day retention, not yet purged.
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_workflowrun SET created_at = now() - interval '33 days', "
+                    "finished_at = now() - interval '32 days' WHERE id = %s", [run.pk])
+    later = gauges()
+    assert 2 * 86400 - 60 < float(later["flowforge_retention_lag_seconds"]) < 2 * 86400 + 60
+    assert float(later["flowforge_oldest_run_age_seconds"]) > 33 * 86400 - 60

@@ -538,3 +538,98 @@ def test_a_cancel_waits_for_an_action_in_progress_and_then_cancels_what_it_reope
     assert run.state == "cancelled"
     assert by_key(run)["b"].state == "cancelled"
     assert not [tr for tr in by_key(run).values() if tr.state in ("pending", "ready", "running")]
+
+
+# --- review findings: a branch not taken, a handled failure, a marked handler ----------------------
+
+# check -> alert (one_failed: nothing fails, so skipped: trigger_rule) ; report (none_failed on
+# check and alert: succeeds) -> publish (fails).
+BRANCH = [
+    {"key": "check", "type": "noop"},
+    {"key": "alert", "type": "noop", "depends_on": ["check"], "trigger_rule": "one_failed"},
+    {"key": "report", "type": "noop", "depends_on": ["check", "alert"], "trigger_rule": "none_failed"},
+    {"key": "publish", "type": "noop", "depends_on": ["report"]},
+]
+
+
+def test_resume_keeps_what_succeeded_below_a_branch_not_taken(org):
+    run = drive(start_run(workflow=workflow(org, BRANCH), actor=actor_with(org, Role.OWNER)), fail={"publish"})
+    states = {k: (tr.state, tr.skip_reason) for k, tr in by_key(run).items()}
+    assert states == {"check": ("succeeded", ""), "alert": ("skipped", "trigger_rule"),
+                      "report": ("succeeded", ""), "publish": ("failed", "")}
+    seq = run.last_event_seq
+    report_output = by_key(run)["report"].output
+
+    result = resume_run(actor=actor_with(org), run=run, reason="fixed publish")
+
+    assert result.reopened == ("publish",)
+    run = drive(run)
+    assert run.state == "succeeded"
+    assert started_since(run, seq) == Counter({"publish": 1})
+    assert by_key(run)["report"].output == report_output
+    assert by_key(run)["alert"].state == "skipped"
+
+
+def test_resume_keeps_what_succeeded_below_a_condition_that_was_false(org):
+    wf = workflow(org, [
+        {"key": "check", "type": "noop"},
+        {"key": "large", "type": "noop", "depends_on": ["check"], "condition": "input.big == true"},
+        {"key": "report", "type": "noop", "depends_on": ["large"], "trigger_rule": "none_failed"},
+        {"key": "publish", "type": "noop", "depends_on": ["report"]},
+    ])
+    run = start_run(workflow=wf, actor=actor_with(org, Role.OWNER), run_input={"big": False})
+    # check succeeds; then large's worker finds its condition false (as engine.worker.execute does).
+    ready = [by_key(run)["check"].pk]
+    task_runs.claim_ready_many(limit=1, lease_seconds=30, owner="test", task_run_ids=ready)
+    check = by_key(run)["check"]
+    att = engine_helpers.start_attempt(task_run_id=check.pk, fencing_token=check.fencing_token, owner="test",
+                                       lease_seconds=30)
+    engine_helpers.complete_attempt(task_run_id=check.pk, fencing_token=att.fencing_token, succeeded=True,
+                                    output={}, error="", retryable=False, lease_seconds=30, owner="test", claim=False)
+    large = by_key(run)["large"]
+    task_runs.claim_ready_many(limit=1, lease_seconds=30, owner="test", task_run_ids=[large.pk])
+    large = by_key(run)["large"]
+    att = engine_helpers.start_attempt(task_run_id=large.pk, fencing_token=large.fencing_token, owner="test",
+                                       lease_seconds=30)
+    assert task_runs.skip_for_condition(task_run_id=large.pk, fencing_token=att.fencing_token).accepted
+    run = drive(run, fail={"publish"})
+    assert {k: (tr.state, tr.skip_reason) for k, tr in by_key(run).items()} == {
+        "check": ("succeeded", ""), "large": ("skipped", "condition_false"), "report": ("succeeded", ""),
+        "publish": ("failed", "")}
+    seq = run.last_event_seq
+
+    assert resume_run(actor=actor_with(org), run=run).reopened == ("publish",)
+
+    run = drive(run)
+    assert run.state == "succeeded"
+    assert started_since(run, seq) == Counter({"publish": 1})
+    assert by_key(run)["large"].state == "skipped"
+
+
+def test_resume_of_a_run_whose_failure_was_handled_names_the_failure(org):
+    wf = workflow(org, [
+        {"key": "a", "type": "noop"},
+        {"key": "b", "type": "noop", "depends_on": ["a"]},
+        {"key": "alert", "type": "noop", "depends_on": ["b"], "trigger_rule": "one_failed"},
+    ])
+    run = drive(start_run(workflow=wf, actor=actor_with(org, Role.OWNER)), fail={"b"})
+    assert run.state == "succeeded"  # alert handled b's failure
+    with pytest.raises(ActionRefused, match=r"succeeded: the failure of b was handled by a task whose trigger "
+                                            r"rule reacts to failures .* retry task b to run it again"):
+        resume_run(actor=actor_with(org), run=run)
+
+
+def test_marking_the_failure_handler_succeeded_counts_as_handling_the_failure(org):
+    wf = workflow(org, [
+        {"key": "a", "type": "noop"},
+        {"key": "b", "type": "noop", "depends_on": ["a"]},
+        {"key": "alert", "type": "noop", "depends_on": ["b"], "trigger_rule": "one_failed"},
+    ])
+    run = drive(start_run(workflow=wf, actor=actor_with(org, Role.OWNER)), fail={"b", "alert"})
+    assert (run.state, run.error) == ("failed", "2 task(s) failed")
+
+    mark_task_run_succeeded(actor=actor_with(org), task_run=by_key(run)["alert"], output={"paged": "on-call"})
+
+    run.refresh_from_db()
+    assert by_key(run)["alert"].state == "succeeded"
+    assert (run.state, run.error) == ("succeeded", "")
