@@ -337,6 +337,14 @@ class WorkflowRun(models.Model):
             # cancel the oldest), without reading its finished history.
             models.Index(fields=["workflow", "created_at"], name="idx_wfrun_open_by_workflow",
                          condition=Q(state__in=["pending", "running"])),
+            # The home page (issue 20, frontend.presenters.home): the organization's open runs,
+            # its recently finished ones and its recently failed ones, newest first (migration 0030).
+            models.Index(F("organization"), F("created_at").desc(), name="idx_wfrun_org_open",
+                         condition=Q(state__in=["pending", "running"])),
+            models.Index(F("organization"), F("finished_at").desc(), name="idx_wfrun_org_finished",
+                         condition=Q(finished_at__isnull=False)),
+            models.Index(F("organization"), F("finished_at").desc(), name="idx_wfrun_org_failed",
+                         condition=Q(state="failed")),
         ]
 
     def __str__(self) -> str:

@@ -85,7 +85,11 @@ class QueueWait:
 class QueueHub:
     """The process's listener (module docstring). Use ``hub()``, not this class."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, channel: str = CHANNEL, application_name: str = APPLICATION_NAME) -> None:
+        # The channel and connection name: the worker queues' by default; engine.org_hub
+        # listens to the organizations' run changes with the same machinery.
+        self.channel = channel
+        self.application_name = application_name
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._waits: dict[str, set[QueueWait]] = {}
@@ -109,7 +113,7 @@ class QueueHub:
             self._waits.setdefault(w.key, set()).add(w)
             if self._thread is None:
                 self._ready.clear()
-                self._thread = threading.Thread(target=self._serve, name="flowforge-queue-hub", daemon=True)
+                self._thread = threading.Thread(target=self._serve, name=self.application_name, daemon=True)
                 self._thread.start()
         self._ready.wait(READY_TIMEOUT_SECONDS)
         return w
@@ -146,7 +150,7 @@ class QueueHub:
                             return
                 if conn is None:
                     try:
-                        conn = live.listen_connection(application_name=APPLICATION_NAME, channel=CHANNEL)
+                        conn = live.listen_connection(application_name=self.application_name, channel=self.channel)
                     except Exception:  # noqa: BLE001 - the database is away: retry with backoff
                         log.warning("queue hub: cannot LISTEN; retrying in %.1fs", backoff, exc_info=True)
                         conn = None

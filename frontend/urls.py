@@ -8,6 +8,8 @@ app_name = "frontend"
 
 urlpatterns = [
     path("", home.home, name="home"),
+    path("home/live/", home.home_live, name="home_live"),
+    path("live/runs/stream/", home.org_stream, name="org_stream"),
     path("orgs/", orgs.organization_list, name="orgs"),
     path("orgs/new/", orgs.organization_create, name="org_new"),
     path("members/", members.member_list, name="members"),

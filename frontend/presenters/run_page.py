@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from urllib.parse import urlencode
 
+from django import forms
 from django.db.models import BigIntegerField, Case, F, Func, JSONField, QuerySet, TextField, When
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Left
@@ -32,7 +35,7 @@ from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from engine.repositories import worker_queues as worker_rows
-from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState
+from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState, TaskRunState
 from frontend.dag import graph_data, longest_path_layers, states_code
 from frontend.presenters.run_rows import (
     EventRow,
@@ -64,6 +67,102 @@ RETRY_LINKS_LIMIT = 20
 # logs are shown (those with the newest lines).
 LOG_LINES_PER_TASK = 200
 LOG_TASKS_LIMIT = 20
+# Task rows per page of the task table (and rows of the timeline, which shows the same page).
+TASK_PAGE_SIZE = 50
+# New events a live update carries at most (more: the latest ones, and the log starts afresh).
+EVENT_DELTA_LIMIT = 50
+# Task runs a live update names as changed at most (more: the whole page is sent again).
+CHANGED_TASKS_LIMIT = 1000
+
+
+class TaskTableForm(forms.Form):
+    """The task table's filter and page (issue 20): ``task_state`` (a task-run state),
+    ``task_key`` (part of the task's key, any case) and ``task_page`` (1-based). A value
+    that is not valid is a 400 naming the parameter; the table is then shown unfiltered."""
+
+    task_state = forms.ChoiceField(
+        required=False, choices=[("", "Any state"), *TaskRunState.choices],
+        error_messages={"invalid_choice": "task_state: %(value)s is not a task state (one of "
+                        + ", ".join(TaskRunState.values) + ")."})
+    task_key = forms.CharField(required=False, max_length=200, strip=True,
+                               error_messages={"max_length": "task_key: at most %(limit_value)d characters."})
+    task_page = forms.IntegerField(
+        required=False, min_value=1, max_value=1_000_000,
+        error_messages={"invalid": "task_page: a whole number from 1 is expected.",
+                        "min_value": "task_page: pages start at 1.",
+                        "max_value": "task_page: at most %(limit_value)s."})
+
+    def table_query(self) -> TableQuery:
+        """The valid filter (call after ``is_valid()``); the whole table when not valid."""
+        if not self.is_valid():
+            return TableQuery()
+        d = self.cleaned_data
+        return TableQuery(state=d.get("task_state") or "", key=d.get("task_key") or "", page=d.get("task_page") or 1)
+
+    @property
+    def error_list(self) -> list[str]:
+        return [str(e) for errors in self.errors.values() for e in errors]
+
+
+@dataclasses.dataclass(frozen=True)
+class TableQuery:
+    """Which task rows the table (and the timeline) shows: a state, part of a key, a page."""
+
+    state: str = ""
+    key: str = ""
+    page: int = 1
+
+    @property
+    def filtered(self) -> bool:
+        return bool(self.state or self.key)
+
+    def params(self, **change) -> str:
+        """The query string of this filter with ``change`` applied (no leading "?"; page 1 left out)."""
+        values = {"task_state": self.state, "task_key": self.key, "task_page": self.page, **change}
+        if values["task_page"] == 1:
+            del values["task_page"]
+        return urlencode({k: v for k, v in values.items() if v not in ("", None)})
+
+
+@dataclasses.dataclass
+class TablePage:
+    """The task table's page: its rows, the filtered total, the page number and count."""
+
+    rows: list[TaskRow]
+    total: int
+    page: int
+    pages: int
+    query: TableQuery
+    sig: str  # digest of the filter and the page's task runs: a live update compares it
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * TASK_PAGE_SIZE + 1 if self.rows else 0
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.rows) - 1 if self.rows else 0
+
+    @property
+    def prev_params(self) -> str:
+        return self.query.params(task_page=self.page - 1) if self.page > 1 else ""
+
+    @property
+    def next_params(self) -> str:
+        return self.query.params(task_page=self.page + 1) if self.page < self.pages else ""
+
+
+def table_page(rows: Sequence[TaskRow], query: TableQuery) -> TablePage:
+    """The rows of ``query``'s page (in the table's order), TASK_PAGE_SIZE a page; a page
+    past the last is the last."""
+    key = query.key.casefold()
+    chosen = [r for r in rows if (not query.state or r.state == query.state) and (not key or key in r.key.casefold())]
+    pages = max(1, -(-len(chosen) // TASK_PAGE_SIZE))
+    page = min(query.page, pages)
+    shown = chosen[(page - 1) * TASK_PAGE_SIZE: page * TASK_PAGE_SIZE]
+    sig = hashlib.sha256(
+        (f"{query.state}|{query.key}|{page}|" + ",".join(str(r.id) for r in shown)).encode()).hexdigest()[:16]
+    return TablePage(rows=shown, total=len(chosen), page=page, pages=pages, query=query, sig=sig)
 
 
 def depth_of(task_ids: Iterable[uuid.UUID], edges: Iterable[tuple[uuid.UUID, uuid.UUID]]) -> dict[uuid.UUID, int]:
@@ -134,6 +233,16 @@ class RunView:
     has_worker_tasks: bool = False  # a task of the run waits on a queue of the organization's own workers
     resumes: list[Resume] = dataclasses.field(default_factory=list)  # the latest RESUMES_SHOWN, newest first
     csrf_token: str = ""  # for the task table's action forms (rendered in Python, not a template)
+    # The task table's page (and the timeline's rows): issue 20's filter and pagination.
+    table: TablePage | None = None
+    table_errors: list[str] = dataclasses.field(default_factory=list)
+    # A live update (``events_after`` given) sends what changed: the task runs touched by the
+    # new events (None: all of them), and whether the table and timeline go whole (their page
+    # changed, the run finished) or only the changed rows.
+    delta: bool = False
+    changed: set[uuid.UUID] | None = None
+    table_replace: bool = True
+    now: dt.datetime | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -180,12 +289,43 @@ class RunView:
         return states_code((r.task_id for r in self.rows), {r.task_id: r.state for r in self.rows})
 
     @property
+    def table_rows(self) -> list[TaskRow]:
+        return self.table.rows if self.table is not None else self.rows
+
+    def _changed_rows(self) -> list[TaskRow]:
+        return [r for r in self.table_rows if self.changed is None or r.id in self.changed]
+
+    @property
     def task_rows_html(self) -> SafeString:
-        return render_task_rows(self.rows, csrf_token=self.csrf_token if self.can_operate else None)
+        return render_task_rows(self.table_rows, csrf_token=self.csrf_token if self.can_operate else None)
+
+    @property
+    def changed_task_rows_html(self) -> SafeString:
+        """The rows of the table's page that a live update changed (patch mode)."""
+        return render_task_rows(self._changed_rows(), csrf_token=self.csrf_token if self.can_operate else None)
 
     @property
     def timeline_rows_html(self) -> SafeString:
         return render_timeline_rows(self.timeline)
+
+    @property
+    def changed_timeline_rows_html(self) -> SafeString:
+        keys = {r.key for r in self._changed_rows()}
+        return render_timeline_rows(self.timeline, only=keys)
+
+    @property
+    def send_logs(self) -> bool:
+        """Whether the fragment carries the worker logs: a first load, or a live update that
+        touched a worker task run (their lines come with their attempts' events)."""
+        if not self.has_worker_tasks:
+            return False
+        if not self.delta or self.changed is None:
+            return True
+        return any(r.queue and r.id in self.changed for r in self.rows)
+
+    @property
+    def now_ms(self) -> int:
+        return int((self.now or timezone.now()).timestamp() * 1000)
 
     @property
     def event_rows_html(self) -> SafeString:
@@ -244,7 +384,8 @@ def event_rows(events: Iterable[tuple], keys: dict[uuid.UUID, str]) -> list[Even
 
 
 def build_run_view(
-    request: HttpRequest, run: WorkflowRun, *, events_after: int | None = None
+    request: HttpRequest, run: WorkflowRun, *, events_after: int | None = None,
+    table: TableQuery | None = None, table_sig: str = "",
 ) -> RunView:
     """Load and shape what the run page (``events_after`` None) or its fragment shows.
 
@@ -253,8 +394,12 @@ def build_run_view(
     workers of the queues ready worker tasks wait on (when any), and the worker log lines
     (for a run with worker tasks).
     With ``events_after`` the log holds the events after that seq (at most
-    EVENT_LOG_LIMIT; when more are new, the latest EVENT_LOG_LIMIT and
-    ``events_replace``), else the latest EVENT_LOG_LIMIT events.
+    EVENT_DELTA_LIMIT; when more are new, the latest ones and ``events_replace``), else
+    the latest EVENT_LOG_LIMIT events; and it is a live update (``delta``): one more
+    query names the task runs the new events touched (``changed``), and the table goes
+    whole only when its page (``table_sig``, the client's) changed or the run finished.
+    ``table``: the task table's filter and page (default the first page, unfiltered);
+    the timeline shows the same rows.
     """
     org = request.membership.organization
     now = timezone.now()
@@ -346,23 +491,35 @@ def build_run_view(
     # Newer events are the next fragment's (their notifications come after this read).
     log = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, seq__lte=run.last_event_seq)
     replace = events_after is None
+    limit = EVENT_LOG_LIMIT
+    changed: set[uuid.UUID] | None = None
     if events_after is not None:
         log = log.filter(seq__gt=events_after)
+        limit = min(EVENT_LOG_LIMIT, EVENT_DELTA_LIMIT)
+        # The task runs the new events touched (uniq_event_run_seq: the range of new seqs).
+        touched = list(log.filter(task_run__isnull=False).values_list("task_run_id", flat=True)
+                       .order_by("seq")[:CHANGED_TASKS_LIMIT + 1])
+        changed = set(touched) if len(touched) <= CHANGED_TASKS_LIMIT else None
     latest = list(
-        with_shown_detail(log).order_by("-seq").values_list(*EVENT_COLUMNS)[: EVENT_LOG_LIMIT + 1]  # uniq_event_run_seq, backwards
+        with_shown_detail(log).order_by("-seq").values_list(*EVENT_COLUMNS)[: limit + 1]  # uniq_event_run_seq, backwards
     )
-    truncated = len(latest) > EVENT_LOG_LIMIT
+    truncated = len(latest) > limit
     if truncated and events_after is not None:
         replace = True  # more is new than the log keeps: start it afresh
-    events = event_rows(reversed(latest[:EVENT_LOG_LIMIT]), keys)
+    events = event_rows(reversed(latest[:limit]), keys)
     counts: dict[str, int] = defaultdict(int)
     for r in rows:
         counts[r.state] += 1
+    page = table_page(rows, table or TableQuery())
+    delta = events_after is not None
+    # Whole table and timeline: a first load, a page whose rows changed (a filtered row left
+    # it), a finished run (its rows' actions appear), or more changes than counted.
+    table_replace = (not delta or changed is None or table_sig != page.sig or run.is_terminal)
     return RunView(
         run=run,
         rows=rows,
         edges=edges,
-        timeline=build_timeline(run, rows, now=now),
+        timeline=build_timeline(run, page.rows, now=now),
         events=events,
         events_replace=replace,
         events_truncated=truncated,
@@ -378,6 +535,11 @@ def build_run_view(
         # Only a run a person resumed has any: no query for the others.
         resumes=resumes_of(org, run) if run.resumed_at is not None else [],
         csrf_token=get_token(request) if can_operate else "",
+        table=page,
+        delta=delta,
+        changed=changed,
+        table_replace=table_replace,
+        now=now,
     )
 
 

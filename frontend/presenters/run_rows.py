@@ -133,7 +133,11 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
             f'<td class="mono key">{link}{permit}</td><td><span class="type">{_esc(r.type)}</span></td>'
             f'<td><span class="badge state-{state}">{_esc(r.state.capitalize())}</span>{waiting}</td>'
             f'<td class="num">{len(r.attempts)}<span class="muted">/{r.max_attempts}</span></td>'
-            f'<td class="num">{_esc(r.duration)}</td><td class="error-cell">{error}</td>'
+            # A running task's duration advances on the client from its start (live-clock.js).
+            + (f'<td class="num duration" data-started="{r.started_at.isoformat()}">{_esc(r.duration)}</td>'
+               if r.state == "running" and r.started_at is not None and r.finished_at is None
+               else f'<td class="num duration">{_esc(r.duration)}</td>')
+            + f'<td class="error-cell">{error}</td>'
             f'<td class="output-cell">{output}</td>'
             + (f'<td class="actions-cell">{render_task_actions(r, csrf_token)}</td>' if csrf_token is not None else "")
             + '</tr>'
@@ -141,15 +145,25 @@ def render_task_rows(rows: Sequence[TaskRow], *, csrf_token: str | None = None) 
     return mark_safe("".join(out))  # noqa: S308 — every text above is escaped
 
 
-def render_timeline_rows(timeline: Timeline) -> SafeString:
-    """The timeline's rows: a band, the task key and one bar (x/width attributes) per attempt."""
+def _ms(at: dt.datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def render_timeline_rows(timeline: Timeline, *, only: set[str] | None = None) -> SafeString:
+    """The timeline's rows (those of the keys in ``only``, when given): a band, the task key
+    and one bar per attempt — x/width attributes for its place now, and ``data-start`` /
+    ``data-end`` (epoch milliseconds; no end while it runs) from which run-page.js redraws
+    it as time passes."""
     out = []
     width = _num(timeline.width)
     for row in timeline.rows:
+        if only is not None and row.key not in only:
+            continue
         key = _esc(row.key)
         label = _esc(row.key if len(row.key) <= 26 else row.key[:25] + "…")
         bars = "".join(
             f'<rect class="tl-bar outcome-{a.outcome}" x="{_num(a.x)}" y="{_num(row.bar_y)}" '
+            f'data-start="{_ms(a.start)}"' + (f' data-end="{_ms(a.end)}" ' if a.end else " ") +
             f'width="{_num(a.width)}" height="{_num(TL_BAR)}" rx="3"><title>{key} · {_esc(a.label)}'
             + (f" — {_esc(a.error)}" if a.error else "")
             + "</title></rect>"

@@ -119,6 +119,10 @@ class Timeline:
     chart_end: float
     span_label: str
     has_attempts: bool
+    # The chart's origin and, for a finished run, its end, in epoch milliseconds (run-page.js
+    # redraws bars and ticks from them as time passes; ``end_ms`` None: it grows with now).
+    t0_ms: int = 0
+    end_ms: int | None = None
 
 
 def _nice_step(span: float) -> float:
@@ -183,6 +187,8 @@ def build_timeline(run: WorkflowRun, rows: Sequence[TaskRow], *, now: dt.datetim
         chart_end=TL_WIDTH - TL_RIGHT_PAD,
         span_label=human_duration(span),
         has_attempts=bool(starts),
+        t0_ms=int(t0.timestamp() * 1000),
+        end_ms=int(end.timestamp() * 1000) if run.finished_at is not None else None,
     )
 
 

@@ -30,12 +30,14 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.views.decorators.gzip import gzip_page
 from django.views.decorators.http import require_GET, require_POST
 
 from engine import live_stream, offload
 from engine.access import access_run, access_task_run
 from engine.models import RunState, TaskLog, TaskRunEvent, Workflow, WorkflowRun
 from engine.services import RunNotFinished, WorkflowNotStartable, cancel_run, retry_run
+from engine.states import TaskRunState
 from flowforge.cursors import whole_number
 from frontend import live
 from frontend.dag import render_state_legend
@@ -45,6 +47,7 @@ from frontend.presenters.run_list import RunFilterForm, RunRow, progress_by_run,
 from frontend.presenters.run_page import (
     EVENT_COLUMNS,
     LOG_LINES_PER_TASK,
+    TaskTableForm,
     build_run_view,
     event_rows,
     started_by,
@@ -53,6 +56,7 @@ from frontend.presenters.run_page import (
 from frontend.presenters.run_rows import render_event_rows
 from frontend.presenters.task_panel import JSON_PREVIEW_CHARS, run_input
 from frontend.presenters.text import run_duration
+from frontend.views.home import org_live_urls
 from tenancy.limits import QuotaExceeded
 from tenancy.permissions import Action, Forbidden, require
 
@@ -91,6 +95,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     form = RunFilterForm(request.GET)
     data = form.cleaned_data if form.is_valid() else {}
     status = 200 if form.is_valid() else 400
+    read_at = timezone.now()  # before the read: the live stream's ``since``
     qs = run_list_queryset(org, data)
     try:
         page = newest_first_page(
@@ -126,8 +131,22 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "states": RunState.choices,
         "filtered": filtered,
         "paged": bool(request.GET.get("older_than") or request.GET.get("newer_than")),
+        "live": org_live_urls(fragment=_list_fragment_url(request), read_at=read_at),
     }
+    if request.GET.get("fragment") == "1":
+        # The live client's fetch (org-live.js): the table alone, the same filters and page.
+        context["fragment"] = True
+        response = render(request, "frontend/runs/_list_table.html", context, status=status)
+        response["Cache-Control"] = "no-store"
+        return response
     return render(request, "frontend/runs/list.html", context, status=status)
+
+
+def _list_fragment_url(request: HttpRequest) -> str:
+    """This run list page's URL (its filters and page) asking for the table alone."""
+    query = request.GET.copy()
+    query["fragment"] = "1"
+    return f"{request.path}?{query.urlencode()}"
 
 
 def _run_queryset(qs: QuerySet) -> QuerySet:
@@ -149,6 +168,7 @@ def _live_urls(run: WorkflowRun) -> dict[str, str]:
     }
 
 
+@gzip_page  # a big run's page is mostly repeated markup (see run_live)
 @require_GET
 @organization_required
 def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
@@ -157,8 +177,12 @@ def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     # The input as JSON text cut in the database: a run input may be 1 MiB.
     run = access_run(request.membership.organization, run_id, shape=lambda qs: _run_queryset(qs).annotate(
         input_text=Left(Cast("input", TextField()), JSON_PREVIEW_CHARS + 1)))
-    view = build_run_view(request, run)
+    table = TaskTableForm(request.GET)
+    view = build_run_view(request, run, table=table.table_query())
+    view.table_errors = table.error_list
     context = {
+        "task_states": [(value, f"{label} ({view.counts[value]})" if view.counts.get(value) else label)
+                        for value, label in TaskRunState.choices],
         "run_input": run_input(run.input_text, url=reverse("frontend:run_input", kwargs={"run_id": run.pk})),
         "v": view,
         "run": run,
@@ -168,17 +192,29 @@ def run_detail(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
         "state_legend": render_state_legend(),
         "log_lines_per_task": LOG_LINES_PER_TASK,
     }
-    return render(request, "frontend/runs/detail.html", context)
+    return render(request, "frontend/runs/detail.html", context, status=400 if table.errors else 200)
 
 
+# gzip: a live update is mostly repeated markup (a burst of task rows, event rows); HTML
+# compresses about 8:1. Django's GZipMiddleware machinery pads each response with random
+# bytes against BREACH-style length probes.
+@gzip_page
 @require_GET
 @organization_required
 def run_live(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
-    """``/runs/<id>/live/?after=<seq>``: the run page's changing parts (summary, DAG,
-    timeline, tasks) and the events after ``seq``, for the page's live client."""
+    """``/runs/<id>/live/?after=<seq>&sig=<table sig>&task_state=&task_key=&task_page=``:
+    what changed on the run page since ``seq`` (frontend.presenters.run_page.build_run_view:
+    the summary, the graph's new states, the changed rows of the table's page and of the
+    timeline — or that page whole when ``sig`` says its rows changed — and the new events),
+    for the page's live client; without ``after``, every region whole. A table filter that
+    is not valid is a 400 naming it."""
     run = run_or_404(request, run_id)
+    table = TaskTableForm(request.GET)
+    if not table.is_valid():
+        return HttpResponse("; ".join(table.error_list), status=400, content_type="text/plain; charset=utf-8")
     after = whole_number(request.GET.get("after"))  # None: the whole log, afresh
-    view = build_run_view(request, run, events_after=after)
+    view = build_run_view(request, run, events_after=after, table=table.table_query(),
+                          table_sig=request.GET.get("sig", "")[:64])
     context = {
         "v": view,
         "run": run,
