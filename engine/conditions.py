@@ -16,8 +16,13 @@ condition was false) and its dependents follow their own trigger rules. Anything
 (an error such as a missing key, a value that is not a bool, a limit reached) fails the
 task, without retry, naming the condition.
 
-The library is cel-python (``celpy``: a parser and a tree-walking interpreter in Python;
-its ``matches()`` uses RE2, linear in the text). Never ``eval``. The cost of one
+The library is cel-python (``celpy``: a parser and a tree-walking interpreter in Python).
+Never ``eval``. ``matches()`` runs on RE2 (linear in the text) through engine.patterns,
+which bounds what compiling a pattern costs (counted repeats, program size) and keeps
+compiled patterns per text: a pattern written in the condition (a string literal) is
+checked when the definition is applied; one that comes from the data (``input.x.matches(
+input.pattern)``) is checked when it is used, and a refused one fails the task like any
+other condition error. The cost of one
 evaluation is bounded, because a member of any organization writes the expression and a
 worker of the shared pool evaluates it:
 
@@ -45,7 +50,9 @@ from typing import Any
 import celpy
 import lark
 from celpy import celtypes
-from celpy.evaluation import Evaluator, base_functions
+from celpy.evaluation import Evaluator, base_functions, celstr
+
+from engine import patterns
 
 #: Characters of a condition (engine.models.TASK_CONDITION_MAX_CHARS, the CHECK
 #: constraint task_condition_length, is the same number: tests/unit/test_trigger_rules.py).
@@ -89,6 +96,29 @@ _TYPE_NAMES = frozenset(
 class ConditionFailed(Exception):
     """A condition could not be evaluated to a bool: ``str(exc)`` says why (a CEL error
     such as a missing key, a value that is not a bool, or a limit of this module)."""
+
+
+class _PatternRefused(BaseException):
+    """Raised by ``matches`` for a pattern engine.patterns refuses (a BaseException, as
+    _OutOfBudget, so that ``||`` cannot absorb it)."""
+
+
+def _matches(text: Any, pattern: Any) -> Any:
+    """CEL's ``matches`` (``text.matches(pattern)``, ``matches(text, pattern)``): whether
+    RE2 finds ``pattern`` in ``text``, the pattern compiled by engine.patterns. Raises
+    _PatternRefused for a pattern over its bounds; other argument types go to celpy's
+    own function (its error for a wrong overload)."""
+    if not isinstance(text, str) or not isinstance(pattern, str):
+        return base_functions["matches"](text, pattern)
+    try:
+        regex = patterns.compiled(str(pattern))
+    except patterns.PatternRefused as exc:
+        raise _PatternRefused(f"matches(): pattern {_clip(str(pattern))} refused: {exc}") from None
+    return celtypes.BoolType(regex.search(str(text)) is not None)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 class _OutOfBudget(BaseException):
@@ -162,7 +192,42 @@ def check(expression: Any, *, dependencies: Collection[str]) -> str | None:
         return f"not a valid CEL expression: syntax error at {where}" + (f" (near {near!r})" if near else "")
     except RecursionError:
         return f"nested too deeply (at most {MAX_CONDITION_DEPTH} levels)"
-    return _check_tree(tree, set(dependencies))
+    return _check_tree(tree, set(dependencies)) or _check_patterns(tree)
+
+
+def _check_patterns(tree: lark.Tree) -> str | None:
+    """Why a pattern written as a string literal in a ``matches`` call cannot run
+    (engine.patterns), or None."""
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and _token(node.children[1]) == "matches":
+            args, index = (node.children[2] if len(node.children) > 2 else None), 0
+        elif node.data == "ident_arg" and _token(node.children[0]) == "matches":
+            args, index = (node.children[1] if len(node.children) > 1 else None), 1
+        else:
+            continue
+        if not isinstance(args, lark.Tree) or len(args.children) <= index:
+            continue
+        literal = _single_literal(args.children[index])
+        if literal is None:
+            continue  # a pattern from the data: checked when it is used
+        reason = patterns.problem(literal)
+        if reason is not None:
+            return f"matches(): pattern {_clip(literal)} cannot run: {reason}"
+    return None
+
+
+def _single_literal(node: Any) -> str | None:
+    """The string an expr consisting of one string literal denotes, else None."""
+    while isinstance(node, lark.Tree):
+        if node.data == "literal":
+            token = node.children[0]
+            if isinstance(token, lark.Token) and token.type in ("STRING_LIT", "MLSTRING_LIT"):
+                return str(celstr(token))
+            return None
+        if len(node.children) != 1:
+            return None
+        node = node.children[0]
+    return None
 
 
 def _check_tree(tree: lark.Tree, dependencies: set[str]) -> str | None:
@@ -302,12 +367,15 @@ def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
             "input": _to_cel(_prune(run_input if run_input is not None else {}, reads["input"]), budget),
             "upstream": _to_cel(_prune(dict(upstream), reads["upstream"]), budget),
         }
-        activation = celpy.InterpretedRunner(_environment(), tree, {"_+_": _bounded_add(budget)}).new_activation()
+        functions = {"_+_": _bounded_add(budget), "matches": _matches}
+        activation = celpy.InterpretedRunner(_environment(), tree, functions).new_activation()
         evaluator = _BoundedEvaluator(tree, activation=activation)
         evaluator.budget = budget
         value = evaluator.evaluate(variables)
     except _OutOfBudget as exc:
         raise ConditionFailed(f"condition stopped: it {exc}") from None
+    except _PatternRefused as exc:
+        raise ConditionFailed(f"condition could not be evaluated: {exc}") from None
     except celpy.CELEvalError as exc:
         raise ConditionFailed(f"condition could not be evaluated: {_eval_message(exc)}") from None
     except RecursionError:
