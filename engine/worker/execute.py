@@ -25,7 +25,8 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │  inside attempt_log.capturing: the handler's logging records, stdout and stderr
       │  (and the http task's request summary) are the attempt's lines, redacted and
       │  capped; log_shipper writes them while it runs (FLOWFORGE_TASK_LOG_FLUSH_SECONDS).
-      │  A failure of the handler's own also keeps its traceback (output.traceback_text).
+      │  A failure of the handler's own also keeps its traceback (output.traceback_text:
+      │  the organization's frames only, no platform frame nor server path).
       ▼
     heartbeat.unregister, log_shipper.finish (the lines not written yet: no statement for
       │                                       an attempt that wrote none)

@@ -284,6 +284,45 @@ def test_a_multi_line_secret_printed_by_a_python_task_is_redacted_line_by_line(o
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("broker")
+def test_a_built_in_handlers_failure_keeps_no_platform_frame_nor_server_path(org, make_workflow, settings):
+    """An http task that cannot connect: its stored traceback is the exception chain's
+    ``Type: message`` lines only (every frame is the platform's: the handler, httpx, the
+    standard library), so a viewer sees no server path."""
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
+    wf = make_workflow(org, [{"key": "get", "type": "http", "max_attempts": 1,
+                              "config": {"url": "http://127.0.0.1:9/nothing-listens"}}], name="refused")
+    run = start_run(workflow=wf)
+    assert [o[2] for o in drive(run.pk)] == ["failed"]
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    (event,) = TaskRunEvent.objects.for_organization(org).filter(task_run=tr, kind="attempt_failed")
+    trace = event.detail["traceback"]
+    assert trace, "the handler's failure keeps a traceback"
+    assert 'File "' not in trace and "Traceback (most recent call last)" not in trace
+    assert str(settings.BASE_DIR) not in trace and "site-packages" not in trace and ".py" not in trace
+    # What is left is the chain's messages, ending with the error the task run shows.
+    assert trace.rstrip("\n").endswith(event.detail["error"].split(": ", 1)[1])
+
+
+def test_a_callables_frames_are_kept_with_paths_relative_to_their_package_and_library_frames_are_not():
+    import json as stdlib_json
+
+    def platform_like():  # this module is the organization's (tests.*): a frame kept
+        return stdlib_json.loads("{not json")
+
+    try:
+        platform_like()
+    except ValueError as exc:
+        text = traceback_text(exc, values=[], redaction=None, limit=10_000, skip_frames=0)
+    assert re.findall(r'File "([^"]+)", line \d+, in (\w+)', text) == [
+        ("tests/unit/test_attempt_logs.py", "test_a_callables_frames_are_kept_with_paths_relative_to_their_package_and_"
+                                            "library_frames_are_not"),
+        ("tests/unit/test_attempt_logs.py", "platform_like")]  # json/decoder.py's frames are left out
+    assert text.rstrip().endswith("json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: "
+                                  "line 1 column 2 (char 1)")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
 def test_an_attempt_that_writes_nothing_costs_no_log_statement(org, make_workflow):
     wf = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "fail", "depends_on": ["a"]}],
                        name="quiet")
