@@ -106,7 +106,7 @@ trigger rule
     ``Task.trigger_rule`` (``states.TriggerRule``, Airflow's names): when a task with
     dependencies runs, by its upstream task runs' outcomes; ``all_success`` by default.
 condition
-    ``Task.condition``: a CEL expression on the run input and upstream outputs
+    ``Task.condition``: a CEL expression on the run input, upstream outputs and cron instant
     (``conditions``); false skips the task run (``skip_reason`` ``condition_false``).
 attempt
     One execution of a task run's handler; ``TaskRun.attempt`` counts them, and a

@@ -3,13 +3,19 @@ run's input and the task's upstream outputs, checked when a definition is applie
 evaluated by the worker when the task's trigger rule has let it run (docs/api.md,
 "Trigger rules and conditions").
 
-A condition is evaluated with two variables:
+A condition is evaluated with three variables:
 
 - ``input``: the run's input (a map);
 - ``upstream``: the outputs of the task's dependencies by task key, exactly as the
   handler is handed them (``TaskContext.upstream``: ``null`` for a dependency that did not
   succeed, a ``{"$ref": "task_output", ...}`` summary for one past
-  FLOWFORGE_MAX_UPSTREAM_BYTES).
+  FLOWFORGE_MAX_UPSTREAM_BYTES);
+- ``schedule``: the cron instant the run is for (``engine.states.RunSchedule``, as the
+  handler's ``context.schedule``), a map of three CEL timestamps (UTC) ``scheduled_for``,
+  ``data_interval_start`` and ``data_interval_end``, or ``null`` for a run no trigger or
+  backfill started. Timestamps rather than strings: they compare with ``timestamp("...")``
+  and answer ``getDayOfWeek("Europe/Berlin")``, ``getHours(...)`` in any time zone, and
+  ``string(t)`` gives the RFC 3339 text.
 
 It must evaluate to a bool: ``true`` runs the task, ``false`` skips it (an event says the
 condition was false) and its dependents follow their own trigger rules. Anything else
@@ -34,7 +40,7 @@ worker of the shared pool evaluates it:
   (a doubling in a macro would otherwise claim gigabytes within the time limit);
 - only CEL's standard functions and macros: cel-python's extensions (``reduce``, ``min``)
   and unknown names are refused when the definition is applied, as is a variable other
-  than ``input``, ``upstream`` or a macro's own, and ``upstream.<key>`` naming a task the
+  than ``input``, ``upstream``, ``schedule`` or a macro's own, and ``upstream.<key>`` naming a task the
   condition's task does not depend on.
 """
 
@@ -53,6 +59,7 @@ from celpy import celtypes
 from celpy.evaluation import Evaluator, base_functions, celstr
 
 from engine import patterns
+from engine.states import RunSchedule
 
 #: Characters of a condition (engine.models.TASK_CONDITION_MAX_CHARS, the CHECK
 #: constraint task_condition_length, is the same number: tests/unit/test_trigger_rules.py).
@@ -73,7 +80,7 @@ CONDITION_TIME_LIMIT_SECONDS = 0.5
 MAX_CONDITION_CONCAT = 1_000_000
 
 #: The variables a condition can name.
-VARIABLES = ("input", "upstream")
+VARIABLES = ("input", "upstream", "schedule")
 #: CEL's macros over a list or map (their first argument names a variable of their own).
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 #: Functions called by name (``size(x)``, ``int("3")``) and macros (``has``, ``dyn``).
@@ -115,6 +122,24 @@ def _matches(text: Any, pattern: Any) -> Any:
     except patterns.PatternRefused as exc:
         raise _PatternRefused(f"matches(): pattern {_clip(str(pattern))} refused: {exc}") from None
     return celtypes.BoolType(regex.search(str(text)) is not None)
+
+
+def _null_aware(name: str):
+    """CEL's ``==`` / ``!=`` (``name``: ``_==_`` or ``_!=_``) with null equal to null only,
+    as the CEL specification's heterogeneous equality has it: celpy finds no overload for
+    ``{...} != null`` or ``3 == null``, and ``schedule != null`` must be a bool."""
+    base = base_functions[name]
+    differ = name == "_!=_"
+
+    def compare(left: Any, right: Any) -> Any:
+        if (left is None) != (right is None):
+            return celtypes.BoolType(differ)
+        return base(left, right)
+
+    return compare
+
+
+_NULL_AWARE = {"_==_": _null_aware("_==_"), "_!=_": _null_aware("_!=_")}
 
 
 def _clip(text: str, limit: int = 60) -> str:
@@ -252,7 +277,7 @@ def _check_tree(tree: lark.Tree, dependencies: set[str]) -> str | None:
         if kind == "ident":
             name = _token(node.children[0])
             if name not in VARIABLES and name not in bound and name not in _TYPE_NAMES:
-                return f"unknown variable {name!r}; a condition reads input and upstream"
+                return f"unknown variable {name!r}; a condition reads input, upstream and schedule"
         elif kind == "ident_arg":
             name = _token(node.children[0])
             if name not in _GLOBAL_FUNCTIONS:
@@ -340,9 +365,11 @@ def _bounded_add(budget: _Budget):
 
 
 def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
-             time_limit_seconds: float | None = None) -> bool:
+             schedule: RunSchedule | None = None, time_limit_seconds: float | None = None) -> bool:
     """Evaluate the condition ``expression`` (already accepted by ``check``) with the run's
-    input and the task's upstream outputs by key (JSON values). Returns its bool.
+    input and the task's upstream outputs by key (JSON values), and the run's cron instant
+    (``schedule``: None for a run started otherwise; see the module docstring). Returns
+    its bool.
 
     Raises ConditionFailed naming what went wrong: a CEL error (a missing key, no such
     overload), a result that is not a bool, or a limit reached (MAX_CONDITION_STEPS,
@@ -366,8 +393,9 @@ def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
         variables = {
             "input": _to_cel(_prune(run_input if run_input is not None else {}, reads["input"]), budget),
             "upstream": _to_cel(_prune(dict(upstream), reads["upstream"]), budget),
+            "schedule": _schedule_to_cel(schedule),
         }
-        functions = {"_+_": _bounded_add(budget), "matches": _matches}
+        functions = {"_+_": _bounded_add(budget), "matches": _matches, **_NULL_AWARE}
         activation = celpy.InterpretedRunner(_environment(), tree, functions).new_activation()
         evaluator = _BoundedEvaluator(tree, activation=activation)
         evaluator.budget = budget
@@ -426,6 +454,14 @@ def _prune(value: Any, paths: list[tuple[str, ...]]) -> Any:
         below.setdefault(p[0], []).append(p[1:])
     return {k: (v if any(not p for p in below[k]) else _prune(v, below[k]))
             for k, v in value.items() if k in below}
+
+
+def _schedule_to_cel(schedule: RunSchedule | None) -> Any:
+    """The ``schedule`` variable: a map of the three instants as CEL timestamps, or null."""
+    if schedule is None:
+        return None
+    return celtypes.MapType({celtypes.StringType(name): celtypes.TimestampType(getattr(schedule, name))
+                             for name in ("scheduled_for", "data_interval_start", "data_interval_end")})
 
 
 def _to_cel(value: Any, budget: _Budget) -> Any:

@@ -133,7 +133,8 @@ def _gate(started: types.StartedAttempt) -> str | None:
     attempt fails for good, the error naming the condition) or "rejected" (the generation
     moved on meanwhile)."""
     try:
-        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream):
+        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream,
+                               schedule=started.schedule):
             return None
     except conditions.ConditionFailed as exc:
         result, _ = completer.complete(Failure(started.task_run_id, started.fencing_token, str(exc), False))
