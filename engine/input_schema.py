@@ -458,7 +458,8 @@ def check_schema(schema: Any) -> list[dict[str, str]]:
         return [{"path": "input_schema.type", "message": f"a run input is a JSON object; the root type must be "
                  f"'object', got {root_type!r}"}]
     compiled = InputSchema(schema)
-    problems = _walk(compiled, schema)
+    with patterns.definition_budget():  # the definition's, when validate_document opened one
+        problems = _walk(compiled, schema)
     if problems:
         return _sorted(problems)
     with _budget_for({}):  # one budget for the defaults and the empty input together

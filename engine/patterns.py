@@ -30,7 +30,10 @@ milliseconds (the fences above), too little to tell one organization another's p
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+from collections.abc import Iterator
 
 import re2
 
@@ -43,6 +46,14 @@ MAX_REPEAT_COPIES = 2000
 RE2_MAX_MEM_BYTES = 1 << 20
 #: Compiled patterns kept per process (each at most RE2_MAX_MEM_BYTES, usually kilobytes).
 COMPILED_CACHE_SIZE = 128
+#: Instructions of compiled program all the distinct patterns of one definition may hold
+#: together (``definition_budget``): each pattern is bounded, but a 64 KiB input schema or
+#: 20,000 characters of conditions can hold thousands of them (``\pL{1,30}`` is 36,000
+#: instructions and 0.04 s to compile). About 0.2 s of compiling and 2 MiB of programs.
+MAX_DEFINITION_INSTRUCTIONS = 250_000
+#: What a pattern refused for its size is charged: the most instructions RE2_MAX_MEM_BYTES
+#: lets a program have (2/3 of it, 8 bytes each), since RE2 compiled that far.
+_REFUSED_CHARGE = RE2_MAX_MEM_BYTES * 2 // 3 // 8
 
 _OPTIONS = re2.Options()
 _OPTIONS.max_mem = RE2_MAX_MEM_BYTES
@@ -183,14 +194,62 @@ def _counted_repeat(pattern: str, start: int) -> tuple[int | None, int]:
     return count, close + 1
 
 
+class _DefinitionBudget:
+    """Instructions left for the patterns of the definition being checked, and the pattern
+    texts already charged (a repeated pattern is charged once)."""
+
+    __slots__ = ("left", "seen")
+
+    def __init__(self) -> None:
+        self.left = MAX_DEFINITION_INSTRUCTIONS
+        self.seen: set[str] = set()
+
+
+_budget: contextvars.ContextVar[_DefinitionBudget | None] = contextvars.ContextVar("pattern_budget", default=None)
+
+
+@contextlib.contextmanager
+def definition_budget() -> Iterator[None]:
+    """A budget of MAX_DEFINITION_INSTRUCTIONS for every ``problem`` inside the block (one
+    definition's patterns: its conditions' and its input schema's), or the one already
+    open (nested blocks share it)."""
+    if _budget.get() is not None:
+        yield
+        return
+    token = _budget.set(_DefinitionBudget())
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
 def problem(pattern: str) -> str | None:
     """Why FlowForge will not run ``pattern`` (one sentence), or None when it will (it is
-    then compiled and kept in the cache). See ``compiled``."""
+    then compiled and kept in the cache). See ``compiled``. Inside ``definition_budget``,
+    a pattern first seen there is charged its program's instructions, and once the budget
+    is spent every new pattern is refused without being compiled."""
+    budget = _budget.get()
+    if budget is not None and pattern in budget.seen:
+        budget = None  # charged when first seen: a repeated pattern is the same program
+    if budget is not None:
+        if budget.left < 0:
+            return _SPENT
+        budget.seen.add(pattern)
     try:
-        compiled(pattern)
+        regex = compiled(pattern)
     except PatternRefused as exc:
+        if budget is not None and "too large" in str(exc):
+            budget.left -= _REFUSED_CHARGE
         return str(exc)
+    if budget is not None:
+        budget.left -= regex.programsize
+        if budget.left < 0:
+            return _SPENT
     return None
+
+
+_SPENT = (f"the definition's patterns compile to more than {MAX_DEFINITION_INSTRUCTIONS} RE2 instructions in "
+          "all; use fewer or smaller patterns")
 
 
 def compiled(pattern: str):
@@ -217,5 +276,5 @@ def _compile(pattern: str):
         raise PatternRefused(reason) from None
 
 
-__all__ = ["COMPILED_CACHE_SIZE", "MAX_REPEAT_COPIES", "RE2_MAX_MEM_BYTES", "PatternRefused", "compiled",
-           "problem", "repeat_copies"]
+__all__ = ["COMPILED_CACHE_SIZE", "MAX_DEFINITION_INSTRUCTIONS", "MAX_REPEAT_COPIES", "RE2_MAX_MEM_BYTES", "PatternRefused", "compiled",
+           "definition_budget", "problem", "repeat_copies"]

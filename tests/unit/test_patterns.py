@@ -200,3 +200,41 @@ def test_a_stored_schema_with_a_pattern_over_the_budget_is_one_violation_saying_
     assert value == {"code": "a"}
     assert [(v["path"], v["keyword"]) for v in violations] == [("", "pattern")]
     assert violations[0]["message"].startswith("the input schema has a pattern FlowForge no longer runs (its counted")
+
+
+# --- one definition's patterns together ---------------------------------------------------------------
+
+
+def test_a_definitions_many_patterns_share_one_compile_budget_and_the_rest_are_not_compiled(monkeypatch):
+    """Each \\pL{1,30} is within the bounds of one pattern, but 64 KiB of them would take
+    minutes to compile: past MAX_DEFINITION_INSTRUCTIONS the next patterns are refused
+    without being compiled."""
+    patterns._compile.cache_clear()
+    compiles = []
+    real = patterns.re2.compile
+
+    def counting(pattern, options=None):
+        compiles.append(pattern)
+        return real(pattern, options)
+
+    monkeypatch.setattr(patterns.re2, "compile", counting)
+    size = patterns.compiled("^\\pL{1,30}$").programsize
+    compiles.clear()
+    fits = patterns.MAX_DEFINITION_INSTRUCTIONS // size
+    properties = {f"p{i:03}": {"type": "string", "pattern": f"^\\pL{{1,30}}{i:03}$"} for i in range(fits + 40)}
+    errors = problems({"name": "wf", "tasks": [NOOP | {"key": "a"}], "input_schema": {"properties": properties}})
+    message = (f"the definition's patterns compile to more than {patterns.MAX_DEFINITION_INSTRUCTIONS} RE2 "
+               "instructions in all; use fewer or smaller patterns")
+    assert errors and all(message in e["message"] for e in errors)
+    assert len(compiles) == fits + 1  # the one that went over, then none
+    # The same patterns one by one, outside a definition: each is fine.
+    assert patterns.problem(properties["p000"]["pattern"]) is None
+
+
+def test_a_repeated_pattern_is_charged_once_and_conditions_share_the_budget_with_the_schema():
+    pattern = "^\\pL{1,30}$"
+    repeated = {f"p{i}": {"type": "string", "pattern": pattern} for i in range(200)}
+    conditions_ = [{"key": f"t{i}", **NOOP, "condition": f'input.p{i}.matches("^\\\\pL{{1,30}}$")'}
+                   for i in range(50)]
+    normalized = validate_document({"name": "wf", "tasks": conditions_, "input_schema": {"properties": repeated}})
+    assert len(normalized["tasks"]) == 50
