@@ -7,18 +7,14 @@ completion (``types.SuccessRequest.output_json``) carries that text as it is.
 from __future__ import annotations
 
 import json
-import linecache
-import os
 import re
-import sys
-import traceback
 from typing import Any
 
 from django.conf import settings
 
 from engine import secret_refs
-from engine.attempt_log import cap_middle
-from engine.handlers import PermanentTaskError, callables
+from engine.attempt_log import cap_middle, own_traceback
+from engine.handlers import PermanentTaskError
 from engine.secret_refs import REDACTED
 from flowforge.jsonb import strip_nul
 
@@ -42,62 +38,6 @@ def error_text(exc: BaseException, *, redaction: re.Pattern[str] | None = None) 
     return text[: MAX_ERROR_CHARS - 60] + note
 
 
-# Top-level packages of the platform itself: their frames are never the organization's
-# code, even if a deployment registered a callable under one of them.
-_PLATFORM_PACKAGES = frozenset({"engine", "flowforge", "tenancy", "api", "audit", "frontend", "django", "dramatiq",
-                                "httpx", "httpcore", "celpy"})
-
-
-def _own_packages() -> frozenset[str]:
-    """Top-level packages of the registered task callables (FLOWFORGE_TASK_CALLABLES): the
-    organization's own code, as the operator installed it."""
-    return frozenset(name.split(".", 1)[0] for name in callables.registered_names()) - _PLATFORM_PACKAGES
-
-
-def _relative(filename: str) -> str:
-    """``filename`` relative to the longest sys.path entry holding it (``shop/tasks.py``),
-    else its last part: no server path is shown."""
-    path = os.path.abspath(filename)
-    best = ""
-    for entry in sys.path:
-        root = os.path.abspath(entry or os.curdir) + os.sep
-        if path.startswith(root) and len(root) > len(best):
-            best = root
-    return path[len(best):] if best else os.path.basename(path)
-
-
-def _own_stack(tb, own: frozenset[str], skip: int) -> traceback.StackSummary:
-    """The frames of ``tb`` (after its first ``skip``) whose module belongs to ``own``
-    packages, with relative paths."""
-    kept = []
-    for index, (frame, lineno) in enumerate(traceback.walk_tb(tb)):
-        if index < skip:
-            continue
-        module = str(frame.f_globals.get("__name__", ""))
-        if module.split(".", 1)[0] not in own:
-            continue
-        filename = frame.f_code.co_filename
-        kept.append(traceback.FrameSummary(_relative(filename), lineno, frame.f_code.co_name, lookup_line=False,
-                                           line=linecache.getline(filename, lineno).strip()))
-    return traceback.StackSummary.from_list(kept)
-
-
-def _keep_own_frames(te: traceback.TracebackException, exc: BaseException | None, own: frozenset[str],
-                     skip: int, seen: set[int]) -> None:
-    """``te`` (and its causes, contexts and group members, walked beside their exceptions)
-    with only the organization's frames left (``_own_stack``)."""
-    if exc is None or id(te) in seen:
-        return
-    seen.add(id(te))
-    te.stack = _own_stack(exc.__traceback__, own, skip)
-    if te.__cause__ is not None:
-        _keep_own_frames(te.__cause__, exc.__cause__, own, 0, seen)
-    if te.__context__ is not None:
-        _keep_own_frames(te.__context__, exc.__context__, own, 0, seen)
-    for member_te, member in zip(te.exceptions or [], getattr(exc, "exceptions", None) or [], strict=False):
-        _keep_own_frames(member_te, member, own, 0, seen)
-
-
 def traceback_text(exc: BaseException, *, values: list[str], redaction: re.Pattern[str] | None,
                    limit: int, skip_frames: int = 1) -> str:
     """The traceback of ``exc`` as Python prints it (its causes and contexts too), keeping
@@ -111,9 +51,7 @@ def traceback_text(exc: BaseException, *, values: list[str], redaction: re.Patte
     which caught it) are never kept. Each match of ``redaction`` (the attempt's secret
     ``values`` in their forms) is replaced by ``[redacted]``, then the text is cut to at
     most ``limit`` characters (``cap_middle``)."""
-    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
-    _keep_own_frames(te, exc, _own_packages(), skip_frames, set())
-    text = "".join(te.format())
+    text = own_traceback(exc, skip_frames=skip_frames)
     text = secret_refs.redact_text(text, redaction)
     return cap_middle(text, limit=limit, values=values, what="the traceback",
                       setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS")

@@ -202,6 +202,28 @@ def test_the_platforms_own_log_records_stay_out_of_an_attempts_lines():
     assert lines[0][1] == "error" and lines[0][2].startswith("tests.mine: the handler's line\nValueError: inside")
 
 
+def test_a_logged_exceptions_traceback_keeps_only_the_organizations_frames():
+    """logging.exception in a handler: its line carries the traceback as a stored one
+    does, the library's frames (json's decoder here) and their server paths left out."""
+    import json as stdlib_json
+
+    attempt_log.install()
+    log = new_log()
+    with capturing(log):
+        try:
+            stdlib_json.loads("{not json")
+        except ValueError:
+            logging.getLogger("tests.mine").exception("could not parse")
+    ((stream, level, message),) = messages(log.take())
+    assert (stream, level) == ("logging", "error")
+    assert re.findall(r'File "([^"]+)", line \d+, in (\w+)', message) == [
+        ("tests/unit/test_attempt_logs.py", "test_a_logged_exceptions_traceback_keeps_only_the_organizations_frames")]
+    assert message.startswith("tests.mine: could not parse\nTraceback (most recent call last):\n")
+    assert message.endswith("json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: "
+                            "line 1 column 2 (char 1)")
+    assert "decoder.py" not in message and "/" not in message.split('File "', 1)[1].split('"', 1)[0][:1]
+
+
 def _handler_that_fails(secret: str) -> None:
     raise RuntimeError(f"could not use {secret}")
 
