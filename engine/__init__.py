@@ -58,14 +58,15 @@ contract "Engine layers" in pyproject.toml checks it in ``make test``.
         (no remote references, RE2 patterns, a work budget).
         conditions: a task's CEL condition, checked for definitions and evaluated, with
         bounded cost, before the handler (the worker, and the worker API's poll).
-    handlers/ : egress.py : secret_refs.py : attempt_log.py : webhooks.py
+    handlers/ : egress.py : secret_refs.py : attempt_log.py : webhooks.py : patterns.py
         task types (noop, sleep, fail, python, http, worker) and the egress policy http
         (and webhooks) obey; webhooks: an endpoint URL's rules, the signature, one POST;
         secret references in task configs ({{ secrets.NAME }}): found and checked at
         definition time, resolved when an attempt starts, and the values redacted from
         what the attempt leaves behind (it reads tenancy.vault); attempt_log: what a
         running handler logs and prints, kept per attempt (per thread, by context
-        variable), redacted and capped.
+        variable), redacted and capped. patterns: members' regular expressions (input
+        schemas, conditions' matches) compiled by RE2 at a bounded cost, cached per text.
     models.py | db.py | metrics.py | live.py | trigger_rules.py
         the tables; transaction retry helpers; counters; LISTEN/NOTIFY primitives
         (JSON hygiene is flowforge.jsonb, shared with the audit log); trigger_rules: a
@@ -107,7 +108,7 @@ trigger rule
     ``Task.trigger_rule`` (``states.TriggerRule``, Airflow's names): when a task with
     dependencies runs, by its upstream task runs' outcomes; ``all_success`` by default.
 condition
-    ``Task.condition``: a CEL expression on the run input and upstream outputs
+    ``Task.condition``: a CEL expression on the run input, upstream outputs and cron instant
     (``conditions``); false skips the task run (``skip_reason`` ``condition_false``).
 attempt
     One execution of a task run's handler; ``TaskRun.attempt`` counts them, and a

@@ -35,15 +35,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime as dt
+import linecache
 import logging
+import os
 import re
 import sys
 import threading
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
 from engine import secret_refs
+from engine.handlers import callables
 
 #: Characters kept of one line; a longer one is cut, and says so.
 MAX_LINE_CHARS = 8000
@@ -296,15 +300,87 @@ class CaptureHandler(logging.Handler):
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format string: its template, as logging would
             message = str(record.msg)
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
+        # The exception's frames as a stored traceback keeps them (own_traceback: no
+        # platform frame nor server path); the record itself is left as it is for the
+        # process's own log.
+        if record.exc_info and record.exc_info[1] is not None:
+            message = f"{message}\n{own_traceback(record.exc_info[1]).rstrip()}"
+        elif record.exc_text:
             message = f"{message}\n{record.exc_text}"
         if record.stack_info:
             message = f"{message}\n{record.stack_info}"
         if record.name != "root":
             message = f"{record.name}: {message}"
         log.add("logging", _level_name(record.levelno), message)
+
+
+# Top-level packages of the platform itself: their frames are never the organization's
+# code, even if a deployment registered a callable under one of them.
+_PLATFORM_PACKAGES = frozenset({"engine", "flowforge", "tenancy", "api", "audit", "frontend", "django", "dramatiq",
+                                "httpx", "httpcore", "celpy"})
+
+
+def _own_packages() -> frozenset[str]:
+    """Top-level packages of the registered task callables (FLOWFORGE_TASK_CALLABLES): the
+    organization's own code, as the operator installed it."""
+    return frozenset(name.split(".", 1)[0] for name in callables.registered_names()) - _PLATFORM_PACKAGES
+
+
+def _relative(filename: str) -> str:
+    """``filename`` relative to the longest sys.path entry holding it (``shop/tasks.py``),
+    else its last part: no server path is shown."""
+    path = os.path.abspath(filename)
+    best = ""
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.curdir) + os.sep
+        if path.startswith(root) and len(root) > len(best):
+            best = root
+    return path[len(best):] if best else os.path.basename(path)
+
+
+def _own_stack(tb, own: frozenset[str], skip: int) -> traceback.StackSummary:
+    """The frames of ``tb`` (after its first ``skip``) whose module belongs to ``own``
+    packages, with relative paths."""
+    kept = []
+    for index, (frame, lineno) in enumerate(traceback.walk_tb(tb)):
+        if index < skip:
+            continue
+        module = str(frame.f_globals.get("__name__", ""))
+        if module.split(".", 1)[0] not in own:
+            continue
+        filename = frame.f_code.co_filename
+        kept.append(traceback.FrameSummary(_relative(filename), lineno, frame.f_code.co_name, lookup_line=False,
+                                           line=linecache.getline(filename, lineno).strip()))
+    return traceback.StackSummary.from_list(kept)
+
+
+def _keep_own_frames(te: traceback.TracebackException, exc: BaseException | None, own: frozenset[str],
+                     skip: int, seen: set[int]) -> None:
+    """``te`` (and its causes, contexts and group members, walked beside their exceptions)
+    with only the organization's frames left (``_own_stack``)."""
+    if exc is None or id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = _own_stack(exc.__traceback__, own, skip)
+    if te.__cause__ is not None:
+        _keep_own_frames(te.__cause__, exc.__cause__, own, 0, seen)
+    if te.__context__ is not None:
+        _keep_own_frames(te.__context__, exc.__context__, own, 0, seen)
+    for member_te, member in zip(te.exceptions or [], getattr(exc, "exceptions", None) or [], strict=False):
+        _keep_own_frames(member_te, member, own, 0, seen)
+
+
+def own_traceback(exc: BaseException, *, skip_frames: int = 0) -> str:
+    """``exc``'s traceback as Python prints it (causes, contexts and group members too),
+    with only the frames of the organization's own code: modules of the registered task
+    callables' top-level packages (FLOWFORGE_TASK_CALLABLES), each path relative to its
+    sys.path entry. The platform's frames (the engine, its built-in handlers, the standard
+    library, installed libraries) are left out, so no server path reaches a viewer; an
+    exception with no frame of the organization's is only its ``Type: message`` line. The
+    first ``skip_frames`` frames of ``exc`` itself are never kept. Not redacted."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    _keep_own_frames(te, exc, _own_packages(), skip_frames, set())
+    return "".join(te.format())
 
 
 class StreamProxy:

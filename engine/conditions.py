@@ -3,21 +3,32 @@ run's input and the task's upstream outputs, checked when a definition is applie
 evaluated by the worker when the task's trigger rule has let it run (docs/api.md,
 "Trigger rules and conditions").
 
-A condition is evaluated with two variables:
+A condition is evaluated with three variables:
 
 - ``input``: the run's input (a map);
 - ``upstream``: the outputs of the task's dependencies by task key, exactly as the
   handler is handed them (``TaskContext.upstream``: ``null`` for a dependency that did not
   succeed, a ``{"$ref": "task_output", ...}`` summary for one past
-  FLOWFORGE_MAX_UPSTREAM_BYTES).
+  FLOWFORGE_MAX_UPSTREAM_BYTES);
+- ``schedule``: the cron instant the run is for (``engine.states.RunSchedule``, as the
+  handler's ``context.schedule``), a map of three CEL timestamps (UTC) ``scheduled_for``,
+  ``data_interval_start`` and ``data_interval_end``, or ``null`` for a run no trigger or
+  backfill started. Timestamps rather than strings: they compare with ``timestamp("...")``
+  and answer ``getDayOfWeek("Europe/Berlin")``, ``getHours(...)`` in any time zone, and
+  ``string(t)`` gives the RFC 3339 text.
 
 It must evaluate to a bool: ``true`` runs the task, ``false`` skips it (an event says the
 condition was false) and its dependents follow their own trigger rules. Anything else
 (an error such as a missing key, a value that is not a bool, a limit reached) fails the
 task, without retry, naming the condition.
 
-The library is cel-python (``celpy``: a parser and a tree-walking interpreter in Python;
-its ``matches()`` uses RE2, linear in the text). Never ``eval``. The cost of one
+The library is cel-python (``celpy``: a parser and a tree-walking interpreter in Python).
+Never ``eval``. ``matches()`` runs on RE2 (linear in the text) through engine.patterns,
+which bounds what compiling a pattern costs (counted repeats, program size) and keeps
+compiled patterns per text: a pattern written in the condition (a string literal) is
+checked when the definition is applied; one that comes from the data (``input.x.matches(
+input.pattern)``) is checked when it is used, and a refused one fails the task like any
+other condition error. The cost of one
 evaluation is bounded, because a member of any organization writes the expression and a
 worker of the shared pool evaluates it:
 
@@ -29,7 +40,7 @@ worker of the shared pool evaluates it:
   (a doubling in a macro would otherwise claim gigabytes within the time limit);
 - only CEL's standard functions and macros: cel-python's extensions (``reduce``, ``min``)
   and unknown names are refused when the definition is applied, as is a variable other
-  than ``input``, ``upstream`` or a macro's own, and ``upstream.<key>`` naming a task the
+  than ``input``, ``upstream``, ``schedule`` or a macro's own, and ``upstream.<key>`` naming a task the
   condition's task does not depend on.
 """
 
@@ -45,7 +56,10 @@ from typing import Any
 import celpy
 import lark
 from celpy import celtypes
-from celpy.evaluation import Evaluator, base_functions
+from celpy.evaluation import Evaluator, base_functions, celstr
+
+from engine import patterns
+from engine.states import RunSchedule
 
 #: Characters of a condition (engine.models.TASK_CONDITION_MAX_CHARS, the CHECK
 #: constraint task_condition_length, is the same number: tests/unit/test_trigger_rules.py).
@@ -66,7 +80,7 @@ CONDITION_TIME_LIMIT_SECONDS = 0.5
 MAX_CONDITION_CONCAT = 1_000_000
 
 #: The variables a condition can name.
-VARIABLES = ("input", "upstream")
+VARIABLES = ("input", "upstream", "schedule")
 #: CEL's macros over a list or map (their first argument names a variable of their own).
 _COMPREHENSIONS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 #: Functions called by name (``size(x)``, ``int("3")``) and macros (``has``, ``dyn``).
@@ -89,6 +103,47 @@ _TYPE_NAMES = frozenset(
 class ConditionFailed(Exception):
     """A condition could not be evaluated to a bool: ``str(exc)`` says why (a CEL error
     such as a missing key, a value that is not a bool, or a limit of this module)."""
+
+
+class _PatternRefused(BaseException):
+    """Raised by ``matches`` for a pattern engine.patterns refuses (a BaseException, as
+    _OutOfBudget, so that ``||`` cannot absorb it)."""
+
+
+def _matches(text: Any, pattern: Any) -> Any:
+    """CEL's ``matches`` (``text.matches(pattern)``, ``matches(text, pattern)``): whether
+    RE2 finds ``pattern`` in ``text``, the pattern compiled by engine.patterns. Raises
+    _PatternRefused for a pattern over its bounds; other argument types go to celpy's
+    own function (its error for a wrong overload)."""
+    if not isinstance(text, str) or not isinstance(pattern, str):
+        return base_functions["matches"](text, pattern)
+    try:
+        regex = patterns.compiled(str(pattern))
+    except patterns.PatternRefused as exc:
+        raise _PatternRefused(f"matches(): pattern {_clip(str(pattern))} refused: {exc}") from None
+    return celtypes.BoolType(regex.search(str(text)) is not None)
+
+
+def _null_aware(name: str):
+    """CEL's ``==`` / ``!=`` (``name``: ``_==_`` or ``_!=_``) with null equal to null only,
+    as the CEL specification's heterogeneous equality has it: celpy finds no overload for
+    ``{...} != null`` or ``3 == null``, and ``schedule != null`` must be a bool."""
+    base = base_functions[name]
+    differ = name == "_!=_"
+
+    def compare(left: Any, right: Any) -> Any:
+        if (left is None) != (right is None):
+            return celtypes.BoolType(differ)
+        return base(left, right)
+
+    return compare
+
+
+_NULL_AWARE = {"_==_": _null_aware("_==_"), "_!=_": _null_aware("_!=_")}
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
 class _OutOfBudget(BaseException):
@@ -162,7 +217,42 @@ def check(expression: Any, *, dependencies: Collection[str]) -> str | None:
         return f"not a valid CEL expression: syntax error at {where}" + (f" (near {near!r})" if near else "")
     except RecursionError:
         return f"nested too deeply (at most {MAX_CONDITION_DEPTH} levels)"
-    return _check_tree(tree, set(dependencies))
+    return _check_tree(tree, set(dependencies)) or _check_patterns(tree)
+
+
+def _check_patterns(tree: lark.Tree) -> str | None:
+    """Why a pattern written as a string literal in a ``matches`` call cannot run
+    (engine.patterns), or None."""
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg" and _token(node.children[1]) == "matches":
+            args, index = (node.children[2] if len(node.children) > 2 else None), 0
+        elif node.data == "ident_arg" and _token(node.children[0]) == "matches":
+            args, index = (node.children[1] if len(node.children) > 1 else None), 1
+        else:
+            continue
+        if not isinstance(args, lark.Tree) or len(args.children) <= index:
+            continue
+        literal = _single_literal(args.children[index])
+        if literal is None:
+            continue  # a pattern from the data: checked when it is used
+        reason = patterns.problem(literal)
+        if reason is not None:
+            return f"matches(): pattern {_clip(literal)} cannot run: {reason}"
+    return None
+
+
+def _single_literal(node: Any) -> str | None:
+    """The string an expr consisting of one string literal denotes, else None."""
+    while isinstance(node, lark.Tree):
+        if node.data == "literal":
+            token = node.children[0]
+            if isinstance(token, lark.Token) and token.type in ("STRING_LIT", "MLSTRING_LIT"):
+                return str(celstr(token))
+            return None
+        if len(node.children) != 1:
+            return None
+        node = node.children[0]
+    return None
 
 
 def _check_tree(tree: lark.Tree, dependencies: set[str]) -> str | None:
@@ -187,7 +277,7 @@ def _check_tree(tree: lark.Tree, dependencies: set[str]) -> str | None:
         if kind == "ident":
             name = _token(node.children[0])
             if name not in VARIABLES and name not in bound and name not in _TYPE_NAMES:
-                return f"unknown variable {name!r}; a condition reads input and upstream"
+                return f"unknown variable {name!r}; a condition reads input, upstream and schedule"
         elif kind == "ident_arg":
             name = _token(node.children[0])
             if name not in _GLOBAL_FUNCTIONS:
@@ -275,9 +365,11 @@ def _bounded_add(budget: _Budget):
 
 
 def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
-             time_limit_seconds: float | None = None) -> bool:
+             schedule: RunSchedule | None = None, time_limit_seconds: float | None = None) -> bool:
     """Evaluate the condition ``expression`` (already accepted by ``check``) with the run's
-    input and the task's upstream outputs by key (JSON values). Returns its bool.
+    input and the task's upstream outputs by key (JSON values), and the run's cron instant
+    (``schedule``: None for a run started otherwise; see the module docstring). Returns
+    its bool.
 
     Raises ConditionFailed naming what went wrong: a CEL error (a missing key, no such
     overload), a result that is not a bool, or a limit reached (MAX_CONDITION_STEPS,
@@ -301,13 +393,17 @@ def evaluate(expression: str, *, run_input: Any, upstream: Mapping[str, Any],
         variables = {
             "input": _to_cel(_prune(run_input if run_input is not None else {}, reads["input"]), budget),
             "upstream": _to_cel(_prune(dict(upstream), reads["upstream"]), budget),
+            "schedule": _schedule_to_cel(schedule),
         }
-        activation = celpy.InterpretedRunner(_environment(), tree, {"_+_": _bounded_add(budget)}).new_activation()
+        functions = {"_+_": _bounded_add(budget), "matches": _matches, **_NULL_AWARE}
+        activation = celpy.InterpretedRunner(_environment(), tree, functions).new_activation()
         evaluator = _BoundedEvaluator(tree, activation=activation)
         evaluator.budget = budget
         value = evaluator.evaluate(variables)
     except _OutOfBudget as exc:
         raise ConditionFailed(f"condition stopped: it {exc}") from None
+    except _PatternRefused as exc:
+        raise ConditionFailed(f"condition could not be evaluated: {exc}") from None
     except celpy.CELEvalError as exc:
         raise ConditionFailed(f"condition could not be evaluated: {_eval_message(exc)}") from None
     except RecursionError:
@@ -358,6 +454,14 @@ def _prune(value: Any, paths: list[tuple[str, ...]]) -> Any:
         below.setdefault(p[0], []).append(p[1:])
     return {k: (v if any(not p for p in below[k]) else _prune(v, below[k]))
             for k, v in value.items() if k in below}
+
+
+def _schedule_to_cel(schedule: RunSchedule | None) -> Any:
+    """The ``schedule`` variable: a map of the three instants as CEL timestamps, or null."""
+    if schedule is None:
+        return None
+    return celtypes.MapType({celtypes.StringType(name): celtypes.TimestampType(getattr(schedule, name))
+                             for name in ("scheduled_for", "data_interval_start", "data_interval_end")})
 
 
 def _to_cel(value: Any, budget: _Budget) -> Any:

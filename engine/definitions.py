@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from engine import conditions, secret_refs
+from engine import conditions, patterns, secret_refs
 from engine import input_schema as input_schemas
 from engine.handlers import REGISTRY, ConfigError
 from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
@@ -419,9 +419,18 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     header must reference a secret, not hold a literal value). Whether each referenced
     secret exists is not checked here (``engine.services.check_definition`` does).
 
+    The patterns of its conditions and input schema share one compile budget
+    (``engine.patterns.definition_budget``: MAX_DEFINITION_INSTRUCTIONS in all).
+
     Time is linear in the size of the document (tasks + dependencies + configs): every
     membership test is a set or dict lookup, and the cycle search visits each edge once.
     """
+    with patterns.definition_budget():
+        return _validate_document(doc, new=new)
+
+
+def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
+    """``validate_document`` inside its patterns' budget."""
     per_task_limit, per_workflow_limit = dependency_limits()
     edge_count = 0
     errors: list[dict[str, str]] = []

@@ -17,8 +17,10 @@ input both come from a possibly hostile member:
   nesting.
 - **Regular expressions in linear time.** ``pattern`` and ``patternProperties`` run on
   RE2 (google-re2), never Python's backtracking ``re``: a pattern RE2 cannot compile
-  (lookaround, backreferences) is refused at definition time, and ``unevaluatedProperties``
-  is refused beside ``patternProperties`` (jsonschema evaluates that pair with ``re``).
+  (lookaround, backreferences), or only at a cost engine.patterns bounds (counted repeats
+  expanding to more than MAX_REPEAT_COPIES copies, a program over RE2_MAX_MEM_BYTES), is
+  refused at definition time; compiled patterns are kept in engine.patterns' process cache,
+  so a start does not compile them again; and ``unevaluatedProperties`` is refused beside ``patternProperties`` (jsonschema evaluates that pair with ``re``).
 - **A work budget.** Each keyword evaluation costs one step plus one per 256 characters
   of the value it looks at (what jsonschema may copy into a message), a reference
   REFERENCE_STEPS more; a validation over MAX_VALIDATION_STEPS stops with
@@ -50,13 +52,14 @@ from functools import lru_cache
 from itertools import islice
 from typing import Any, TypedDict
 
-import re2
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 from jsonschema_specifications import REGISTRY as SPECIFICATIONS
 from referencing import Registry
 from referencing.exceptions import NoSuchResource, Unresolvable
 from referencing.jsonschema import DRAFT202012
+
+from engine import patterns
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # Largest input_schema, in characters of compact JSON, and its deepest nesting of objects
@@ -89,9 +92,6 @@ _SCHEMA_KEYWORDS = ("additionalProperties", "unevaluatedProperties", "items", "c
 # referring schema's win) and definitions.
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment"})
 _BESIDE_A_REFERENCE = _ANNOTATIONS | {"$ref", "$defs", "$schema", "$id", "$anchor"}
-_RE2_OPTIONS = re2.Options()
-_RE2_OPTIONS.log_errors = False  # a refused pattern is our error to report, not a line on stderr
-_RE2_OPTIONS.never_capture = True
 
 
 class Violation(TypedDict):
@@ -112,7 +112,6 @@ class ValidationBudgetExceeded(Exception):
 class _Budget:
     steps_left: int
     sizes: dict[int, int] = field(default_factory=dict)  # id(container) -> characters, for the cost
-    patterns: dict[str, Any] = field(default_factory=dict)  # compiled RE2 patterns of this validation
 
 
 _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("input_schema_budget", default=None)
@@ -144,18 +143,11 @@ def _refuse_remote(uri: str):
     raise NoSuchResource(ref=uri)
 
 
-def _compile(pattern: str):
-    """``pattern`` compiled by RE2 (raises re2.error when RE2 cannot)."""
-    budget = _budget.get()
-    cache = budget.patterns if budget is not None else {}
-    compiled = cache.get(pattern)
-    if compiled is None:
-        compiled = cache[pattern] = re2.compile(pattern, _RE2_OPTIONS)
-    return compiled
-
-
 def _search(pattern: str, text: str) -> bool:
-    return _compile(pattern).search(text) is not None
+    """Whether RE2 finds ``pattern`` in ``text``; the compiled pattern comes from
+    engine.patterns' process cache, so a start does not compile it again. Raises
+    PatternRefused for a pattern over engine.patterns' bounds (check_schema refuses those)."""
+    return patterns.compiled(pattern).search(text) is not None
 
 
 def _value_size(value: Any) -> int:
@@ -466,7 +458,8 @@ def check_schema(schema: Any) -> list[dict[str, str]]:
         return [{"path": "input_schema.type", "message": f"a run input is a JSON object; the root type must be "
                  f"'object', got {root_type!r}"}]
     compiled = InputSchema(schema)
-    problems = _walk(compiled, schema)
+    with patterns.definition_budget():  # the definition's, when validate_document opened one
+        problems = _walk(compiled, schema)
     if problems:
         return _sorted(problems)
     with _budget_for({}):  # one budget for the defaults and the empty input together
@@ -552,12 +545,13 @@ def _pointer_parts(ref: str) -> list | None:
 
 
 def _pattern_problem(pattern: str, path: str) -> list[dict[str, str]]:
-    try:
-        re2.compile(pattern, _RE2_OPTIONS)
-    except re2.error as exc:
-        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+    """The pattern's refusal by engine.patterns (RE2 syntax, counted repeats over
+    MAX_REPEAT_COPIES, a program over RE2_MAX_MEM_BYTES) at ``path``, or []."""
+    reason = patterns.problem(pattern)
+    if reason is not None:
         return [{"path": path, "message": f"{_short(repr(pattern))} is not a pattern FlowForge can run ({reason}); "
-                 "patterns run on RE2: no lookaround or backreferences"}]
+                 "patterns run on RE2: no lookaround or backreferences, counted repeats within "
+                 f"{patterns.MAX_REPEAT_COPIES} copies in all"}]
     return []
 
 
@@ -617,6 +611,9 @@ def check_input(schema_text: str | None, value: dict[str, Any], *,
     except (ValidationBudgetExceeded, RecursionError):
         return value, [{"path": "", "keyword": "budget", "message": "validating this input against the input "
                         f"schema needs more than {MAX_VALIDATION_STEPS} steps; send a smaller input"}]
+    except patterns.PatternRefused as exc:  # not for a schema checked since engine.patterns' bounds
+        return value, [{"path": "", "keyword": "pattern", "message": "the input schema has a pattern FlowForge "
+                        f"no longer runs ({exc}); the workflow's input_schema must be applied again"}]
     except Unresolvable as exc:  # not for a checked schema (check_schema resolves every reference)
         return value, [{"path": "", "keyword": "$ref", "message": f"the input schema's reference {exc.ref!r} "
                         "points to nothing"}]

@@ -34,7 +34,9 @@ character, ``+`` for spaces, ``/`` left alone as ``urllib.parse.quote`` does by 
 and as httpx encodes a query or a path), and each of those as
 it appears inside JSON text (escaped quotes, backslashes, non-ASCII): ``value_forms``. A
 value a task or a remote server transforms otherwise (base64, hashed, cut in parts, one
-character at a time) is not recognized; tenancy.vault refuses values shorter than 4
+character at a time) is not recognized, but each line of a multi-line value (a PEM key, a
+JSON credential) of at least MIN_LINE_CHARS characters is redacted on its own
+(``with_lines``): captured output is redacted line by line; tenancy.vault refuses values shorter than 4
 characters, whose redaction would blank those characters everywhere (``redact`` still
 redacts any non-empty value it is given).
 
@@ -370,12 +372,39 @@ def _any_encoding(value: str) -> str:
     return "".join(parts)
 
 
+#: A line of a multi-line value is redacted on its own when it has at least this many
+#: characters once the spaces around it are stripped (the minimum length of a secret value,
+#: tenancy.vault): a captured log is split into lines before it is redacted, and a value
+#: printed line by line never appears whole. Shorter lines ("", "}", "-->") are no secret
+#: on their own and would blank that text everywhere.
+MIN_LINE_CHARS = vault.MIN_VALUE_CHARS
+#: Lines never redacted on their own (JSON's literals, as tenancy.vault refuses them as
+#: values), with or without a trailing comma.
+_COMMON_LINES = frozenset({"true", "false", "null", "none", "undefined"})
+
+
+def with_lines(values: Iterable[str]) -> tuple[str, ...]:
+    """``values`` (each once, in order) followed by every line of each multi-line value
+    (split at \n, \r\n or \r), stripped of the spaces around it, that has at least
+    MIN_LINE_CHARS characters (but JSON's literals): what redaction replaces, so that no line of a PEM key or a
+    JSON credential survives a text split into lines."""
+    out = dict.fromkeys(v for v in values if isinstance(v, str) and v)
+    for value in list(out):
+        if "\n" in value or "\r" in value:
+            for line in value.splitlines():
+                line = line.strip()
+                if len(line) >= MIN_LINE_CHARS and line.lower().rstrip(",") not in _COMMON_LINES:
+                    out.setdefault(line)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=256)
 def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One pattern matching every form of every value, longest value first (so a value that
-    contains another is replaced whole), or None for no non-empty value."""
+    """One pattern matching every form of every value and of every line of a multi-line
+    value (``with_lines``), longest first (so a value that contains another, a whole value
+    its lines, is replaced whole), or None for no non-empty value."""
     alternatives = []
-    for value in sorted((v for v in values if v), key=len, reverse=True):
+    for value in sorted(with_lines(values), key=len, reverse=True):
         if len(value) <= ANY_ENCODING_MAX_CHARS:
             alternatives.append(_any_encoding(value))
         alternatives += [re.escape(form) for form in sorted(value_forms(value), key=len, reverse=True)]
@@ -386,6 +415,7 @@ def _pattern(values: tuple[str, ...]) -> re.Pattern[str] | None:
 
 @functools.lru_cache(maxsize=256)
 def _forms(values: tuple[str, ...]) -> tuple[str, ...]:
+    values = with_lines(values)
     return tuple(sorted(set().union(*(value_forms(v) for v in values)), key=len, reverse=True)) if values else ()
 
 

@@ -197,7 +197,7 @@ def _condition_holds(a: StartedAttempt, *, time_left: float) -> bool:
     or failed for good (the condition could not be evaluated), and the scheduler nudged
     for what that made ready."""
     try:
-        if conditions.evaluate(a.condition, run_input=a.run_input, upstream=a.upstream,
+        if conditions.evaluate(a.condition, run_input=a.run_input, upstream=a.upstream, schedule=a.schedule,
                                time_limit_seconds=time_left):
             return True
         result = atomic_retry(lambda: task_runs.skip_for_condition(task_run_id=a.task_run_id,

@@ -65,3 +65,19 @@ def big_output(input, upstream, size=2 * 1024 * 1024, context=None):
     """An output of ``size`` characters of payload (tests/integration/test_offload.py: over
     the task-run row's cap, so it is offloaded)."""
     return {"size": size, "blob": "x" * size}
+
+
+def print_key(input, upstream, key="", context=None):
+    """Print ``key`` (a multi-line secret's value, from the params) whole, then line by
+    line, then in 7-character pieces written without newlines of their own: each line of
+    it must be redacted from the attempt's log (issue 19's review)."""
+    import sys
+
+    print(key)
+    for line in key.splitlines():
+        print(line)
+    for i in range(0, len(key), 7):
+        sys.stdout.write(key[i:i + 7])
+    sys.stdout.write("\n")
+    print("done")
+    return {"printed": len(key.splitlines())}

@@ -16,6 +16,7 @@ FLOWFORGE_TASK_CALLABLES = [
     # Issue 19: what an attempt logs, prints and raises (tests/unit/test_attempt_logs.py,
     # tests/integration/test_task_logs.py, tests/e2e/test_browser_task_panel.py).
     "tests.callables.log_print_raise",
+    "tests.callables.print_key",
     "tests.callables.chatty",
     "tests.callables.slow_logger",
     # Issue 21: an output over the task-run row's cap (tests/integration/test_offload.py).

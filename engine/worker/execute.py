@@ -26,7 +26,8 @@ the generations of one ``execute_task_runs`` message in turn. An attempt::
       │  inside attempt_log.capturing: the handler's logging records, stdout and stderr
       │  (and the http task's request summary) are the attempt's lines, redacted and
       │  capped; log_shipper writes them while it runs (FLOWFORGE_TASK_LOG_FLUSH_SECONDS).
-      │  A failure of the handler's own also keeps its traceback (output.traceback_text).
+      │  A failure of the handler's own also keeps its traceback (output.traceback_text:
+      │  the organization's frames only, no platform frame nor server path).
       ▼
     heartbeat.unregister, log_shipper.finish (the lines not written yet: no statement for
       │                                       an attempt that wrote none)
@@ -133,7 +134,8 @@ def _gate(started: types.StartedAttempt) -> str | None:
     attempt fails for good, the error naming the condition) or "rejected" (the generation
     moved on meanwhile)."""
     try:
-        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream):
+        if conditions.evaluate(started.condition, run_input=started.run_input, upstream=started.upstream,
+                               schedule=started.schedule):
             return None
     except conditions.ConditionFailed as exc:
         result, _ = completer.complete(Failure(started.task_run_id, started.fencing_token, str(exc), False))

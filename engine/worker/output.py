@@ -7,16 +7,13 @@ completion (``types.SuccessRequest.output_json``) carries that text as it is.
 from __future__ import annotations
 
 import json
-import os
 import re
-import traceback
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 
 from engine import secret_refs
-from engine.attempt_log import cap_middle
+from engine.attempt_log import cap_middle, own_traceback
 from engine.handlers import PermanentTaskError
 from engine.secret_refs import REDACTED
 from flowforge.jsonb import strip_nul
@@ -41,28 +38,20 @@ def error_text(exc: BaseException, *, redaction: re.Pattern[str] | None = None) 
     return text[: MAX_ERROR_CHARS - 60] + note
 
 
-# Where the engine's own code is: leading frames there are the platform's, not the task's.
-_ENGINE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
-
-
 def traceback_text(exc: BaseException, *, values: list[str], redaction: re.Pattern[str] | None,
                    limit: int, skip_frames: int = 1) -> str:
-    """The traceback of ``exc`` as Python prints it (its causes and contexts too), without
-    its first ``skip_frames`` frames (the attempt flow's own, which caught it) nor, when a
-    later frame is the task's own code (an operator's python callable), the engine's frames
-    before that one; each match of ``redaction`` (the attempt's secret ``values`` in their
-    forms) replaced by ``[redacted]``, then cut to at most ``limit`` characters
-    (``cap_middle``)."""
-    tb = exc.__traceback__
-    for _ in range(skip_frames):
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-    first_own = tb
-    while first_own is not None and first_own.tb_frame.f_code.co_filename.startswith(_ENGINE_DIR):
-        first_own = first_own.tb_next
-    if first_own is not None:
-        tb = first_own
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback of ``exc`` as Python prints it (its causes and contexts too), keeping
+    only the frames of the organization's own code: modules of the registered task
+    callables' top-level packages (FLOWFORGE_TASK_CALLABLES), each path relative to its
+    sys.path entry (``tests/callables.py``). The platform's frames — the engine, its
+    built-in handlers, the standard library and installed libraries — are left out, so no
+    server path or platform code reaches a viewer; a failure with no frame of the
+    organization's (a built-in handler's: an http task's connection error) is only its
+    ``Type: message`` lines. The first ``skip_frames`` frames (the attempt flow's own,
+    which caught it) are never kept. Each match of ``redaction`` (the attempt's secret
+    ``values`` in their forms) is replaced by ``[redacted]``, then the text is cut to at
+    most ``limit`` characters (``cap_middle``)."""
+    text = own_traceback(exc, skip_frames=skip_frames)
     text = secret_refs.redact_text(text, redaction)
     return cap_middle(text, limit=limit, values=values, what="the traceback",
                       setting="FLOWFORGE_TASK_TRACEBACK_MAX_CHARS")

@@ -78,6 +78,8 @@ def test_a_python_task_that_logs_prints_and_raises_shows_its_lines_and_full_trac
         # The whole stack, from the handler down to the frame that raised.
         assert re.findall(r", in (\w+)\n", trace) == ["log_print_raise", "_outer_step", "_inner_step"]
         assert 'raise ValueError(f"no rows left after {rows} tries")' in trace
+        # The organization's frames only, their paths relative: no server path for a viewer.
+        assert set(re.findall(r'File "([^"]+)"', trace)) == {"tests/callables.py"}
         assert trace.endswith("ValueError: no rows left after 31 tries\n")
     # The input as configured names the secret; its value is nowhere in the answer.
     assert detail["config"]["params"] == {"secret": "{{ secrets.WAREHOUSE }}"}

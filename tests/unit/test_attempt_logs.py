@@ -8,11 +8,13 @@ nothing costs no statement. The organizations' own workers' lines get the same c
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
 import secrets as pysecrets
 import threading
 import uuid
+from urllib.parse import quote
 
 import pytest
 from django.db import connection
@@ -55,6 +57,47 @@ def test_a_line_is_redacted_of_the_attempts_secret_values_before_it_is_kept():
     (line,) = log.take()
     assert value not in line.message
     assert line.message.startswith("token=[redacted] and url-encoded ")
+
+
+def pem_like() -> str:
+    """A PEM-shaped multi-line secret: a header, 64-character base64 lines, a short last
+    body line, a footer, and the short lines ("", "==") that are left alone."""
+    body = pysecrets.token_urlsafe(200).replace("-", "+").replace("_", "/")
+    lines = [body[i:i + 64] for i in range(0, len(body), 64)]
+    return "-----BEGIN KEY-----\n" + "\n".join(lines) + "\nAB==\n\n==\n-----END KEY-----"
+
+
+def test_each_line_of_a_multi_line_secret_is_redacted_but_short_lines_are_not():
+    from engine import secret_refs
+
+    value = pem_like()
+    lines = value.splitlines()
+    assert secret_refs.with_lines([value]) == (value, *[line for line in lines if len(line) >= 4])
+    assert secret_refs.with_lines(["one line"]) == ("one line",)
+    assert secret_refs.with_lines(['{\n  "a": null,\n  "b": "s3cr3t-part"\n}']) == (
+        '{\n  "a": null,\n  "b": "s3cr3t-part"\n}', '"a": null,', '"b": "s3cr3t-part"')
+    # Each line, each line as JSON escapes it, each line percent-encoded: all gone.
+    text = "\n".join(f"{line} | {json.dumps(line)} | {quote(line, safe='')}" for line in lines[1:-4])
+    redacted = secret_refs.redact(text, [value])
+    assert redacted.splitlines() == ['[redacted] | "[redacted]" | [redacted]'] * len(lines[1:-4])
+    # Lines under MIN_LINE_CHARS are not blanked everywhere.
+    assert secret_refs.redact("== } AB", [value]) == "== } AB"
+
+
+def test_a_multi_line_secret_printed_line_by_line_leaves_no_line_of_it():
+    from engine import secret_refs
+
+    value = pem_like()
+    log = new_log()
+    log.redact_with([value], secret_refs.redaction_pattern([value]))
+    log.write("stdout", value + "\n")
+    for piece in (value[i:i + 5] for i in range(0, len(value), 5)):
+        log.write("stdout", piece)
+    log.close()
+    kept = [line.message for line in log.take()]
+    shapes = ["[redacted]" if len(line) >= 4 else line for line in value.splitlines()]
+    assert kept == shapes * 2
+    assert not any(line in message for line in value.splitlines() if len(line) >= 4 for message in kept)
 
 
 def test_an_attempt_keeps_at_most_its_lines_then_says_its_log_was_truncated_and_counts_the_rest():
@@ -159,6 +202,28 @@ def test_the_platforms_own_log_records_stay_out_of_an_attempts_lines():
     assert lines[0][1] == "error" and lines[0][2].startswith("tests.mine: the handler's line\nValueError: inside")
 
 
+def test_a_logged_exceptions_traceback_keeps_only_the_organizations_frames():
+    """logging.exception in a handler: its line carries the traceback as a stored one
+    does, the library's frames (json's decoder here) and their server paths left out."""
+    import json as stdlib_json
+
+    attempt_log.install()
+    log = new_log()
+    with capturing(log):
+        try:
+            stdlib_json.loads("{not json")
+        except ValueError:
+            logging.getLogger("tests.mine").exception("could not parse")
+    ((stream, level, message),) = messages(log.take())
+    assert (stream, level) == ("logging", "error")
+    assert re.findall(r'File "([^"]+)", line \d+, in (\w+)', message) == [
+        ("tests/unit/test_attempt_logs.py", "test_a_logged_exceptions_traceback_keeps_only_the_organizations_frames")]
+    assert message.startswith("tests.mine: could not parse\nTraceback (most recent call last):\n")
+    assert message.endswith("json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: "
+                            "line 1 column 2 (char 1)")
+    assert "decoder.py" not in message and "/" not in message.split('File "', 1)[1].split('"', 1)[0][:1]
+
+
 def _handler_that_fails(secret: str) -> None:
     raise RuntimeError(f"could not use {secret}")
 
@@ -219,6 +284,63 @@ def test_a_python_task_that_logs_prints_and_raises_keeps_its_lines_and_traceback
         assert trace.endswith("ValueError: no rows left after 7 tries\n")
         assert "execute.py" not in trace and "handlers/builtin.py" not in trace  # the engine's frames are left out
     assert value not in str(lines_of(tr)) and value not in str([e.detail for e in failures])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_multi_line_secret_printed_by_a_python_task_is_redacted_line_by_line(org, make_workflow):
+    value = pem_like()
+    vault.set_secret(actor=owner_actor(org), name="SIGNING_KEY", value=value)
+    wf = make_workflow(org, [{"key": "sign", "type": "python",
+                              "config": {"callable": "tests.callables.print_key",
+                                         "params": {"key": "{{ secrets.SIGNING_KEY }}"}}}], name="pem")
+    run = start_run(workflow=wf)
+    assert [o[2] for o in drive(run.pk)] == ["succeeded"]
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    shapes = ["[redacted]" if len(line) >= 4 else line for line in value.splitlines()]
+    # whole, line by line, in 7-character pieces, then "done"
+    assert lines_of(tr) == [(1, "stdout", "info", m) for m in [*shapes, *shapes, *shapes, "done"]]
+    kept = str(lines_of(tr))
+    assert not [line for line in value.splitlines() if len(line) >= 4 and line in kept]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_built_in_handlers_failure_keeps_no_platform_frame_nor_server_path(org, make_workflow, settings):
+    """An http task that cannot connect: its stored traceback is the exception chain's
+    ``Type: message`` lines only (every frame is the platform's: the handler, httpx, the
+    standard library), so a viewer sees no server path."""
+    settings.FLOWFORGE_EGRESS_ALLOW = ["127.0.0.1/32"]
+    wf = make_workflow(org, [{"key": "get", "type": "http", "max_attempts": 1,
+                              "config": {"url": "http://127.0.0.1:9/nothing-listens"}}], name="refused")
+    run = start_run(workflow=wf)
+    assert [o[2] for o in drive(run.pk)] == ["failed"]
+    tr = TaskRun.objects.for_organization(org).get(workflow_run=run)
+    (event,) = TaskRunEvent.objects.for_organization(org).filter(task_run=tr, kind="attempt_failed")
+    trace = event.detail["traceback"]
+    assert trace, "the handler's failure keeps a traceback"
+    assert 'File "' not in trace and "Traceback (most recent call last)" not in trace
+    assert str(settings.BASE_DIR) not in trace and "site-packages" not in trace and ".py" not in trace
+    # What is left is the chain's messages, ending with the error the task run shows.
+    assert trace.rstrip("\n").endswith(event.detail["error"].split(": ", 1)[1])
+
+
+def test_a_callables_frames_are_kept_with_paths_relative_to_their_package_and_library_frames_are_not():
+    import json as stdlib_json
+
+    def platform_like():  # this module is the organization's (tests.*): a frame kept
+        return stdlib_json.loads("{not json")
+
+    try:
+        platform_like()
+    except ValueError as exc:
+        text = traceback_text(exc, values=[], redaction=None, limit=10_000, skip_frames=0)
+    assert re.findall(r'File "([^"]+)", line \d+, in (\w+)', text) == [
+        ("tests/unit/test_attempt_logs.py", "test_a_callables_frames_are_kept_with_paths_relative_to_their_package_and_"
+                                            "library_frames_are_not"),
+        ("tests/unit/test_attempt_logs.py", "platform_like")]  # json/decoder.py's frames are left out
+    assert text.rstrip().endswith("json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes: "
+                                  "line 1 column 2 (char 1)")
 
 
 @pytest.mark.django_db(transaction=True)

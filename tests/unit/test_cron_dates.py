@@ -138,6 +138,65 @@ def test_the_handler_context_holds_the_runs_instant(org, make_workflow, broker):
                       "data_interval_end": "2026-03-29T04:00:00+00:00"}
 
 
+# A weekday run and a weekend run, chosen by a condition on the run's instant in Berlin
+# (CEL's getDayOfWeek: 0 is Sunday), and a task only for runs no trigger started.
+BRANCHES = [
+    {"key": "weekday", "type": "noop",
+     "condition": 'schedule != null && schedule.scheduled_for.getDayOfWeek("Europe/Berlin") in [1, 2, 3, 4, 5]'},
+    {"key": "weekend", "type": "noop",
+     "condition": 'schedule != null && schedule.scheduled_for.getDayOfWeek("Europe/Berlin") in [0, 6]'},
+    {"key": "by_hand", "type": "noop", "condition": "schedule == null"},
+    {"key": "first_of_month", "type": "noop",
+     "condition": 'schedule != null && schedule.data_interval_end - schedule.data_interval_start == duration("23h") '
+                  '&& string(schedule.scheduled_for) == "2026-03-29T04:00:00Z"'},
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("instant", "ran"), [
+    # Sunday 29 March 2026, 06:00 in Berlin (04:00 UTC, the day the clocks went forward: the
+    # interval since Saturday's 06:00 is 23 hours).
+    (utc(2026, 3, 29, 4, 0), {"weekend", "first_of_month"}),
+    # Monday 30 March 2026, 06:00 in Berlin.
+    (utc(2026, 3, 30, 4, 0), {"weekday"}),
+])
+def test_a_condition_branches_on_the_cron_runs_instant(org, make_workflow, broker, instant, ran):  # noqa: F811
+    trig = make_trigger(org, make_workflow, "0 6 * * *", tz="Europe/Berlin", tasks=BRANCHES)
+    set_next(trig, instant)
+    process_trigger(trig.pk, instant + dt.timedelta(seconds=1))
+    (run,) = runs_of(trig)
+    drive(run.pk)
+    states = dict(run.task_runs.values_list("task__key", "state"))
+    assert states == {key: "succeeded" if key in ran else "skipped" for key in states}
+    assert set(states) == {"weekday", "weekend", "by_hand", "first_of_month"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_started_by_hand_has_a_null_schedule_in_its_conditions(org, make_workflow, broker):  # noqa: F811
+    from engine.services import start_run
+
+    run = start_run(workflow=make_workflow(org, BRANCHES, name="plain"))
+    drive(run.pk)
+    states = dict(run.task_runs.values_list("task__key", "state"))
+    assert states == {"weekday": "skipped", "weekend": "skipped", "by_hand": "succeeded",
+                      "first_of_month": "skipped"}
+
+
+def test_a_conditions_schedule_is_three_timestamps_or_null():
+    from engine import conditions
+
+    schedule = RunSchedule(utc(2026, 3, 2, 0, 0), utc(2026, 3, 1, 0, 0), utc(2026, 3, 2, 0, 0))
+    assert conditions.evaluate('schedule.scheduled_for == timestamp("2026-03-02T00:00:00Z")', run_input={},
+                               upstream={}, schedule=schedule) is True
+    assert conditions.evaluate('string(schedule.data_interval_start) == "2026-03-01T00:00:00Z"', run_input={},
+                               upstream={}, schedule=schedule) is True
+    assert conditions.evaluate("schedule != null", run_input={}, upstream={}, schedule=schedule) is True
+    assert conditions.evaluate("schedule == null", run_input={}, upstream={}, schedule=None) is True
+    with pytest.raises(conditions.ConditionFailed, match="does not support field selection"):
+        conditions.evaluate("schedule.scheduled_for > timestamp('2026-01-01T00:00:00Z')", run_input={},
+                            upstream={}, schedule=None)
+
+
 # --- catch-up past its bound ---------------------------------------------------------------------
 
 

@@ -482,7 +482,7 @@ def test_rules_and_conditions_are_kept_in_the_normalized_document_only_when_give
     ("upstream.a.ok ==", "not a valid CEL expression: syntax error at column 15 (near '==')"),
     ("upstream.a.ok &&& true", "not a valid CEL expression: syntax error at column 17 (near '& true')"),
     ("upstream.x.ok", "upstream.x: 'x' is not a dependency of this task (depends_on: a)"),
-    ("secrets.token == 1", "unknown variable 'secrets'; a condition reads input and upstream"),
+    ("secrets.token == 1", "unknown variable 'secrets'; a condition reads input, upstream and schedule"),
     ("input.items.reduce(r, i, 0, r + i) > 2", "unknown method .reduce()"),
     ("exec('ls')", "unknown function exec()"),
     ("input.l.exists(input, input > 1)", "exists(): 'input' names a variable of the condition; use another name"),
