@@ -113,15 +113,19 @@ class _PatternRefused(BaseException):
 def _matches(text: Any, pattern: Any) -> Any:
     """CEL's ``matches`` (``text.matches(pattern)``, ``matches(text, pattern)``): whether
     RE2 finds ``pattern`` in ``text``, the pattern compiled by engine.patterns. Raises
-    _PatternRefused for a pattern over its bounds; other argument types go to celpy's
+    _PatternRefused for a pattern over its bounds, or a search over its work bound
+    (engine.patterns.search: text × program size); other argument types go to celpy's
     own function (its error for a wrong overload)."""
     if not isinstance(text, str) or not isinstance(pattern, str):
         return base_functions["matches"](text, pattern)
     try:
         regex = patterns.compiled(str(pattern))
+        return celtypes.BoolType(patterns.search(regex, str(text)))
     except patterns.PatternRefused as exc:
         raise _PatternRefused(f"matches(): pattern {_clip(str(pattern))} refused: {exc}") from None
-    return celtypes.BoolType(regex.search(str(text)) is not None)
+    except patterns.SearchRefused as exc:
+        # Bounded before it runs: a search is not interruptible by the condition's time limit.
+        raise _PatternRefused(f"matches(): {exc}") from None
 
 
 def _null_aware(name: str):

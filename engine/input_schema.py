@@ -143,11 +143,25 @@ def _refuse_remote(uri: str):
     raise NoSuchResource(ref=uri)
 
 
+#: Units of search cost (engine.patterns.search_cost: characters × instructions) charged as
+#: one validation step: MAX_VALIDATION_STEPS steps are then at most 10,000,000 units of
+#: searching all together (about 0.6 s at RE2's worst), as much as the rest of a validation.
+SEARCH_UNITS_PER_STEP = 100
+
+
 def _search(pattern: str, text: str) -> bool:
     """Whether RE2 finds ``pattern`` in ``text``; the compiled pattern comes from
-    engine.patterns' process cache, so a start does not compile it again. Raises
-    PatternRefused for a pattern over engine.patterns' bounds (check_schema refuses those)."""
-    return patterns.compiled(pattern).search(text) is not None
+    engine.patterns' process cache, so a start does not compile it again. The search's worst
+    cost is charged to the validation's budget first (ValidationBudgetExceeded: a long text
+    against a large pattern is refused before it runs). Raises PatternRefused for a pattern
+    over engine.patterns' bounds (check_schema refuses those)."""
+    regex = patterns.compiled(pattern)
+    budget = _budget.get()
+    if budget is not None:
+        budget.steps_left -= patterns.search_cost(regex, text) // SEARCH_UNITS_PER_STEP
+        if budget.steps_left < 0:
+            raise ValidationBudgetExceeded(f"validation needed more than {MAX_VALIDATION_STEPS} steps")
+    return regex.search(text) is not None
 
 
 def _value_size(value: Any) -> int:

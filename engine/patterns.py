@@ -22,6 +22,12 @@ hundredths of a second (``"a{0,1000}" * 2``, the worst shape the copies budget a
 about 0.03 s); over them the refusal takes microseconds (the copies: bench/bench_patterns.py,
 0.2 ms for ``* 200``) or milliseconds (the memory cap).
 
+A third fence is on *searching*: RE2 is linear in the text, but with a factor of the
+program's size once its lazy DFA gives up (``a{0,1000}b`` over 500,000 characters took
+30 s). ``search_cost`` (characters × instructions) is what a search may cost at worst;
+``search`` refuses one over MAX_SEARCH_COST before running it, and input schemas charge
+every search's cost to their validation budget.
+
 Compiled patterns are kept per pattern text in a process-wide LRU (COMPILED_CACHE_SIZE),
 so a start or a condition does not compile a definition's pattern again (google-re2's own
 cache holds 128 patterns of any options; this one is explicit and holds only bounded ones). The key is the
@@ -60,6 +66,12 @@ _OPTIONS = re2.Options()
 _OPTIONS.max_mem = RE2_MAX_MEM_BYTES
 _OPTIONS.log_errors = False  # a refused pattern is reported to the member, not to stderr
 _OPTIONS.never_capture = True  # only "does it match" is asked; groups cost nothing then
+
+
+#: Work one search may do at worst: characters of text × instructions of the program.
+#: Measured here: 500,000 characters × about 1,000 instructions (``a{0,1000}b``) took 30 s,
+#: some 60 ns a unit, so 5,000,000 units are at most about 0.3 s.
+MAX_SEARCH_COST = 5_000_000
 
 
 class PatternRefused(ValueError):
@@ -277,5 +289,28 @@ def _compile(pattern: str):
         raise PatternRefused(reason) from None
 
 
-__all__ = ["COMPILED_CACHE_SIZE", "MAX_DEFINITION_INSTRUCTIONS", "MAX_REPEAT_COPIES", "RE2_MAX_MEM_BYTES", "PatternRefused", "compiled",
-           "definition_budget", "problem", "repeat_copies"]
+class SearchRefused(ValueError):
+    """A search FlowForge will not run: the text is too long for the pattern's program
+    (``search_cost`` over MAX_SEARCH_COST); ``str(exc)`` says both sizes."""
+
+
+def search_cost(regex, text: str) -> int:
+    """What searching ``text`` with ``regex`` (from ``compiled``) may cost at worst:
+    characters × instructions of its program (RE2's NFA, once the lazy DFA gives up)."""
+    return len(text) * max(1, regex.programsize)
+
+
+def search(regex, text: str) -> bool:
+    """Whether ``regex`` (from ``compiled``) finds a match in ``text``. Raises SearchRefused,
+    before searching, when ``search_cost`` is over MAX_SEARCH_COST."""
+    cost = search_cost(regex, text)
+    if cost > MAX_SEARCH_COST:
+        raise SearchRefused(f"searching {len(text):,} characters with a pattern of {regex.programsize:,} "
+                            f"instructions could cost {cost:,} steps, over {MAX_SEARCH_COST:,}: shorten the "
+                            "text or the pattern")
+    return regex.search(text) is not None
+
+
+__all__ = ["COMPILED_CACHE_SIZE", "MAX_DEFINITION_INSTRUCTIONS", "MAX_REPEAT_COPIES", "MAX_SEARCH_COST",
+           "RE2_MAX_MEM_BYTES", "PatternRefused", "SearchRefused", "compiled", "definition_budget", "problem",
+           "repeat_copies", "search", "search_cost"]

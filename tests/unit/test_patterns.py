@@ -238,3 +238,47 @@ def test_a_repeated_pattern_is_charged_once_and_conditions_share_the_budget_with
                    for i in range(50)]
     normalized = validate_document({"name": "wf", "tasks": conditions_, "input_schema": {"properties": repeated}})
     assert len(normalized["tasks"]) == 50
+
+
+# --- searching: a long text against a large program (the second review) ---------------------------
+
+
+def test_a_long_text_against_a_large_pattern_fails_the_condition_before_searching(monkeypatch):
+    """500,000 characters against a{0,1000}b (within the copies budget) took 30 s of RE2's
+    NFA: the search's worst cost is over MAX_SEARCH_COST, so it is refused without running."""
+    searched = []
+    real = patterns.search
+
+    def spy(regex, text):
+        searched.append(len(text))
+        return real(regex, text)
+
+    monkeypatch.setattr(patterns, "search", spy)
+    run_input = {"s": "a" * 500_000, "ps": ["a{0,1000}b"]}
+    with pytest.raises(conditions.ConditionFailed) as excinfo:
+        conditions.evaluate("input.ps.exists(p, input.s.matches(p))", run_input=run_input, upstream={})
+    cost = 500_000 * patterns.compiled("a{0,1000}b").programsize
+    assert str(excinfo.value) == (
+        f"condition could not be evaluated: matches(): searching 500,000 characters with a pattern of "
+        f"{patterns.compiled('a{0,1000}b').programsize:,} instructions could cost {cost:,} steps, over "
+        f"{patterns.MAX_SEARCH_COST:,}: shorten the text or the pattern")
+    assert searched == [500_000]  # asked once, refused before RE2 ran
+
+
+def test_a_long_text_against_a_small_pattern_still_matches():
+    text = "x" * 400_000 + "ok"
+    assert patterns.search_cost(patterns.compiled("ok$"), text) <= patterns.MAX_SEARCH_COST
+    assert conditions.evaluate("input.s.matches('ok$')", run_input={"s": text}, upstream={}) is True
+
+
+def test_input_schema_searches_are_charged_to_the_validation_budget():
+    """Five patterns of a{0,1000}X against 100,000 characters took 10.5 s for one start: each
+    search's worst cost is charged before it runs, and the validation stops at its budget."""
+    schema = {"allOf": [{"properties": {"s": {"type": "string", "pattern": f"a{{0,1000}}{c}"}}} for c in "bcdef"]}
+    assert input_schema.check_schema(schema) == []
+    value, violations = input_schema.check_input(json.dumps(schema), {"s": "a" * 100_000}, organization_id="o")
+    assert violations == [{"path": "", "keyword": "budget", "message": "validating this input against the input "
+                           f"schema needs more than {input_schema.MAX_VALIDATION_STEPS} steps; send a smaller input"}]
+    # The same schema and an ordinary value: validated as before.
+    assert input_schema.check_input(json.dumps(schema), {"s": "aaab"}, organization_id="o")[1][0]["keyword"] == \
+        "pattern"
