@@ -460,6 +460,7 @@ class Graph {
       transform: `translate(${p.x},${p.y})` }, parent);
     if (counts) g.dataset.counts = JSON.stringify(counts);
     el("title", {}, g).textContent = `${n} tasks with the same upstream and downstream tasks: ${group.label}. `
+      + (counts ? Object.entries(counts).map(([s, c]) => `${c} ${s}`).join(", ") + ". " : "")
       + (n > EXPAND_MAX ? "Click to list them." : "Click to expand.");
     el("rect", { class: "node-box group-shadow", x: 6, y: 6, width: p.w, height: p.h, rx: 9 }, g);
     el("rect", { class: "node-box group-shadow", x: 3, y: 3, width: p.w, height: p.h, rx: 9 }, g);
@@ -471,8 +472,15 @@ class Graph {
     total.textContent = `×${n.toLocaleString("en")} tasks`;
     if (counts) {
       const shown = STATE_ORDER.filter((s) => counts[s] && s !== "succeeded" && s !== "pending").slice(0, 2);
+      // Only what fits the node (the title and the bar tell the rest): "80 running" after
+      // "×298 tasks · 3 failed" ran past the node's edge.
+      const room = (p.w - 24) / 6.9;
+      let used = total.textContent.length;
       for (const s of shown) {
-        el("tspan", { class: "group-state state-" + s, dx: 6 }, line).textContent = `${counts[s]} ${s}`;
+        const text = `${counts[s].toLocaleString("en")} ${s}`;
+        if (used + 1 + text.length > room) break;
+        used += 1 + text.length;
+        el("tspan", { class: "group-state state-" + s, dx: 6 }, line).textContent = text;
       }
       // A bar of the members' states, in STATE_ORDER.
       let x = 12;

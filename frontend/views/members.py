@@ -167,7 +167,8 @@ def _remove(request: HttpRequest, target: Membership) -> HttpResponse:
 
 def _confirm(request: HttpRequest, *, title: str, lines: list[str], button: str) -> HttpResponse:
     """The confirmation step of a destructive action (a page, no JavaScript needed): its
-    button posts to the same URL, which acts; Cancel goes back to the member list."""
+    button posts to the same URL, which acts; Cancel goes back to the member list. Without
+    a ``button`` the page only explains why the action cannot be taken."""
     from django.urls import reverse
 
     return render(request, "frontend/confirm.html", {
@@ -178,6 +179,12 @@ def _confirm(request: HttpRequest, *, title: str, lines: list[str], button: str)
 def _confirm_remove(request: HttpRequest, target: Membership) -> HttpResponse:
     org = request.membership.organization
     if target.user_id == request.user.pk:
+        if target.role == Role.OWNER and not Membership.objects.for_organization(org).filter(
+                role=Role.OWNER).exclude(pk=target.pk).exists():
+            # Said before the button, not after it: leaving would be refused.
+            return _confirm(request, title=f"You cannot leave {org.name} yet", button="", lines=[
+                f"You are {org.name}'s only owner, and an organization always keeps one.",
+                "Make another member an owner first (on the members page), then leave."])
         return _confirm(request, title=f"Leave {org.name}?", button="Leave organization", lines=[
             f"You lose access to {org.name}'s workflows, runs and settings at once; only a new "
             "invitation brings you back.",

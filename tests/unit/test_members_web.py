@@ -382,3 +382,18 @@ def test_confirmation_pages_of_another_organizations_ids_are_404(team, make_org)
     client = client_for(team["owner"].user)
     assert client.get(f"/members/{foreign.pk}/remove/").status_code == 404
     assert client.get(f"/members/invitations/{invitation.pk}/revoke/").status_code == 404
+
+
+def test_the_only_owner_is_told_before_leaving_that_it_is_refused(team):
+    owner, admin = team["owner"], team["admin"]
+    client = client_for(owner.user)
+    resp = client.get("/members/leave/")
+    assert resp.status_code == 200
+    body = resp.content.decode()
+    assert f"You cannot leave {team['org'].name} yet" in text(resp)
+    assert "Make another member an owner first" in text(resp)
+    assert 'action="/members/leave/"' not in body  # no button that would only be refused
+    assert role_of(owner) == Role.OWNER
+    # With a second owner, the ordinary confirmation.
+    assert client.post(f"/members/{admin.pk}/role/", {"role": Role.OWNER}).status_code == 302
+    assert _confirm_form(client.get("/members/leave/").content.decode()) == ("/members/leave/", "Leave organization")
