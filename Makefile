@@ -18,13 +18,14 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # configuration (sdk/python/pyproject.toml) and the Django plugin off. `make sdk-test` runs only them.
 SDK_TEST := $(VENV)/bin/pytest -p no:django -p no:cacheprovider -c sdk/python/pyproject.toml --timeout 120 sdk/python/tests
 
-.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser faults bench fairness
+.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser browser-large faults bench fairness
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
 	@echo "make demo   set up, run the example to its end with real workers, print a summary"
 	@echo "make test   lint, import contracts, migration check and the whole test suite"
 	@echo "make sdk-test   only the Python SDK's tests (sdk/python/tests: no database needed)"
+	@echo "make browser-large   the browser tests at sizes that take minutes (the 5,000-task DAG)"
 
 # The project and, in the same .venv, the Python SDK (sdk/python, a package of its own,
 # editable): its worker runs the SDK's examples and `make test` runs its tests.
@@ -113,6 +114,11 @@ fairness: install
 	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(TEST_ENV) FF_FAIRNESS_TASKS=$${FAIRNESS_TASKS:-2000} $(VENV)/bin/pytest -s \
 		tests/integration/test_scheduling.py::test_one_organizations_burst_does_not_starve_another_and_costs_no_throughput
+
+# The browser tests at sizes that take minutes (the 5,000-task DAG's pages): not in `make test`.
+browser-large: install browser
+	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
+	$(TEST_ENV) $(VENV)/bin/pytest -m large tests/e2e
 
 # Fault injection with a bigger load (make test runs it with 200 runs per scenario).
 faults: install
