@@ -10,6 +10,7 @@ import re
 import secrets
 import statistics
 import time
+from unittest import mock
 
 import pytest
 from django.core.cache import cache
@@ -222,11 +223,23 @@ def test_unknown_prefix_and_wrong_secret_take_about_the_same_time(org, forget_ca
             assert authenticate(raw) is None
             samples.append(time.perf_counter() - t0)
     m_unknown, m_wrong = statistics.median(unknown), statistics.median(wrong)
+    # The figures, printed (a wall-clock ratio is not asserted: on a loaded machine it moved
+    # from 1.0 to 1.3 between runs); what makes the two paths alike is asserted below.
     print(f"\nmedian failed authentication: unknown prefix {m_unknown * 1000:.2f} ms, "
-          f"known prefix + wrong secret {m_wrong * 1000:.2f} ms")
-    assert max(m_unknown, m_wrong) / min(m_unknown, m_wrong) <= 1.25
-    # Both paths verified with Argon2 (milliseconds, not the microseconds of a dict lookup).
-    assert min(m_unknown, m_wrong) > 0.005
+          f"known prefix + wrong secret {m_wrong * 1000:.2f} ms (ratio {max(m_unknown, m_wrong) / min(m_unknown, m_wrong):.2f})")
+    # Each failure costs exactly one Argon2 verification with the key's parameters, whether
+    # the prefix is unknown (against the dummy hash) or known (against the key's hash).
+    calls: list[str] = []
+    real = apikeys._verify
+
+    def counting(hashed, secret):
+        calls.append(hashed.split("$")[3])  # the Argon2 parameters: m=...,t=...,p=...
+        return real(hashed, secret)
+
+    with mock.patch.object(apikeys, "_verify", side_effect=counting):
+        assert authenticate(unknown_key()) is None
+        assert authenticate(wrong_secret_of(full_key)) is None
+    assert len(calls) == 2 and calls[0] == calls[1], calls
 
 
 # --- the verified-key cache ---------------------------------------------------------------------

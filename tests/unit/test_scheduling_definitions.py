@@ -404,7 +404,9 @@ def test_the_api_answers_an_apply_over_the_quota_with_a_422_problem_naming_it(ap
     assert first.status_code == 201, first.content
     one = stored_bytes(api.org)
     set_quota(api.org, max_definition_bytes_override=one)
-    response = api.client.post("/api/v1/workflows/", json.dumps(document), content_type="application/json",
+    # A new version (an identical one is "unchanged" and stores nothing: 200, no quota used).
+    changed = {**document, "description": "version 2"}
+    response = api.client.post("/api/v1/workflows/", json.dumps(changed), content_type="application/json",
                                headers=headers)
     assert response.status_code == 422, response.content
     assert response["Content-Type"] == "application/problem+json"
@@ -412,6 +414,11 @@ def test_the_api_answers_an_apply_over_the_quota_with_a_422_problem_naming_it(ap
     assert (body["code"], body["limit"], body["used"], body["allowed"]) == ("quota_exceeded", "max_definition_bytes",
                                                                             one, one)
     assert "max_definition_bytes" in body["detail"] and f"limit is {one} bytes" in body["detail"]
+    assert Workflow.objects.for_organization(api.org).count() == 1
+    # The identical document at the full quota: nothing new to store, so no refusal.
+    same = api.client.post("/api/v1/workflows/", json.dumps(document), content_type="application/json",
+                           headers=headers)
+    assert same.status_code == 200 and same.json()["unchanged"] is True
     assert Workflow.objects.for_organization(api.org).count() == 1
 
 
