@@ -72,7 +72,10 @@ def record(
 
     The row is signed with the current audit key (HMAC-SHA256, ``audit.chain.row_mac``;
     its id in ``key_id``). Appends to one chain are serialized with a transaction-scoped advisory lock, so
-    no two rows claim the same predecessor (``uniq_auditlog_chain_seq`` backs it up).
+    no two rows claim the same predecessor (``uniq_auditlog_chain_seq`` backs it up). The
+    transaction's pending foreign-key checks are made before that lock is taken (the lock is
+    held to the commit; a check at the commit would lock referenced rows after it, and
+    deadlock with a transaction that locked such a row and then records).
     """
     metadata = strip_nul(metadata or {})
     _check_metadata(metadata)
@@ -93,6 +96,16 @@ def record(
     key_id, key = signing_key()
     with transaction.atomic():
         with connection.cursor() as cur:
+            # The chain lock is held to the commit, and a foreign key is checked at the
+            # commit (Django's are DEFERRABLE INITIALLY DEFERRED): a row this transaction
+            # references (a retry's original run, a new run's workflow version) would be
+            # locked FOR KEY SHARE only after the chain lock. Another transaction holding
+            # that row FOR UPDATE and then recording (an action on the run, an archive)
+            # would deadlock with it. Checking what is pending now takes those row locks
+            # before the chain lock, in the order every other transaction takes them.
+            # Then deferred again for the rest of the transaction (every deferrable constraint
+            # of the schema is INITIALLY DEFERRED: audit tests check it); one round trip.
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE; SET CONSTRAINTS ALL DEFERRED")
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"audit-chain:{chain}"])
         last = AuditLog.objects.unscoped().filter(chain=chain).order_by("-seq").values("seq", "row_hash").first()
         fields = {

@@ -135,6 +135,37 @@ def _disable_trigger_and(sql: str, params) -> None:
 
 
 @pytest.mark.django_db
+def test_a_record_checks_the_transactions_pending_foreign_keys_first_and_leaves_them_deferred(org):
+    """audit.record makes the transaction's pending foreign-key checks before it takes the chain
+    lock (so they lock referenced rows before it, not at the commit) and then defers them
+    again, as they were: a dangling reference written before a record is refused there, and
+    one written after it is refused only at the commit (here: at the end of the savepoint's
+    immediate check). Restoring ``ALL DEFERRED`` is only right while every deferrable
+    constraint of the schema is INITIALLY DEFERRED, which the first query checks."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT conrelid::regclass::text, conname FROM pg_constraint "
+                    "WHERE condeferrable AND NOT condeferred")
+        assert cur.fetchall() == []
+    actor = Actor.system(org)
+    missing = uuid.uuid4()
+
+    def dangling_membership():
+        with connection.cursor() as cur:  # a membership of a user that does not exist
+            cur.execute("INSERT INTO core_membership (id, organization_id, user_id, role, created_at) "
+                        "VALUES (%s, %s, %s, 'member', now())", [uuid.uuid4(), org.pk, missing])
+
+    with pytest.raises(DatabaseError, match="foreign key"), transaction.atomic():
+        dangling_membership()
+        record("test.checked", actor=actor)  # the pending check is made here
+    with transaction.atomic():
+        record("test.deferred", actor=actor)
+        dangling_membership()  # deferred again: accepted until the checks run
+        with pytest.raises(DatabaseError, match="foreign key"), connection.cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        transaction.set_rollback(True)
+
+
+@pytest.mark.django_db
 def test_audit_verify_names_an_edited_row(org):
     rows = [record("test.chain", actor=Actor.system(org), metadata={"i": i}) for i in range(5)]
     _disable_trigger_and("UPDATE core_auditlog SET metadata = '{\"i\": 99}' WHERE id = %s", [rows[2].pk])

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import pytest
 from django.db import connection, transaction
 
+from audit import services as audit
 from audit.models import AuditLog
 from engine import recovery, sql
 from engine.live_stream import EventFeed
@@ -31,7 +32,7 @@ from engine.recovery import (
 )
 from engine.repositories import recovery as rows
 from engine.repositories import task_runs
-from engine.services import apply_definition, archive_workflow, cancel_run, start_run
+from engine.services import apply_definition, archive_workflow, cancel_run, retry_run, start_run
 from flowforge.stack import wait_until
 from tenancy.actors import Actor
 from tenancy.models import Membership, Role, User
@@ -538,6 +539,66 @@ def test_a_cancel_waits_for_an_action_in_progress_and_then_cancels_what_it_reope
     assert run.state == "cancelled"
     assert by_key(run)["b"].state == "cancelled"
     assert not [tr for tr in by_key(run).values() if tr.state in ("pending", "ready", "running")]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("locked", ["run", "workflow"])
+def test_a_start_waits_for_a_row_lock_held_by_a_recorder_instead_of_deadlocking(org, locked):
+    """A re-run (``retry_run``) references the original run and its workflow version, whose
+    rows an action on the run (``engine.recovery``: the run's row FOR UPDATE, then its audit
+    record) or an archive (the version's row FOR UPDATE, then its record) holds. The re-run's
+    foreign keys were checked at its commit, after its audit record had taken the chain
+    lock: each waited for the other and PostgreSQL aborted one (a 500 from
+    POST /runs/{id}/retry/ beside a mark-succeeded of a task of that run). Now the re-run
+    waits for the row, the other records and commits, then the re-run does: both succeed."""
+    owner = actor_with(org, Role.OWNER)
+    run = drive(start_run(workflow=workflow(org, DIAMOND), actor=owner), fail={"b"})
+    holding, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def recorder():
+        # What an action on the run (or an archive of its version) does, paused: the row
+        # locked first, its audit record after.
+        try:
+            with transaction.atomic():
+                if locked == "run":
+                    rows.lock_run(workflow_run_id=run.pk)
+                else:
+                    Workflow.objects.for_organization(org).select_for_update().get(pk=run.workflow_id)
+                holding.set()
+                release.wait(30)
+                audit.record("task_run.retried", actor=owner, target=run, metadata={"held": locked})
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    reruns: list[WorkflowRun] = []
+
+    def rerun():
+        try:
+            reruns.append(retry_run(actor=owner, run=WorkflowRun.objects.for_organization(org).select_related(
+                "workflow").get(pk=run.pk)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=recorder)
+    first.start()
+    assert holding.wait(30)
+    second = threading.Thread(target=rerun)
+    second.start()
+    # The re-run waits for the row the recorder holds...
+    wait_until(lambda: _backends_waiting_on_a_lock() >= 1, timeout=30, what="the re-run to wait for the row")
+    release.set()  # ...which records (the chain lock is free) and commits
+    first.join(30)
+    second.join(30)
+    assert errors == []
+    assert len(reruns) == 1 and reruns[0].retry_of_id == run.pk
+    actions = list(AuditLog.objects.for_organization(org).filter(
+        action__in=["task_run.retried", "run.retried"]).order_by("seq").values_list("action", flat=True))
+    assert actions == ["task_run.retried", "run.retried"]
 
 
 # --- review findings: a branch not taken, a handled failure, a marked handler ----------------------
