@@ -31,7 +31,7 @@ from api.views_runs import OwnTransactions
 from engine import worker_queues
 from engine.handlers.worker import QUEUE_NAME_FORM, valid_queue_name
 from engine.models import TaskLog
-from flowforge.jsonb import strip_nul
+from flowforge.jsonb import stored_bytes, strip_nul
 from tenancy import apikeys
 from tenancy.permissions import Action
 
@@ -140,7 +140,7 @@ def _check_output_size(value: Any) -> Any:
     ``output``) when that is over MAX_OUTPUT_BYTES of compact UTF-8 JSON text (checked
     after validation: a serializer turns any error it raises into a 400)."""
     value = strip_nul(value)
-    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+    size = stored_bytes(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
     if size > MAX_OUTPUT_BYTES:
         raise FieldTooLarge({"output": [f"is {size} bytes of JSON text; at most {MAX_OUTPUT_BYTES}"]})
     return value

@@ -66,7 +66,7 @@ from engine.states import (
     TaskRunState,
     TriggerRule,
 )
-from flowforge.jsonb import strip_nul
+from flowforge.jsonb import stored_bytes, strip_nul
 from tenancy.actors import Actor
 from tenancy.permissions import Action, require
 
@@ -408,7 +408,7 @@ def _output_json(output: Any) -> str:
         text = json.dumps(strip_nul(output), allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
         raise InvalidAction("output", f"is not storable JSON ({exc})") from None
-    size = len(text.encode())
+    size = stored_bytes(text)
     if size > max_output_bytes():
         raise InvalidAction("output", f"is {size} bytes of JSON text; at most {max_output_bytes()} "
                                       "(FLOWFORGE_MAX_OUTPUT_BYTES), as for a task's own output")

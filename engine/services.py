@@ -33,7 +33,7 @@ from engine.models import (
 )
 from engine.repositories import runs, task_runs
 from engine.states import RUN_OPEN_STATES, RunSchedule
-from flowforge.jsonb import jsonb_safe, strip_nul
+from flowforge.jsonb import jsonb_safe, stored_bytes, strip_nul
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded, effective_limits
 from tenancy.permissions import Action, require
@@ -75,6 +75,20 @@ class InvalidInput(InvalidStart):
         count = len(violations)
         super().__init__("input", f"does not match the input schema of {workflow.name} v{workflow.version} "
                          f"({count} violation{'s' if count != 1 else ''}): {input_schema.summary(violations)}")
+
+
+def check_input_size(run_input: Any, *, field: str = "input") -> None:
+    """Raise ValueError when ``run_input`` is not storable JSON, and InvalidStart naming
+    ``field`` when it is over FLOWFORGE_MAX_INPUT_BYTES as stored (``flowforge.jsonb.
+    stored_bytes``: ``1e308`` is stored, and served, as 309 digits)."""
+    try:
+        text = json.dumps(run_input, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"run input is not storable JSON: {exc}") from exc
+    size, limit = stored_bytes(text), settings.FLOWFORGE_MAX_INPUT_BYTES
+    if size > limit:
+        raise InvalidStart(field, f"is {size} bytes of JSON as stored (numbers are stored without an exponent: "
+                                  f"1e308 is 309 digits); at most {limit} (FLOWFORGE_MAX_INPUT_BYTES)")
 
 
 def checked_input(workflow: Workflow, run_input: dict[str, Any]) -> dict[str, Any]:
@@ -447,10 +461,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     run_input = {} if run_input is None else run_input
     if not isinstance(run_input, dict):
         raise ValueError("run input must be a JSON object")
-    try:
-        json.dumps(run_input, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"run input is not storable JSON: {exc}") from exc
+    check_input_size(run_input)
     validate_priority(priority)
     if workflow.state != WorkflowState.ACTIVE:
         raise WorkflowNotStartable(

@@ -15,6 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from croniter import croniter
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -23,7 +24,7 @@ from engine import input_schema
 from engine.limit_keys import render_definition_keys
 from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
 from engine.states import RunSchedule
-from flowforge.jsonb import strip_nul
+from flowforge.jsonb import stored_bytes, strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
 from tenancy.permissions import Action, require
@@ -195,9 +196,14 @@ def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: Schedu
         if not isinstance(value, dict):
             raise TriggerError("input", "must be a JSON object")
         try:
-            json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
             raise TriggerError("input", f"is not storable JSON ({exc})") from None
+        size = stored_bytes(text)  # as its runs' inputs are (engine.services.check_input_size)
+        if size > settings.FLOWFORGE_MAX_INPUT_BYTES:
+            raise TriggerError("input", f"is {size} bytes of JSON as stored (numbers are stored without an "
+                                        f"exponent); at most {settings.FLOWFORGE_MAX_INPUT_BYTES} "
+                                        "(FLOWFORGE_MAX_INPUT_BYTES)")
         out["input"] = strip_nul(value)
     if not partial or "catch_up" in data:
         policy = data.get("catch_up", CatchUpPolicy.LATEST)

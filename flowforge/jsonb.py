@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from decimal import Decimal
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -42,6 +43,29 @@ def strip_nul(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [strip_nul(v) for v in value]
     return value
+
+
+# A JSON string (skipped whole) or a number written with an exponent (group 1).
+_STRING_OR_EXPONENT_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?[eE][+-]?\d+)')
+_EXPONENT_HINT = re.compile(r"\d[eE][+-]?\d")
+
+
+def stored_bytes(text: str) -> int:
+    """Bytes of the JSON ``text`` (as ``json.dumps`` writes it) once stored in ``jsonb`` and
+    read back: PostgreSQL keeps a number as ``numeric`` and writes it without an exponent, so
+    ``1e+308`` (6 characters) comes back as 309 digits and ``1e-300`` as 302 characters,
+    and so is every copy the API serves. Size limits (a run's input, a task's output) count
+    this, not the text as sent (a 180 KB input of ``1e308`` elements was served as 9.3 MB).
+    Returns an int; raises nothing for JSON text."""
+    # An unpaired surrogate is stored as U+FFFD (strip_nul), 3 bytes as surrogatepass writes it.
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if not _EXPONENT_HINT.search(text):
+        return size
+    for match in _STRING_OR_EXPONENT_NUMBER.finditer(text):
+        number = match.group(1)
+        if number:
+            size += len(format(Decimal(number), "f")) - len(number)
+    return size
 
 
 def jsonb_safe(value: Any) -> Jsonb:

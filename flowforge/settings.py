@@ -480,6 +480,9 @@ FLOWFORGE_BACKFILL_MAX_RUNS = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNS", 
 FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG = int(os.environ.get("FLOWFORGE_BACKFILL_MAX_RUNNING_PER_ORG", "5"))
 # Largest task output stored, in bytes of its JSON encoding; larger outputs are replaced by a summary.
 FLOWFORGE_MAX_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OUTPUT_BYTES", str(256 * 1024)))
+# Largest run input (a start by any channel, a cron trigger's input), in bytes of its JSON as
+# stored (flowforge.jsonb.stored_bytes: numbers written in full); by default the request body cap.
+FLOWFORGE_MAX_INPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_INPUT_BYTES", str(FLOWFORGE_MAX_BODY_BYTES)))
 # An output over FLOWFORGE_MAX_OUTPUT_BYTES (the largest kept in the task-run row) is offloaded
 # to the "offload" storage (engine.offload) up to this size in bytes of JSON; over it the task fails.
 FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES", str(32 * 1024 * 1024)))

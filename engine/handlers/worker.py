@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from engine.handlers.base import ConfigError, PermanentTaskError, TaskContext, TaskHandler, reject_unknown
+from flowforge.jsonb import stored_bytes
 
 #: A queue's and a handler name's form: 1-64 letters, digits, '_', '-' or '.', starting with
 #: a letter or digit (``\Z``, not ``$``: a trailing newline is not part of a name).
@@ -56,7 +57,7 @@ class WorkerHandler(TaskHandler):
             if not isinstance(value, dict):
                 raise ConfigError(f"'input' must be an object, got {type(value).__name__}")
             try:
-                size = len(json.dumps(value, allow_nan=False).encode())
+                size = stored_bytes(json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":")))
             except ValueError as exc:
                 raise ConfigError("'input' contains NaN or Infinity, which JSON cannot store") from exc
             if size > MAX_INPUT_BYTES:

@@ -70,6 +70,7 @@ from engine.worker.handoff import Group, hand_off_watchdog
 from engine.worker.heartbeat import heartbeater
 from engine.worker.output import encode_output, error_text, traceback_text
 from flowforge import logs
+from flowforge.jsonb import stored_bytes
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +239,10 @@ def _execute(
             output_json = encode_output(secret_refs.redact(result, secret_values),
                                         limit_bytes=settings.FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES,
                                         setting="FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES")
-            if len(output_json) > settings.FLOWFORGE_MAX_OUTPUT_BYTES // 4 and (
-                    len(output_json.encode()) > settings.FLOWFORGE_MAX_OUTPUT_BYTES):
-                # Over the row's cap: the whole output goes to the offload storage, the row
-                # keeps a summary (engine.offload; a character is 1 to 4 UTF-8 bytes).
+            if stored_bytes(output_json) > settings.FLOWFORGE_MAX_OUTPUT_BYTES:
+                # Over the row's cap as stored (numbers come back without their exponent):
+                # the whole output goes to the offload storage, the row keeps a summary
+                # (engine.offload).
                 output_json = offload.offload_output(
                     organization_id=started.organization_id, workflow_run_id=started.workflow_run_id,
                     task_run_id=task_run_id, fencing_token=fencing_token, text=output_json)

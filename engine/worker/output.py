@@ -16,7 +16,7 @@ from engine import secret_refs
 from engine.attempt_log import cap_middle, own_traceback
 from engine.handlers import PermanentTaskError
 from engine.secret_refs import REDACTED
-from flowforge.jsonb import strip_nul
+from flowforge.jsonb import stored_bytes, strip_nul
 
 # Characters of a failed attempt's error kept (the task run's ``error`` and its event's
 # detail): a handler's exception message is unbounded, and every run detail, event page
@@ -68,7 +68,7 @@ class OutputNotJson(PermanentTaskError):
 def encode_output(output: Any, *, limit_bytes: int | None = None,
                   setting: str = "FLOWFORGE_MAX_OUTPUT_BYTES") -> str:
     """``output`` (NULs stripped) as the JSON text to store, when it fits ``limit_bytes``
-    (bytes of UTF-8 JSON; default FLOWFORGE_MAX_OUTPUT_BYTES, the largest output kept in the
+    (bytes of UTF-8 JSON as stored, ``flowforge.jsonb.stored_bytes``; default FLOWFORGE_MAX_OUTPUT_BYTES, the largest output kept in the
     task-run row; the attempt flow passes FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES and offloads
     what is over the row's cap: ``engine.offload``).
 
@@ -83,7 +83,7 @@ def encode_output(output: Any, *, limit_bytes: int | None = None,
         encoded = json.dumps(strip_nul(output), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise OutputNotJson(f"task output is not JSON-encodable: {exc}") from exc
-    size = len(encoded.encode())
+    size = stored_bytes(encoded)  # as stored: a number with an exponent comes back in full
     if size > limit:
         raise OutputTooLarge(
             f"task output is {size} bytes of JSON, over {setting} ({limit}); return a summary or a reference instead"

@@ -137,6 +137,11 @@ def test_a_bad_output_or_reason_is_a_400_naming_it(api, settings):
     big = assert_problem(post(api, url, {"output": "x" * 40}), 400)
     assert big["errors"] == {"output": ["is 42 bytes of JSON text; at most 32 (FLOWFORGE_MAX_OUTPUT_BYTES), as for "
                                         "a task's own output"]}
+    # Measured as stored: 1e308 is kept (and served) as 309 digits, 1e-300 as 302 characters.
+    settings.FLOWFORGE_MAX_OUTPUT_BYTES = 400
+    stored = assert_problem(post(api, url, {"output": [1e308, 1e-300]}), 400)  # [ 309 , 302 ] = 614
+    assert stored["errors"] == {"output": ["is 614 bytes of JSON text; at most 400 (FLOWFORGE_MAX_OUTPUT_BYTES), as "
+                                           "for a task's own output"]}
     # NaN is not JSON: the body is refused as it is read, naming the value.
     nan = assert_problem(api.post(url, '{"output": NaN}', role=Role.MEMBER), 400)
     assert "NaN" in nan["detail"], nan

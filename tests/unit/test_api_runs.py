@@ -128,6 +128,25 @@ def test_input_json_cannot_store_is_a_400_never_a_500(api, wf, raw):
     assert runs_of(api.org) == []
 
 
+def test_an_input_is_measured_as_stored_with_its_numbers_written_out(api, wf, settings):
+    """PostgreSQL stores 1e308 as 309 digits and serves it so: the input limit counts that
+    (a 180 KB input of such numbers was stored, and served on every read, as 9.3 MB)."""
+    settings.FLOWFORGE_MAX_INPUT_BYTES = 1000
+    # {"a":[ + 4 numbers of 309 digits + 3 commas + ]} = 5 + 1 + 1236 + 3 + 2 = 1247 bytes.
+    problem = assert_problem(start(api, {"workflow": "etl", "input": {"a": [1e308] * 4}}), 400)
+    assert problem["errors"] == {"input": [
+        "is 1247 bytes of JSON as stored (numbers are stored without an exponent: 1e308 is 309 digits); at most "
+        "1000 (FLOWFORGE_MAX_INPUT_BYTES)"]}
+    assert runs_of(api.org) == []
+    # Three are 937 bytes: stored, and the stored text is that size (PostgreSQL's own count,
+    # less the space it writes after each of the 2 commas and the colon).
+    response = start(api, {"workflow": "etl", "input": {"a": [1e308] * 3}})
+    assert response.status_code == 201, response.content
+    with connection.cursor() as cur:
+        cur.execute("SELECT octet_length(input::text) FROM core_workflowrun WHERE id = %s", [response.json()["id"]])
+        assert cur.fetchone()[0] - 3 == 937
+
+
 def test_a_nul_in_the_input_is_stored_without_it(api, wf):
     raw = '{"workflow": "etl", "input": {"text": "a\\u0000b", "k\\u0000ey": ["\\u0000", {"n": "x\\u0000"}]}}'
     response = start(api, raw, raw=True)

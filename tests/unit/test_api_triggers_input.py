@@ -56,6 +56,18 @@ def test_an_input_that_cannot_fill_a_key_refuses_the_trigger_naming_input(org, r
 
 
 @pytest.mark.django_db
+def test_an_input_over_the_limit_as_stored_refuses_the_trigger_naming_input(org, settings):
+    settings.FLOWFORGE_MAX_INPUT_BYTES = 1000
+    apply_definition(organization=org, document=PLAIN)
+    with pytest.raises(TriggerError) as excinfo:  # {"a":[ + 4 x 309 digits + 3 commas + ]} = 1247 bytes
+        create_trigger(actor=Actor.system(org), data=data(workflow_name="plain", input={"a": [1e308] * 4}))
+    assert (excinfo.value.field, excinfo.value.message) == ("input", (
+        "is 1247 bytes of JSON as stored (numbers are stored without an exponent); at most 1000 "
+        "(FLOWFORGE_MAX_INPUT_BYTES)"))
+    assert not ScheduledTrigger.objects.for_organization(org).exists()
+
+
+@pytest.mark.django_db
 def test_an_input_that_fills_the_keys_is_taken_and_its_firing_starts_a_run(org):
     apply_definition(organization=org, document=KEYED)
     trig = create_trigger(actor=Actor.system(org), data=data(input={"c": {"id": 7}}))

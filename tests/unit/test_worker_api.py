@@ -294,6 +294,17 @@ def test_an_oversized_output_is_413_naming_it_and_the_task_keeps_running(a, monk
 
 
 @pytest.mark.django_db
+def test_an_output_is_measured_as_stored_with_its_numbers_written_out(a, monkeypatch):
+    monkeypatch.setattr(views_worker, "MAX_OUTPUT_BYTES", 1000)
+    run = a.start()
+    tid = a.poll().json()["tasks"][0]["task_run_id"]
+    # 26 bytes sent; stored as [ + 4 numbers of 309 digits + 3 commas + ] = 1241 bytes.
+    body = assert_problem(a.post(f"worker/tasks/{tid}/complete/", {"fencing_token": 1, "output": [1e308] * 4}), 413)
+    assert body["errors"] == {"output": ["is 1241 bytes of JSON text; at most 1000"]}
+    assert task_run(run).state == "running"
+
+
+@pytest.mark.django_db
 def test_an_output_holding_nul_or_an_unpaired_surrogate_is_stored_as_a_runs_input_would_be(a):
     run = a.start()
     tid = a.poll().json()["tasks"][0]["task_run_id"]
