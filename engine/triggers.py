@@ -52,11 +52,44 @@ def validate_cron(expression: str) -> str:
         raise TriggerError("cron_expression", f"{expression!r} must have 5 fields (minute hour day month weekday)")
     if not croniter.is_valid(expr):
         raise TriggerError("cron_expression", f"{expression!r} is not a valid cron expression")
+    backwards = _backwards_range(expr)
+    if backwards:
+        raise TriggerError("cron_expression", f"{expression!r}: {backwards}")
     try:  # valid syntax that never fires (e.g. February 30th) is refused too
         croniter(expr, dt.datetime(2026, 1, 1, tzinfo=dt.UTC)).get_next(dt.datetime)
     except Exception:
         raise TriggerError("cron_expression", f"{expression!r} never fires") from None
     return expr
+
+
+# Each field's name and bounds, and the names a field may use for its numbers (cron's).
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12),
+                ("day-of-week", 0, 6))
+_CRON_NAMES = ({}, {}, {},
+               {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep",
+                                                "oct", "nov", "dec"))},
+               {d: i for i, d in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))})
+
+
+def _backwards_range(expression: str) -> str | None:
+    """Why ``expression`` (5 fields, syntax already valid) has a range whose start is after
+    its end (``1-0``, ``FRI-MON``), or None. croniter wraps such a range around (``1-0`` in
+    the minute field fired every minute); cron refuses it, and so do we, saying how to
+    write a range across the end."""
+    for (name, low, high), names, field in zip(_CRON_FIELDS, _CRON_NAMES, expression.split(" "), strict=True):
+        for part in field.split(","):
+            span = part.split("/", 1)[0]
+            if "-" not in span:
+                continue
+            first, last = (names.get(x.lower(), x) for x in span.split("-", 1))
+            try:
+                a, b = int(first), int(last)
+            except ValueError:
+                continue
+            if a > b:  # (7, Sunday at the end of the week, is never a start after an end)
+                return (f"the {name} range {span!r} runs backwards ({a} is after {b}); a range goes from low to "
+                        f"high: write one across the end as two, e.g. {a}-{high},{low}-{b}")
+    return None
 
 
 def validate_timezone(name: str) -> str:

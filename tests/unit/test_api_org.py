@@ -181,6 +181,13 @@ def test_creating_a_trigger_returns_its_next_fire_times_in_its_time_zone(client,
     ("cron_expression", "61 * * * *", "is not a valid cron expression"),
     ("cron_expression", "* * * *", "must have 5 fields"),
     ("cron_expression", "0 0 30 2 *", "never fires"),
+    # croniter wraps a backwards range around ('1-0' fired every minute); cron refuses it.
+    ("cron_expression", "1-0 * * * *", "the minute range '1-0' runs backwards (1 is after 0); a range goes from "
+                                       "low to high: write one across the end as two, e.g. 1-59,0-0"),
+    ("cron_expression", "0 22-2 * * *", "the hour range '22-2' runs backwards (22 is after 2)"),
+    ("cron_expression", "0 0 * NOV-FEB *", "the month range 'NOV-FEB' runs backwards (11 is after 2)"),
+    ("cron_expression", "0 9 * * FRI-MON", "the day-of-week range 'FRI-MON' runs backwards (5 is after 1)"),
+    ("cron_expression", "30-10/5 * * * *", "the minute range '30-10' runs backwards"),
     ("timezone", "Mars/Olympus_Mons", "is not an IANA time zone"),
     ("workflow_name", "no-such-workflow", "no workflow named"),
     ("catch_up", "sometimes", "is not a valid choice"),
@@ -195,6 +202,13 @@ def test_an_invalid_trigger_is_a_400_naming_the_field(client, acme, field, value
     assert list(body["errors"]) == [field]
     assert message in " ".join(body["errors"][field]), body
     assert not ScheduledTrigger.objects.for_organization(acme.org).exists()
+
+
+@pytest.mark.parametrize("expression", ["0 9-17 * * MON-FRI", "0 0 * * 1-7", "0-30/5 * * * *", "0 0 1-1 * *"])
+def test_a_range_from_low_to_high_is_taken(client, acme, expression):
+    response = post(client, "/api/v1/triggers/", trigger_body(cron_expression=expression), acme.as_(Role.ADMIN))
+    assert response.status_code == 201, response.content
+    assert response.json()["cron_expression"] == expression
 
 
 def test_a_patch_with_a_bad_time_zone_names_it_and_changes_nothing(client, acme):
