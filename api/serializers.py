@@ -460,9 +460,25 @@ class StrictPriorityField(serializers.IntegerField):
         return super().to_internal_value(data)
 
 
-class RunStartInputSerializer(serializers.Serializer):
+class RejectUnknownFields:
+    """A serializer mixin: a body field the serializer does not know is a 400 naming it,
+    with the fields it takes (DRF drops unknown fields, so a typo such as ``inputs`` for
+    ``input`` started a run with an empty input and a 201)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in self.fields)
+            if unknown:
+                allowed = ", ".join(self.fields)
+                raise serializers.ValidationError({k[:100]: [f"unknown field; this body takes {allowed}"]
+                                                   for k in unknown[:20]})
+        return super().to_internal_value(data)
+
+
+class RunStartInputSerializer(RejectUnknownFields, serializers.Serializer):
     """Body of POST /runs/: which workflow (a name, or a version's id), optionally which
-    version of a name (default: the latest active one), and the run's input object."""
+    version of a name (default: the latest active one), and the run's input object. Any
+    other field is a 400 naming it (``RejectUnknownFields``)."""
 
     workflow = serializers.CharField(max_length=200)
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=INT32_MAX)

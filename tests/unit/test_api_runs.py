@@ -106,10 +106,18 @@ def test_a_start_names_a_version_or_an_id(api, wf):
     ({"workflow": "etl", "input": "text"}, "input"),
     ({"workflow": "etl", "input": 3}, "input"),
     ({"workflow": "etl", "input": None}, "input"),
+    ({"workflow": "etl", "inputs": {"limit": 5}}, "inputs"),  # a typo: not dropped, started with no input
 ])
 def test_an_invalid_start_is_a_400_naming_the_field(api, wf, body, field):
     problem = assert_problem(start(api, body), 400)
     assert set(problem["errors"]) == {field}, problem
+    assert runs_of(api.org) == []
+
+
+def test_an_unknown_field_is_named_with_the_fields_a_start_takes(api, wf):
+    problem = assert_problem(start(api, {"workflow": "etl", "inputs": {}, "extra": 1}), 400)
+    assert problem["errors"] == {"extra": ["unknown field; this body takes workflow, version, input, priority"],
+                                 "inputs": ["unknown field; this body takes workflow, version, input, priority"]}
     assert runs_of(api.org) == []
 
 
