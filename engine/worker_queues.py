@@ -71,9 +71,11 @@ class WorkerCallRefused(Exception):
                                "(it moved on to another generation, or has finished)",
     }
 
-    def __init__(self, code: str, token: int):
+    def __init__(self, code: str, token: int, generation: worker_queues.WorkerGeneration | None = None):
         super().__init__(self.MESSAGES[code].format(token=token))
         self.code = code
+        #: The task run as the refusal saw it (None when not read).
+        self.generation = generation
 
 
 class UnknownQueue(ValueError):
@@ -367,7 +369,7 @@ def _held(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int) -> wor
         raise NotAWorkerTask(f"no worker task run {task_run_id} in this organization")
     code = gen.refusal(token)
     if code is not None:
-        raise WorkerCallRefused(code, token)
+        raise WorkerCallRefused(code, token, gen)
     return gen
 
 
@@ -408,14 +410,17 @@ def append_logs(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_t
 
 
 def _held_for_completion(organization_id: uuid.UUID, task_run_id: uuid.UUID, token: int,
-                         *, succeeded: bool) -> worker_queues.WorkerGeneration:
+                         *, succeeded: bool) -> worker_queues.WorkerGeneration | None:
     """``_held``, and a refused completion recorded on the task run as a
     ``stale_completion_rejected`` event naming the refusal's code (its own transaction;
     once per generation and outcome, however often the worker replays it) before the
-    refusal is raised."""
+    refusal is raised. None, recording nothing, for a success that generation ``token``
+    already completed (a replay: the worker lost the first answer and sent it again)."""
     try:
         return _held(organization_id, task_run_id, token)
     except WorkerCallRefused as refused:
+        if succeeded and refused.generation is not None and refused.generation.succeeded_as(token):
+            return None
         code = refused.code  # bound here: the lambda must not close over the except's name
         atomic_retry(lambda: events.append_stale_completion(
             task_run_id=task_run_id, fencing_token=token, succeeded=succeeded, reason=code, once=True),
@@ -460,10 +465,16 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
     """Record that the generation the caller holds succeeded with ``output`` (JSON),
     redacted of the attempt's secret values: its dependents are promoted (and claimed for
     the shared workers, published after the commit), its run finishes when nothing is left.
-    Returns the task run's state ('succeeded'). Raises NotAWorkerTask or WorkerCallRefused
-    (the refusal of a completion also leaves a ``stale_completion_rejected`` event), and
-    ValueError for an output holding NaN or Infinity."""
+    Returns the task run's state ('succeeded'), also for a replay of the completion that
+    generation already made (the first output is kept; nothing is written). Raises
+    NotAWorkerTask or WorkerCallRefused (the refusal of a completion also leaves a
+    ``stale_completion_rejected`` event), and ValueError for an output holding NaN or
+    Infinity."""
     gen = _held_for_completion(organization_id, task_run_id, fencing_token, succeeded=True)
+    if gen is None:
+        log.info("task run %s: completion of generation %s repeated; it had succeeded already", task_run_id,
+                 fencing_token)
+        return "succeeded"
     values = _attempt_values(organization_id, task_run_id, fencing_token, gen.config)
     _starts, results, dispatches = task_runs.start_and_complete_many(
         starts=[], successes=[SuccessRequest(task_run_id, fencing_token, _redact(output, values), gen.has_dependents)],
@@ -473,6 +484,9 @@ def complete(*, organization_id: uuid.UUID, task_run_id: uuid.UUID, fencing_toke
     publish_dispatches(list(dispatches), reserved=True)
     result = results[0]
     if not result.accepted:  # lost the generation between the read and the update
+        gen = worker_queues.generation(organization_id=organization_id, task_run_id=task_run_id)
+        if gen is not None and gen.succeeded_as(fencing_token):  # to the same completion sent twice at once
+            return "succeeded"
         gen = _held(organization_id, task_run_id, fencing_token)
         raise WorkerCallRefused(gen.refusal(fencing_token) or "stale_fencing_token", fencing_token)
     metrics.incr("flowforge_task_attempts_total", "succeeded")

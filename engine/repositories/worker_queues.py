@@ -42,6 +42,11 @@ class WorkerGeneration:
     config: dict[str, Any]
     queue: str
 
+    def succeeded_as(self, token: int) -> bool:
+        """Whether generation ``token`` is the one that completed the task run successfully
+        (a completion carrying it again is a replay: a worker that lost the first answer)."""
+        return self.state == "succeeded" and self.fencing_token == token and self.started_fencing_token == token
+
     def refusal(self, token: int) -> str | None:
         """Why a call carrying generation ``token`` is refused (a 409's code:
         ``cancelled``, ``lease_expired``, ``stale_fencing_token``), or None when the
