@@ -18,7 +18,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # configuration (sdk/python/pyproject.toml) and the Django plugin off. `make sdk-test` runs only them.
 SDK_TEST := $(VENV)/bin/pytest -p no:django -p no:cacheprovider -c sdk/python/pyproject.toml --timeout 120 sdk/python/tests
 
-.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser browser-large faults bench fairness
+.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser browser-large faults fuzz bench fairness
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
@@ -123,6 +123,12 @@ browser-large: install browser
 # Fault injection with a bigger load (make test runs it with 200 runs per scenario).
 faults: install
 	$(PY) -m tests.faults.run --runs $${FAULT_RUNS:-500}
+
+# The API fuzzed harder than make test does (50 examples per operation and phase there).
+fuzz: install
+	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
+	$(TEST_ENV) SCHEMATHESIS_EXAMPLES=$${SCHEMATHESIS_EXAMPLES:-300} $(VENV)/bin/pytest -s \
+		tests/integration/test_schemathesis.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .ruff_cache *.egg-info node_modules frontend/static/frontend/dist

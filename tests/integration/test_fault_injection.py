@@ -1,8 +1,13 @@
-"""The fault-injection suite (tests/faults/run.py) with real processes, every scenario.
+"""The fault-injection suite (tests/faults/run.py) with real processes: a bounded subset.
 
 Each scenario runs on a private PostgreSQL cluster and Redis server, so stopping and
-restarting them here never disturbs anything else. ``make faults`` runs the same with a
-bigger load; this test keeps the issue's minimum of 200 runs per scenario.
+restarting them here never disturbs anything else. ``make faults`` runs every scenario with
+a bigger load (500 runs each); this test runs, with 200 runs each, the scenarios no other
+test of ``make test`` covers with real processes (FAULT_SCENARIOS=all runs them all):
+Redis down, PostgreSQL restarted and two clocks. The others have their own integration tests:
+a SIGKILLed worker (test_faults), the whole pool SIGKILLed (test_pool_recovery), every
+delivery duplicated (test_dispatch) and a task that kills its worker
+(tests/security/test_python_callables, and make faults).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import pytest
 from flowforge.stack import BASE_DIR
 from tests.faults.run import SCENARIOS
 
+# The subset of SCENARIOS this test runs (see the module docstring); FAULT_SCENARIOS=all for every one.
+SUBSET = ("redis_outage", "postgres_restart", "two_clocks")
+
 pytestmark = pytest.mark.integration
 
 
@@ -28,10 +36,12 @@ RUNNER_TIMEOUT_SECONDS = 1200
 
 
 @pytest.mark.timeout(RUNNER_TIMEOUT_SECONDS + 120)
-def test_every_fault_scenario_holds_every_invariant(tmp_path):
+def test_the_fault_scenarios_hold_every_invariant(tmp_path):
+    scenarios = list(SCENARIOS) if os.environ.get("FAULT_SCENARIOS") == "all" else list(SUBSET)
+    assert set(scenarios) <= set(SCENARIOS), "a scenario named here no longer exists"
     out = tmp_path / "faults.json"
     runner = subprocess.Popen(
-        [sys.executable, "-m", "tests.faults.run", "--runs", "200", "--json", str(out)],
+        [sys.executable, "-m", "tests.faults.run", *scenarios, "--runs", "200", "--json", str(out)],
         cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
@@ -47,7 +57,7 @@ def test_every_fault_scenario_holds_every_invariant(tmp_path):
     proc = subprocess.CompletedProcess(runner.args, runner.returncode, stdout, stderr)
     print(proc.stdout)  # the per-scenario table: runs started/finished, duplicates, drain time
     results = json.loads(out.read_text())
-    assert [r["scenario"] for r in results] == list(SCENARIOS)
+    assert [r["scenario"] for r in results] == scenarios
     for r in results:
         assert r["problems"] == [], (r["scenario"], r["problems"], proc.stderr[-3000:])
         assert r["runs_started"] == r["runs_finished"] == 200
