@@ -387,7 +387,8 @@ class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
 SKIP_REASON_HELP = (
     "Why a skipped task run was skipped: upstream_failed (a failure upstream; its dependents' trigger rules "
     "count it as a failure), trigger_rule (its rule could not be met otherwise), condition_false (its condition "
-    "was false); '' when it was not skipped, or a person marked it skipped.")
+    "was false), marked (a person skipped it; its marked_skipped event says who and why); '' when it was not "
+    "skipped.")
 
 
 class TaskRunSerializer(_WaitingReasonMixin, serializers.ModelSerializer):

@@ -184,6 +184,9 @@ class SkipReason(models.TextChoices):
     TRIGGER_RULE = "trigger_rule"
     #: Its condition evaluated to false. Counts as a skip downstream.
     CONDITION_FALSE = "condition_false"
+    #: A person marked it skipped (engine.recovery; its 'marked_skipped' event names who and
+    #: why). Counts as a skip downstream.
+    MARKED = "marked"
 
 
 #: Trigger rules that exist to react to a failure: a failure that such a task, run

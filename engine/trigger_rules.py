@@ -93,26 +93,30 @@ def verdict(rule: str, outcomes: Iterable[str]) -> str | None:
 
 def skip_reason_label(skip_reason: str, *, trigger_rule: str = TriggerRule.ALL_SUCCESS.value) -> str:
     """``skip_reason_text`` in a few words (the run page's task rows): ``upstream failed``,
-    ``trigger rule <rule> not met``, ``condition false``; '' for no reason."""
+    ``trigger rule <rule> not met``, ``condition false``, ``skipped by hand``; '' for no reason."""
     if skip_reason == SkipReason.UPSTREAM_FAILED:
         return "upstream failed"
     if skip_reason == SkipReason.TRIGGER_RULE:
         return f"trigger rule {trigger_rule} not met"
     if skip_reason == SkipReason.CONDITION_FALSE:
         return "condition false"
+    if skip_reason == SkipReason.MARKED:
+        return "skipped by hand"
     return ""
 
 
 def skip_reason_text(skip_reason: str, *, trigger_rule: str = TriggerRule.ALL_SUCCESS.value) -> str:
     """Why a skipped task run was skipped, in words for a person (the run page's task
     rows and panel): its SkipReason ``skip_reason`` read with its task's ``trigger_rule``.
-    '' for no reason (a task run not skipped, or one a person marked skipped)."""
+    '' for no reason (a task run not skipped, or one skipped before reasons were kept)."""
     if skip_reason == SkipReason.UPSTREAM_FAILED:
         return f"upstream failed: its trigger rule {trigger_rule} needs {RULE_NEEDS.get(trigger_rule, '?')}"
     if skip_reason == SkipReason.TRIGGER_RULE:
         return f"trigger rule {trigger_rule} not met: it needs {RULE_NEEDS.get(trigger_rule, '?')}"
     if skip_reason == SkipReason.CONDITION_FALSE:
         return "condition false"
+    if skip_reason == SkipReason.MARKED:
+        return "a person marked it skipped (its events say who and why)"
     return ""
 
 

@@ -131,12 +131,12 @@ SELECT id, fencing_token FROM done
 
 
 -- name: task_run_mark_skipped
--- A person marks a failed or cancelled task run (id, matched on from_state and token) skipped: token + 1, error, start, lease and backoff cleared, finished now; a 'marked_skipped' event (detail); returns (id, fencing_token); core_taskrun_pkey.
+-- A person marks a failed or cancelled task run (id, matched on from_state and token) skipped (skip_reason marked): token + 1, error, start, lease and backoff cleared, finished now; a 'marked_skipped' event (detail); returns (id, fencing_token); core_taskrun_pkey.
 WITH done AS (
     UPDATE core_taskrun t
     SET state = 'skipped', error = '', fencing_token = t.fencing_token + 1,
         started_at = NULL, finished_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL,
-        not_before = NULL, wait_reason = '', skip_reason = ''
+        not_before = NULL, wait_reason = '', skip_reason = 'marked'
     WHERE t.id = %(id)s AND (t.state || '') = %(from_state)s AND t.fencing_token = %(token)s   -- by primary key
       AND %(from_state)s IN ('failed', 'cancelled')
     RETURNING t.id, t.workflow_run_id, t.organization_id, t.attempt, t.fencing_token

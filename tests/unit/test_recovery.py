@@ -276,6 +276,7 @@ def test_skipping_the_only_failed_task_ends_the_run_succeeded(org):
     assert result == recovery.ActionResult(run_state="succeeded", resumed_from="failed", reopened=())
     run.refresh_from_db()
     assert (run.state, run.error) == ("succeeded", "")
+    assert by_key(run)["c"].skip_reason == "marked"  # a person skipped it
     last = events(run)[-3:]
     assert [(e.kind, e.from_state, e.to_state) for e in last] == [
         ("resumed", "failed", "running"), ("marked_skipped", "failed", "skipped"),

@@ -12,7 +12,9 @@ import re
 import pytest
 
 from engine.models import TaskRun
+from engine.recovery import skip_task_run
 from engine.services import start_run
+from tenancy.actors import Actor
 from tenancy.models import Role
 from tests.unit.test_api_workflows import Api, new_api_factory
 from tests.unit.test_trigger_rules import fail, skip_by_condition, succeed, task_run
@@ -120,6 +122,21 @@ def test_the_task_panel_says_why_the_task_was_skipped_with_its_rule_and_conditio
     assert "<dt>Trigger rule</dt>" not in c  # the default rule is not worth a line
     for key in ("a", "f", "cleanup"):
         assert "task-skip-reason" not in panel(key), key
+
+
+@pytest.mark.django_db
+def test_a_task_a_person_skipped_says_so_on_its_row_in_its_panel_and_in_the_api(org, make_workflow):
+    run_id = _run(org, make_workflow)
+    owner = member(org, Role.OWNER)
+    skip_task_run(actor=Actor(organization=org, role=Role.OWNER, user=owner, channel="web"),
+                  task_run=task_run(run_id, "f"), reason="known outage")
+    assert task_run(run_id, "f").skip_reason == "marked"
+    client = client_for(owner)
+    body = client.get(f"/runs/{run_id}/").content.decode()
+    assert _reason(row_html(body, "f")) == "marked: skipped by hand"
+    panel = client.get(f"/runs/{run_id}/tasks/{task_run(run_id, 'f').pk}/", headers={"HX-Request": "true"})
+    assert ('<p class="alert task-skip-reason" data-skip-reason="marked">Skipped: a person marked it skipped (its '
+            'events say who and why).</p>') in panel.content.decode()
 
 
 @pytest.fixture

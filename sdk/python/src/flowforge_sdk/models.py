@@ -115,8 +115,9 @@ class TaskRun:
     started_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
     waiting_reason: str | None = None
-    #: Why a skipped task run was skipped: ``upstream_failed``, ``trigger_rule`` or
-    #: ``condition_false``; '' when it was not (or a person skipped it), None from an older server.
+    #: Why a skipped task run was skipped: ``upstream_failed``, ``trigger_rule``,
+    #: ``condition_false`` or ``marked`` (a person skipped it); '' when it was not, None from
+    #: an older server.
     skip_reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
