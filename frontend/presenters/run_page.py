@@ -35,7 +35,13 @@ from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from engine.repositories import worker_queues as worker_rows
-from engine.states import RUN_TERMINAL_STATES, TASK_TERMINAL_STATES, RunState, TaskRunState
+from engine.states import (
+    FAILURE_HANDLING_RULES,
+    RUN_TERMINAL_STATES,
+    TASK_TERMINAL_STATES,
+    RunState,
+    TaskRunState,
+)
 from frontend.dag import graph_data, longest_path_layers, states_code
 from frontend.presenters.run_rows import (
     EventRow,
@@ -259,10 +265,47 @@ class RunView:
         return sum(n for state, n in self.counts.items() if state != RunState.SUCCEEDED)
 
     @property
-    def failed_tasks(self) -> list[TaskRow]:
-        """The run's failed task runs (in the table's order: by depth, then key) for the
-        failed-run banner, at most FAILED_TASKS_NAMED of them."""
-        return [r for r in self.rows if r.state == "failed"][:FAILED_TASKS_NAMED]
+    def failed_tasks(self) -> list[tuple[TaskRow, str]]:
+        """The run's failed task runs for the failed-run banner, at most FAILED_TASKS_NAMED
+        of them, each with the key of the failure handler that handled it ('' for none):
+        those nothing handled first, each group in the table's order (by depth, then key)."""
+        handled = self.handled_by
+        failed = [(r, handled.get(r.id, "")) for r in self.rows if r.state == "failed"]
+        return sorted(failed, key=lambda item: bool(item[1]))[:FAILED_TASKS_NAMED]
+
+    @property
+    def handled_by(self) -> dict[uuid.UUID, str]:
+        """Each failed task run that a failure handler handled (the run does not fail for
+        it) -> that handler's task key: the rule of runs.sql ``run_finish_if_done`` (docs/
+        api.md, "A run's final state"), on the page's rows: a task with trigger rule
+        one_failed or all_failed below it, directly or through task runs skipped for it
+        (``upstream_failed``), that succeeded, started (or was marked succeeded) after it
+        failed. So the banner's list of failed tasks agrees with the run's error, which
+        counts only the failures nothing handled."""
+        by_task = {r.task_id: r for r in self.rows}
+        downstream: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+        for task, dep, _label in self.edges:
+            downstream[dep].append(task)
+        handled: dict[uuid.UUID, str] = {}
+        for f in self.rows:
+            if f.state != "failed" or f.finished_at is None:
+                continue
+            carried, todo = {f.task_id}, [f.task_id]
+            while todo:
+                for t in downstream[todo.pop()]:
+                    s = by_task.get(t)
+                    if s is not None and s.state == "skipped" and s.skip_reason == "upstream_failed" \
+                            and t not in carried:
+                        carried.add(t)
+                        todo.append(t)
+            for x in carried:
+                for t in downstream[x]:
+                    h = by_task.get(t)
+                    when = h and (h.started_at or h.finished_at)
+                    if h is not None and h.trigger_rule in FAILURE_HANDLING_RULES and h.state == "succeeded" \
+                            and when is not None and when >= f.finished_at:
+                        handled[f.id] = h.key
+        return handled
 
     @property
     def failed_task_count(self) -> int:
