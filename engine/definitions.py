@@ -379,6 +379,19 @@ def dependency_limits() -> tuple[int, int]:
             int(getattr(settings, "FLOWFORGE_MAX_DEPENDENCIES_PER_WORKFLOW", 50_000)))
 
 
+def _json_type(value: Any) -> str:
+    """The JSON type of ``value`` in words (boolean, number, array, object, null)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null" if value is None else type(value).__name__
+
+
 def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     """Validate a parsed definition and return its normalized form.
 
@@ -441,7 +454,11 @@ def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
     name = doc.get("name")
     if name is None or name == "":
         errors.append({"path": "name", "message": "required: the workflow's name"})
-    elif not isinstance(name, str) or not NAME_RE.match(name):
+    elif not isinstance(name, str):
+        # YAML reads yes/no/on/off/true as a boolean and 1.10 as a number: say so, not just "True".
+        errors.append({"path": "name", "message": f"must be text, not a {_json_type(name)} ({name!r}); in YAML, "
+                                                  "quote a name such as 'yes' or '1.10'"})
+    elif not NAME_RE.match(name):
         errors.append({"path": "name", "message": f"{name!r}: use 1-200 letters, digits, '_', '-' or '.', starting with a letter or digit"})
     description = doc.get("description", "")
     if description is None:

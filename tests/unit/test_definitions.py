@@ -157,6 +157,18 @@ BAD_DEFINITIONS = [
         ["'has spaces': use 1-200 letters, digits"],
     ),
     (
+        "name-read-as-a-boolean",  # name: yes in YAML
+        {"name": True, "tasks": [noop("a")]},
+        "name",
+        ["must be text, not a boolean (True); in YAML, quote a name such as 'yes' or '1.10'"],
+    ),
+    (
+        "name-read-as-a-number",  # name: 1.10 in YAML
+        {"name": 1.1, "tasks": [noop("a")]},
+        "name",
+        ["must be text, not a number (1.1); in YAML"],
+    ),
+    (
         "tasks-not-a-list",
         {"name": "obj", "tasks": {"a": {"type": "noop"}}},
         "tasks",
