@@ -77,7 +77,8 @@ def non_negative_int(raw: str | None, *, field: str) -> int | None:
         return None
     value = cursors.whole_number(raw)
     if value is None:
-        raise ValidationError({field: ["must be a whole number of at least 0"]})
+        raise ValidationError({field: [f"must be a whole number from 0 to {cursors.MAX_WHOLE_NUMBER} "
+                                        f"(at most {cursors.MAX_WHOLE_NUMBER_DIGITS} digits)"]})
     return value
 
 

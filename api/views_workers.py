@@ -223,7 +223,7 @@ class TaskRunLogsView(_ReadView):
                                      description="Rows per page, 1 to 500 (default 50).")],
         responses={200: TaskLogPageSerializer,
                    **invalid("A filter, `after` or `page_size` is malformed; `errors` names it.",
-                             {"after": ["must be a whole number of at least 0"]})},
+                             {"after": ["must be a whole number from 0 to 999999999999999999 (at most 18 digits)"]})},
         examples=[OpenApiExample("lines", response_only=True, value={"results": [LOG_EXAMPLE], "next": None})],
     )
     def get(self, request, run_id, pk):

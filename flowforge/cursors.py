@@ -37,6 +37,8 @@ from flowforge.instants import InstantError, storable_instant
 
 # Digits a whole-number cursor may have: 18 always fits PostgreSQL's bigint.
 MAX_WHOLE_NUMBER_DIGITS = 18
+#: The largest number of that many digits (what ``whole_number`` takes at most).
+MAX_WHOLE_NUMBER = 10**MAX_WHOLE_NUMBER_DIGITS - 1
 
 
 class BadCursor(ValueError):
