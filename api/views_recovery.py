@@ -23,6 +23,7 @@ from api.examples import RUN_EXAMPLE
 from api.exceptions import Conflict
 from api.schema import problem, problem_example
 from api.serializers import RunSerializer, storable_json_problem
+from api.serializers_org import TextField
 from api.views_runs import OwnTransactions, _run_detail
 from engine import recovery
 from engine.access import access_run, access_task_run
@@ -36,8 +37,9 @@ REASON_HELP = (f"Why (at most {recovery.MAX_REASON_CHARS} characters): kept in t
 class ReasonSerializer(serializers.Serializer):
     """Body of a resume, a retry or a skip: an optional ``reason``."""
 
-    reason = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=True,
-                                   max_length=recovery.MAX_REASON_CHARS, help_text=REASON_HELP)
+    # Text only: DRF's CharField would store a number 12 as "12".
+    reason = TextField(required=False, allow_blank=True, default="", trim_whitespace=True,
+                       max_length=recovery.MAX_REASON_CHARS, help_text=REASON_HELP)
 
 
 class MarkSucceededSerializer(ReasonSerializer):

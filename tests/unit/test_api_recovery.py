@@ -147,4 +147,6 @@ def test_a_bad_output_or_reason_is_a_400_naming_it(api, settings):
     assert "NaN" in nan["detail"], nan
     long = assert_problem(post(api, f"/api/v1/runs/{run.pk}/resume/", {"reason": "r" * 501}), 400)
     assert list(long["errors"]) == ["reason"]
+    number = assert_problem(post(api, f"/api/v1/runs/{run.pk}/resume/", {"reason": 12}), 400)  # not stored as "12"
+    assert number["errors"] == {"reason": ["Must be a string."]}
     assert TaskRun.objects.for_organization(api.org).get(pk=by_key(run)["b"].pk).state == "failed"
