@@ -77,6 +77,32 @@ class AttemptView:
 
 
 @dataclasses.dataclass
+class MarkedView:
+    """A task run a person marked succeeded or skipped (engine.recovery), as its panel shows
+    it: the action, who, when, why, and the output given (for a success)."""
+
+    action: str  # "succeeded" or "skipped"
+    by: str
+    at: dt.datetime
+    reason: str
+    output: OutputView | None
+
+
+def _marked(detail: task_detail.TaskDetail, output_url: str) -> MarkedView | None:
+    """The person's mark that put the task run in its state, when the latest event that
+    moved it is a ``marked_succeeded`` or ``marked_skipped`` (None otherwise)."""
+    tr = detail.task_run
+    moved = [e for e in detail.events if e.to_state]
+    last = moved[-1] if moved else None
+    if last is None or last.kind not in ("marked_succeeded", "marked_skipped") or last.to_state != tr.state:
+        return None
+    info = last.detail if isinstance(last.detail, dict) else {}
+    return MarkedView(action=last.to_state, by=str(info.get("by") or "someone"), at=last.created_at,
+                      reason=str(info.get("reason") or ""),
+                      output=_output(tr, output_url) if last.to_state == "succeeded" else None)
+
+
+@dataclasses.dataclass
 class UpstreamView:
     key: str
     label: str
@@ -104,6 +130,7 @@ class TaskPanel:
     events_html: SafeString
     poll_seconds: int = POLL_SECONDS
     retry_at_html: SafeString | None = None  # "retrying at <time>" while it waits for its next attempt
+    marked: MarkedView | None = None  # a person marked it succeeded or skipped (its state now)
 
     @property
     def task_run(self):
@@ -181,6 +208,7 @@ def build_task_panel(org, run_id: uuid.UUID, task_run_id: uuid.UUID) -> TaskPane
         config_json=config_json, config_cut=config_cut, upstream=upstream, attempts=attempts,
         events_html=render_event_rows(events),
         retry_at_html=mark_safe(retry_at_html(at)) if (at := retry_at(tr.state, tr.not_before, now)) else None,  # noqa: S308 — no input in it
+        marked=_marked(detail, output_url),
     )
 
 

@@ -97,6 +97,37 @@ def test_mark_succeeded_takes_json_from_the_form_and_refuses_anything_else(org):
     assert "marked_succeeded" in good
 
 
+def test_a_task_marked_succeeded_shows_the_mark_and_the_output_given_in_its_panel(org):
+    """The panel showed only the failed attempts, no output anywhere but the events: now the
+    mark, who, why and the output given, escaped."""
+    user = member(org, Role.MEMBER)
+    client = client_for(user)
+    run = failed(org)
+    b = by_key(run)["b"]
+    client.post(f"/runs/{run.pk}/tasks/{b.pk}/mark-succeeded/",
+                {"output": '{"status": 200, "note": "<b>manual</b>"}', "reason": "reviewer test"})
+    panel = client.get(f"/runs/{run.pk}/tasks/{b.pk}/", headers={"HX-Request": "true"}).content.decode()
+    marked = re.search(r'<section class="attempt attempt-marked" data-outcome="marked_succeeded">(.*?)</section>',
+                       panel, re.S).group(1)
+    assert "<strong>Marked succeeded</strong>" in marked and f"by {user.email}" in marked
+    assert '<p class="marked-reason">Reason: reviewer test</p>' in marked
+    assert "&lt;b&gt;manual&lt;/b&gt;" in marked and "<b>manual</b>" not in panel
+    # c, which ran after it, is not marked.
+    c = client.get(f"/runs/{run.pk}/tasks/{by_key(run)['c'].pk}/", headers={"HX-Request": "true"}).content.decode()
+    assert "attempt-marked" not in c
+
+
+def test_attempts_past_the_budget_after_a_resume_say_the_budget_is_each_times(org):
+    user = member(org, Role.MEMBER)
+    run = failed(org)  # b failed its one attempt (max_attempts 1)
+    resume_run(actor=Actor(organization=org, role=Role.MEMBER, user=user, channel="web"), run=run)
+    drive(run, fail={"b"})  # and its second, after the resume
+    b = by_key(run)["b"]
+    panel = client_for(user).get(f"/runs/{run.pk}/tasks/{b.pk}/", headers={"HX-Request": "true"}).content.decode()
+    attempts = re.search(r"<dt>Attempts</dt><dd[^>]*>(.*?)</dd>", panel, re.S).group(1)
+    assert re.sub(r"<[^>]+>", "", attempts) == "2 (1 each time it is run)"  # not "2/1"
+
+
 def test_an_action_the_service_refuses_is_a_message_saying_why(org):
     client = client_for(member(org, Role.MEMBER))
     run = failed(org)
