@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.utils.text import slugify
 
 from tenancy.models import Role
 
@@ -11,8 +12,9 @@ from tenancy.models import Role
 class OrganizationForm(forms.Form):
     name = forms.CharField(max_length=200, help_text="Shown in the header and in invitations.")
     slug = forms.CharField(
-        max_length=63,
-        help_text="Lowercase letters, digits and '-'; used in URLs and the X-Organization header.",
+        max_length=63, required=False,
+        help_text="Lowercase letters, digits and '-'; used in URLs and the X-Organization header. Left empty, "
+                  "it is made from the name.",
     )
 
     def clean_name(self) -> str:
@@ -20,6 +22,17 @@ class OrganizationForm(forms.Form):
 
     def clean_slug(self) -> str:
         return self.cleaned_data["slug"].strip()
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("slug") and data.get("name"):
+            # "Acme Data, Inc." -> "acme-data-inc" (tenancy.services checks it as any slug).
+            made = slugify(data["name"])[:63].strip("-_").replace("_", "-")
+            if made:
+                data["slug"] = made
+            else:
+                self.add_error("slug", "The name has no letters or digits to make a slug from: enter one.")
+        return data
 
 
 class SwitchOrganizationForm(forms.Form):

@@ -151,6 +151,9 @@ def test_the_banner_says_which_failures_a_handler_handled_and_lists_the_others_f
     named = re.findall(r'<code>(\w+)</code></a>( <span class="handled">\(handled by <code>(\w+)</code>\)</span>)?',
                        banner)
     assert [(key, handler) for key, _span, handler in named] == [("validate", ""), ("web", ""), ("boom", "alert")]
+    # A failed task may be on another page of the task table: the banner links to the table
+    # filtered to failed tasks.
+    assert '<a class="small show-failed" href="?task_state=failed#tasks">Show them in the task table</a>' in banner
 
 
 # --- an identical re-upload is "unchanged" --------------------------------------------------------

@@ -294,6 +294,18 @@ def test_no_membership_goes_to_create_organization(db):
     assert client.get("/")["Location"] == "/orgs/new/"
 
 
+def test_a_new_organization_without_a_slug_gets_one_made_from_its_name(db):
+    from tenancy.models import Organization
+
+    client = client_for(User.objects.create_user(email=unique_email("founder")))
+    resp = client.post("/orgs/new/", {"name": "Acme Data, Inc.", "slug": ""})
+    assert resp.status_code == 302
+    assert Organization.objects.filter(slug="acme-data-inc", name="Acme Data, Inc.").exists()
+    bad = client.post("/orgs/new/", {"name": "!!!", "slug": ""})
+    assert bad.status_code == 400
+    assert "The name has no letters or digits to make a slug from: enter one." in text(bad)
+
+
 def test_create_organization_shows_errors_on_the_field_and_makes_the_new_one_active(make_org):
     taken = make_org()
     user = User.objects.create_user(email=unique_email("founder"))
