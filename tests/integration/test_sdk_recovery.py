@@ -95,7 +95,7 @@ def test_the_sdks_recovery_actions_against_the_real_api(stack, org):
     skipped = member.runs.skip_task(third.id, third.task("b").id, reason="not needed today")
     assert skipped.state == "succeeded"
     assert (states(skipped)["b"][0], states(skipped)["c"][0]) == ("skipped", "skipped")
-    assert (skipped.task("c").skip_reason, skipped.task("b").skip_reason) == ("trigger_rule", "")
+    assert (skipped.task("c").skip_reason, skipped.task("b").skip_reason) == ("trigger_rule", "marked")
 
     # Each action done is audited once, as the API key's; the refused ones are not.
     actions = sorted(AuditLog.objects.for_organization(org).filter(action__in=[
