@@ -3,6 +3,8 @@ framework settings import while DRF views are being created)."""
 
 from __future__ import annotations
 
+import threading
+
 from django.conf import settings
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
@@ -17,6 +19,17 @@ class SchemaView(SpectacularAPIView):
     path prefix to ``/api`` and every operation would be tagged ``v1``."""
 
     schema = None
+
+    def _get_schema_response(self, request):
+        # One generation at a time in a process: drf-spectacular loads its extensions'
+        # target classes lazily and not thread-safely (an optional one whose package is
+        # absent is set to None while another thread reads it: a 500 AttributeError under
+        # gunicorn's threads when two clients asked for the first schema at once).
+        with _GENERATION:
+            return super()._get_schema_response(request)
+
+
+_GENERATION = threading.Lock()
 
 
 class DocsView(SpectacularSwaggerSplitView):

@@ -208,3 +208,45 @@ def test_workflows_and_runs_describe_their_scheduling_settings(schema):
     task_run = components["TaskRun"]["properties"]
     assert task_run["priority"]["type"] == "integer"
     assert task_run["concurrency_key"] == {**task_run["concurrency_key"], "type": "string", "nullable": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schema_requests_at_once_generate_one_at_a_time(monkeypatch):
+    """drf-spectacular's lazy loading of its extensions is not thread-safe: two threads
+    generating a process's first schema at once gave a 500 (an optional extension's target
+    set to None while the other read it). The view generates one schema at a time."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    running, peak, lock = [0], [0], threading.Lock()
+    original = SchemaGenerator.get_schema
+
+    def tracked(self, *args, **kwargs):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.2)  # long enough for the others to arrive while it runs
+            return original(self, *args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(SchemaGenerator, "get_schema", tracked)
+    statuses: list[int] = []
+
+    def fetch():
+        try:
+            statuses.append(Client().get("/api/schema/?format=json").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert statuses == [200] * 4
+    assert peak[0] == 1
