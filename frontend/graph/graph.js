@@ -106,6 +106,7 @@ class Graph {
     this.viewport = root.querySelector("[data-graph-viewport]");
     this.note = root.querySelector("[data-graph-note]");
     this.listBox = root.querySelector("[data-graph-list]");
+    this.defaultNote = this.note ? this.note.textContent : "";
     this.states = decodeStates("", this.tasks.length);
     this.readStates();
     const { groups, groupOf } = findGroups(this.tasks.length, this.edges);
@@ -511,6 +512,18 @@ class Graph {
     let s = Math.min(FIT_MAX_SCALE, (W - 2 * PAD) / width, (maxH - 2 * PAD) / height);
     s = Math.max(MIN_SCALE, s);
     const H = Math.min(maxH, Math.max(140, Math.ceil(height * s + 2 * PAD)));
+    // At the smallest legible scale part of the graph may be outside the card: say so (a
+    // fresh review saw three columns of the 37-task DAG and no sign of the rest).
+    // (Drawn from PAD when it does not fit with a margin on both sides: visible up to W.)
+    const clipped = width * s > W - PAD + 1 || height * s > H - PAD + 1;
+    this.root.dataset.clipped = clipped ? "1" : "0";
+    if (clipped) {
+      this.setNote(`Shown at the smallest legible size, ${Math.round(MIN_SCALE * 100)}%: part of the graph is outside `
+        + "the card. Drag to pan, − to see all of it, or List.");
+    } else if (this.clippedNoteShown) {
+      this.setNote(this.defaultNote);
+    }
+    this.clippedNoteShown = clipped;
     this.viewport.style.height = H + "px";
     this.view.s = s;
     this.view.tx = width * s <= W - 2 * PAD ? (W - width * s) / 2 : PAD;
@@ -638,8 +651,9 @@ class Graph {
     });
     const big = this.groups.reduce((n, g) => n + g.members.length, 0);
     if (this.groups.length) {
-      this.setNote(`${this.groups.length} fan-out${this.groups.length === 1 ? "" : "s"} of ${big.toLocaleString("en")} tasks `
-        + "shown as groups: click one to open it.");
+      this.defaultNote = `${this.groups.length} fan-out${this.groups.length === 1 ? "" : "s"} of `
+        + `${big.toLocaleString("en")} tasks shown as groups: click one to open it.`;
+      if (!this.clippedNoteShown) this.setNote(this.defaultNote);
     }
   }
 

@@ -209,6 +209,13 @@ def test_graph_is_legible_fits_its_card_zooms_pans_and_expands_groups(n, live_se
         page.screenshot(path=str(SHOTS / f"graph-{n}-{where}.png"))
         m = measure(page)
         check_default_view(m, n, f"{n} tasks, {where} page")
+        # At the legibility floor, part of the graph is outside the card: the note says so.
+        clipped = page.locator("[data-graph]").get_attribute("data-clipped")
+        note = page.locator("[data-graph-note]").inner_text()
+        if n == 7:
+            assert clipped == "0" and "outside the card" not in note, (where, note)
+        if n == 37:
+            assert clipped == "1" and "part of the graph is outside the card" in note, (where, note)
         # In the drawing's own units (the two cards may differ in width, so in scale).
         positions[where] = {lab["key"]: (round(lab["x"] / m["scale"]), round(lab["y"] / m["scale"]))
                             for lab in m["labels"]}
