@@ -120,7 +120,7 @@ browser-large: install browser
 	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(TEST_ENV) $(VENV)/bin/pytest -m large tests/e2e
 
-# Fault injection with a bigger load (make test runs it with 200 runs per scenario).
+# Fault injection, every scenario with a bigger load (make test runs a subset of three, 200 runs each).
 faults: install
 	$(PY) -m tests.faults.run --runs $${FAULT_RUNS:-500}
 
