@@ -204,7 +204,7 @@ def _history_gauges(cur) -> list[str]:
     cur.execute(sql.queries["metrics_table_sizes"])
     sizes = cur.fetchall()
     cur.execute(sql.queries["metrics_retention"],
-                {"default_days": int(getattr(settings, "FLOWFORGE_RUN_RETENTION_DAYS", 30))})
+                {"default_seconds": float(settings.FLOWFORGE_RUN_RETENTION_SECONDS)})
     oldest, lag = cur.fetchone()
     lines = ["# HELP flowforge_table_bytes Bytes on disk of a history table (with its indexes and TOAST).",
              "# TYPE flowforge_table_bytes gauge"]

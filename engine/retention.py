@@ -37,7 +37,7 @@ class OrganizationBacklog:
 
     organization_id: str
     slug: str
-    retention_days: int
+    retention_seconds: float
     runs: int
     oldest: dt.datetime
 
@@ -51,16 +51,26 @@ class PurgeResult:
     outbox_rows: int = 0
 
 
-def default_days() -> int:
-    """FLOWFORGE_RUN_RETENTION_DAYS (0: keep runs forever unless an organization says otherwise)."""
-    return int(getattr(settings, "FLOWFORGE_RUN_RETENTION_DAYS", 30))
+def default_seconds() -> float:
+    """The deployment's run retention in seconds: FLOWFORGE_RUN_RETENTION_SECONDS when set (a
+    soak or a test keeps minutes), else FLOWFORGE_RUN_RETENTION_DAYS × 86,400. 0 keeps runs
+    forever unless an organization says otherwise."""
+    return float(settings.FLOWFORGE_RUN_RETENTION_SECONDS)
+
+
+def describe(seconds: float) -> str:
+    """A retention for people: "30 days" when it is whole days, else "300 seconds"."""
+    if seconds and seconds % 86400 == 0:
+        days = int(seconds // 86400)
+        return f"{days} day" if days == 1 else f"{days} days"
+    return f"{seconds:g} seconds"
 
 
 def backlog() -> list[OrganizationBacklog]:
     """Each organization with finished runs past its retention (the purge's preview and lag)."""
     with connection.cursor() as cur:
-        cur.execute(sql.queries["run_retention_counts"], {"default_days": default_days()})
-        return [OrganizationBacklog(str(i), slug, days, n, oldest) for i, slug, days, n, oldest in cur.fetchall()]
+        cur.execute(sql.queries["run_retention_counts"], {"default_seconds": default_seconds()})
+        return [OrganizationBacklog(str(i), slug, float(secs), n, oldest) for i, slug, secs, n, oldest in cur.fetchall()]
 
 
 def purge(*, max_runs: int | None = None, batch_runs: int | None = None) -> PurgeResult:
@@ -90,7 +100,7 @@ def purge(*, max_runs: int | None = None, batch_runs: int | None = None) -> Purg
 def _purge_batch(limit: int) -> tuple[int, int]:
     with connection.cursor() as cur:
         cur.execute(sql.queries["run_retention_candidates"],
-                    {"default_days": default_days(), "per_org": limit, "limit": limit})
+                    {"default_seconds": default_seconds(), "per_org": limit, "limit": limit})
         run_ids = [r[0] for r in cur.fetchall()]
     if not run_ids:
         return 0, 0

@@ -494,6 +494,12 @@ if FLOWFORGE_RUN_RETENTION_DAYS < 0:
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_DAYS: expected a number of days >= 0 (0 keeps runs forever)")
+# The same in seconds, when set: it replaces FLOWFORGE_RUN_RETENTION_DAYS (a soak keeps minutes).
+FLOWFORGE_RUN_RETENTION_SECONDS = env_float("FLOWFORGE_RUN_RETENTION_SECONDS", FLOWFORGE_RUN_RETENTION_DAYS * 86400)
+if FLOWFORGE_RUN_RETENTION_SECONDS < 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_SECONDS: expected a number of seconds >= 0 (0 keeps runs forever)")
 # Runs removed per retention transaction, and at most per housekeeping pass.
 FLOWFORGE_RETENTION_BATCH_RUNS = int(os.environ.get("FLOWFORGE_RETENTION_BATCH_RUNS", "200"))
 FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS = int(os.environ.get("FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS", "20000"))

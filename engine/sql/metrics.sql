@@ -58,22 +58,22 @@ FROM unnest(ARRAY['core_workflowrun', 'core_taskrun', 'core_taskrunevent', 'core
 
 
 -- name: metrics_retention
--- The age in seconds of the oldest run kept (one probe per state, idx_wfrun_state_age) and of the purge's lag: how long past its organization's retention the oldest finished run still kept is (0 when none; per organization its oldest old run, idx_wfrun_org_recent), with default_days the deployment's retention.
+-- The age in seconds of the oldest run kept (one probe per state, idx_wfrun_state_age) and of the purge's lag: how long past its organization's retention the oldest finished run still kept is (0 when none; per organization its oldest old run, idx_wfrun_org_recent), with default_seconds the deployment's retention in seconds.
 SELECT
     COALESCE((SELECT EXTRACT(EPOCH FROM clock_timestamp() - min(m.oldest))
               FROM unnest(ARRAY['pending', 'running', 'succeeded', 'failed', 'cancelled']) AS s(state)
               CROSS JOIN LATERAL (SELECT min(r.created_at) AS oldest FROM core_workflowrun r
                                   WHERE r.state = s.state) m), 0),
     COALESCE((SELECT max(EXTRACT(EPOCH FROM (clock_timestamp()
-                                             - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s)))
+                                             - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s)))
                                             - l.finished_at))
               FROM core_organization o
               CROSS JOIN LATERAL (
                   SELECT r.finished_at FROM core_workflowrun r
                   WHERE r.organization_id = o.id
-                    AND r.created_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
-                    AND r.finished_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
+                    AND r.created_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
+                    AND r.finished_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
                     AND r.state IN ('succeeded', 'failed', 'cancelled')
                   ORDER BY r.created_at
                   LIMIT 1) l
-              WHERE COALESCE(o.run_retention_days, %(default_days)s) > 0), 0);
+              WHERE COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s) > 0), 0);

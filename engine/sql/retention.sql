@@ -6,36 +6,36 @@
 
 
 -- name: run_retention_candidates
--- Up to per_org finished runs of each organization past its retention (run_retention_days, else default_days; 0 keeps forever), oldest first, at most limit in all; idx_wfrun_org_recent (a range of created_at per organization: a run finished before the cutoff was created before it).
+-- Up to per_org finished runs of each organization past its retention (run_retention_days, else default_seconds, the deployment's in seconds; 0 keeps forever), oldest first, at most limit in all; idx_wfrun_org_recent (a range of created_at per organization: a run finished before the cutoff was created before it).
 SELECT c.id, c.organization_id
 FROM core_organization o
 CROSS JOIN LATERAL (
     SELECT r.id, r.organization_id, r.created_at
     FROM core_workflowrun r
     WHERE r.organization_id = o.id
-      AND r.created_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
-      AND r.finished_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
+      AND r.created_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
+      AND r.finished_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
       AND r.state IN ('succeeded', 'failed', 'cancelled')
     ORDER BY r.created_at DESC  -- the index's order; any old run will do
     LIMIT %(per_org)s
 ) c
-WHERE COALESCE(o.run_retention_days, %(default_days)s) > 0
+WHERE COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s) > 0
 LIMIT %(limit)s;
 
 
 -- name: run_retention_counts
 -- Per organization with runs past its retention: how many, and the oldest run's created_at (the purge preview and the admin's purge lag); idx_wfrun_org_recent.
-SELECT o.id, o.slug, COALESCE(o.run_retention_days, %(default_days)s) AS days, c.n, c.oldest
+SELECT o.id, o.slug, COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s) AS seconds, c.n, c.oldest
 FROM core_organization o
 CROSS JOIN LATERAL (
     SELECT count(*) AS n, min(r.created_at) AS oldest
     FROM core_workflowrun r
     WHERE r.organization_id = o.id
-      AND r.created_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
-      AND r.finished_at < clock_timestamp() - make_interval(days => COALESCE(o.run_retention_days, %(default_days)s))
+      AND r.created_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
+      AND r.finished_at < clock_timestamp() - make_interval(secs => COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s))
       AND r.state IN ('succeeded', 'failed', 'cancelled')
 ) c
-WHERE COALESCE(o.run_retention_days, %(default_days)s) > 0 AND c.n > 0
+WHERE COALESCE(o.run_retention_days * 86400.0, %(default_seconds)s) > 0 AND c.n > 0
 ORDER BY o.slug;
 
 

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from engine.reporting import QuotaLine, quota_report
+from engine.retention import describe as describe_retention
 from frontend.forms_workflows import OrganizationSettingsForm
 from frontend.organization import organization_required
 from frontend.presenters.text import human_bytes
@@ -63,6 +64,8 @@ def organization_settings(request: HttpRequest) -> HttpResponse:
     else:
         form = OrganizationSettingsForm(initial={"name": org.name})
     plan, limits = quota_rows(org)
+    retention_seconds = (org.run_retention_days * 86400 if org.run_retention_days is not None
+                         else settings.FLOWFORGE_RUN_RETENTION_SECONDS)
     context = {
         "plan": plan,
         "limits": limits,
@@ -71,7 +74,8 @@ def organization_settings(request: HttpRequest) -> HttpResponse:
         "can_manage": can_manage,
         "form": form if can_manage else None,
         # Run and audit retention (engine.retention, audit.retention).
-        "retention_days": org.run_retention_days if org.run_retention_days is not None else settings.FLOWFORGE_RUN_RETENTION_DAYS,
+        "retention_seconds": retention_seconds,
+        "retention_text": describe_retention(retention_seconds),
         "retention_overridden": org.run_retention_days is not None,
         "audit_retention_days": settings.FLOWFORGE_AUDIT_RETENTION_DAYS,
     }

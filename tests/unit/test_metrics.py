@@ -163,7 +163,7 @@ def test_history_gauges_show_table_sizes_the_oldest_run_and_the_retention_lag(ma
     from engine.services import start_run
     from tests.unit.test_web_runs import drive_run
 
-    settings.FLOWFORGE_RUN_RETENTION_DAYS = 30
+    settings.FLOWFORGE_RUN_RETENTION_SECONDS = 30 * 86400
     org = make_org()
     run = drive_run(start_run(workflow=make_workflow(org, [{"key": "a", "type": "noop"}], name="old")))
     assert run.state == "succeeded"

@@ -59,8 +59,8 @@ def offload_dir(settings, tmp_path):
 def age(run, days: float) -> None:
     """Make ``run`` look created and finished ``days`` ago."""
     with connection.cursor() as cur:
-        cur.execute("UPDATE core_workflowrun SET created_at = now() - make_interval(days => %s), "
-                    "finished_at = CASE WHEN finished_at IS NULL THEN NULL ELSE now() - make_interval(days => %s) END "
+        cur.execute("UPDATE core_workflowrun SET created_at = now() - make_interval(secs => %s * 86400.0), "
+                    "finished_at = CASE WHEN finished_at IS NULL THEN NULL ELSE now() - make_interval(secs => %s * 86400.0) END "
                     "WHERE id = %s", [days, days, run.pk])
 
 
@@ -124,7 +124,7 @@ def test_a_finished_run_past_retention_goes_with_everything_it_owns(make_org, se
 
 
 def test_open_runs_recent_runs_and_kept_forever_organizations_stay(make_org, settings):
-    settings.FLOWFORGE_RUN_RETENTION_DAYS = 30
+    settings.FLOWFORGE_RUN_RETENTION_SECONDS = 30 * 86400
     org, forever, short = make_org(), make_org(), make_org()
     Organization.objects.filter(pk=forever.pk).update(run_retention_days=0)
     Organization.objects.filter(pk=short.pk).update(run_retention_days=2)
@@ -141,9 +141,26 @@ def test_open_runs_recent_runs_and_kept_forever_organizations_stay(make_org, set
     assert retention.purge().runs == 1
     assert not WorkflowRun.objects.unscoped().filter(pk=shortlived.pk).exists()
     assert WorkflowRun.objects.unscoped().filter(pk__in=[running.pk, young.pk, kept.pk]).count() == 3
-    settings.FLOWFORGE_RUN_RETENTION_DAYS = 0  # the deployment keeps everything: only overrides purge
+    settings.FLOWFORGE_RUN_RETENTION_SECONDS = 0  # the deployment keeps everything: only overrides purge
     age(young, 400)
     assert retention.purge().runs == 0
+
+
+def test_a_retention_in_seconds_replaces_the_days_and_an_organizations_days_still_win(make_org, settings):
+    settings.FLOWFORGE_RUN_RETENTION_SECONDS = 120  # a soak's few minutes
+    org, days = make_org(), make_org()
+    Organization.objects.filter(pk=days.pk).update(run_retention_days=1)
+    old, fresh, daily = finished_run(org, "old"), finished_run(org, "fresh"), finished_run(days, "daily")
+    for run, minutes in ((old, 3), (fresh, 1), (daily, 3)):
+        age(run, minutes / 1440)
+    assert [(b.slug, b.runs, b.retention_seconds) for b in retention.backlog()] == [(org.slug, 1, 120.0)]
+    assert retention.purge().runs == 1
+    assert set(WorkflowRun.objects.unscoped().values_list("pk", flat=True)) == {fresh.pk, daily.pk}
+    out = io.StringIO()
+    age(fresh, 5 / 1440)
+    call_command("purge_runs", "--preview", stdout=out)
+    assert f"{org.slug}: 1 run(s) past 120 seconds" in out.getvalue()
+    assert retention.describe(86400) == "1 day" and retention.describe(0.5) == "0.5 seconds"
 
 
 def test_batches_are_bounded_and_the_next_pass_goes_on(make_org):
@@ -203,7 +220,7 @@ def test_the_settings_page_shows_the_retention(make_org, settings):
     client = Client()
     client.force_login(owner)
     page = client.get("/settings/", HTTP_X_ORGANIZATION=org.slug).content.decode()
-    assert 'data-retention-days="30">30 days' in page
+    assert 'data-retention-seconds="2592000">30 days' in page
     Organization.objects.filter(pk=org.pk).update(run_retention_days=7)
     page = client.get("/settings/", HTTP_X_ORGANIZATION=org.slug).content.decode()
-    assert 'data-retention-days="7">7 days <span class="muted small">(set for this organization)' in page
+    assert 'data-retention-seconds="604800">7 days <span class="muted small">(set for this organization)' in page

@@ -19,7 +19,7 @@ class Command(BaseCommand):
         if opts["preview"]:
             rows = retention.backlog()
             for b in rows:
-                self.stdout.write(f"{b.slug}: {b.runs} run(s) past {b.retention_days} days, oldest created "
+                self.stdout.write(f"{b.slug}: {b.runs} run(s) past {retention.describe(b.retention_seconds)}, oldest created "
                                   f"{b.oldest:%Y-%m-%d %H:%M:%S %Z}")
             self.stdout.write(f"would remove {sum(b.runs for b in rows)} run(s) in {len(rows)} organization(s)")
             return
