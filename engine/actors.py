@@ -18,7 +18,7 @@ import dramatiq
 from django.conf import settings
 
 from audit import retention as audit_retention
-from engine import backfill, live, notifier, retention, services
+from engine import backfill, live, notifier, partitions, retention, services
 from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
@@ -81,14 +81,16 @@ def sweep_runs() -> None:
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows,
     workers not seen for a week, the secret values kept for worker task generations no
-    longer running, abandoned live subscriptions, and audit rows past the audit retention
+    longer running, abandoned live subscriptions, history partitions (created ahead, dropped
+    when expired: ``engine.partitions``), runs past their retention, and audit rows past the audit retention
     (``audit.retention``: a bounded number per chain and pass)."""
     services.purge_expired_idempotency_keys()
     services.purge_old_rate_limit_buckets()
     services.purge_forgotten_workers()
     services.purge_finished_attempt_secrets()
     live.purge_expired()
-    retention.purge()
+    partitions.ensure_ahead()  # first: an insert with no partition for it fails
+    retention.purge()  # then drops the history partitions that expired
     audit_retention.purge()
 
 

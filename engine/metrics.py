@@ -200,12 +200,15 @@ def _db_gauges() -> list[str]:
 
 
 def _history_gauges(cur) -> list[str]:
-    """Table sizes, the oldest run kept and the retention purge's lag (issue 21; docs/retention.md)."""
+    """Table sizes, the oldest run kept, the retention purge's lag and the history partitions
+    (issue 21; docs/retention.md)."""
     cur.execute(sql.queries["metrics_table_sizes"])
     sizes = cur.fetchall()
     cur.execute(sql.queries["metrics_retention"],
                 {"default_seconds": float(settings.FLOWFORGE_RUN_RETENTION_SECONDS)})
     oldest, lag = cur.fetchone()
+    cur.execute(sql.queries["metrics_history_partitions"])
+    parts = cur.fetchall()
     lines = ["# HELP flowforge_table_bytes Bytes on disk of a history table (with its indexes and TOAST).",
              "# TYPE flowforge_table_bytes gauge"]
     lines += [f'flowforge_table_bytes{{table="{name}"}} {size}' for name, size in sizes]
@@ -214,6 +217,13 @@ def _history_gauges(cur) -> list[str]:
               "# HELP flowforge_retention_lag_seconds How long past its organization's retention the oldest "
               "finished run still kept is (0: the purge is keeping up).",
               "# TYPE flowforge_retention_lag_seconds gauge", f"flowforge_retention_lag_seconds {_fmt(float(lag))}"]
+    lines += ["# HELP flowforge_history_partitions_ahead Partitions of a history table for periods not over yet "
+              "(the current one and those created ahead; alert below 2).",
+              "# TYPE flowforge_history_partitions_ahead gauge"]
+    lines += [f'flowforge_history_partitions_ahead{{table="{name}"}} {ahead}' for name, ahead, _ in parts]
+    lines += ["# HELP flowforge_history_partitions Partitions of a history table in all.",
+              "# TYPE flowforge_history_partitions gauge"]
+    lines += [f'flowforge_history_partitions{{table="{name}"}} {total}' for name, _, total in parts]
     return lines
 
 

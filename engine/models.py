@@ -472,10 +472,18 @@ class TaskRunEvent(models.Model):
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
                                      db_constraint=False)
     # Neither has an index of its own: uniq_event_run_seq leads with workflow_run and
-    # idx_event_taskrun_created with task_run (migration 0011).
-    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
+    # idx_event_taskrun_created with task_run (migration 0011). No database constraint
+    # either (migration 0033): the table is partitioned, its rows are written only by the
+    # engine's statements from the rows they belong to, and the rows of a period about to
+    # be dropped outlive their run until the drop (engine.partitions).
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False,
+                                     db_constraint=False)
     task_run = models.ForeignKey(TaskRun, null=True, blank=True, on_delete=models.CASCADE, related_name="events",
-                                 db_index=False)
+                                 db_index=False, db_constraint=False)
+    # The run's created_at, copied by every statement that writes an event: the partition
+    # key (range, FLOWFORGE_HISTORY_PARTITION_SECONDS per partition; migration 0033), so all
+    # of a run's history is in one partition.
+    run_created_at = models.DateTimeField()
     seq = models.BigIntegerField()
     kind = models.CharField(max_length=40, choices=EventKind.choices)
     from_state = models.CharField(max_length=20, blank=True, default="")
@@ -491,7 +499,10 @@ class TaskRunEvent(models.Model):
         db_table = "core_taskrunevent"
         constraints = [
             # A run's event log in order, and the ?after= cursor (seed 001's (workflowId, seq)).
-            models.UniqueConstraint(fields=["workflow_run", "seq"], name="uniq_event_run_seq"),
+            # The partition key is part of it, as a unique index on a partitioned table must
+            # be (seed 001's trap); run_created_at is one value per run, so (run, seq) is
+            # still unique (tests/unit/test_partitions.py).
+            models.UniqueConstraint(fields=["workflow_run", "seq", "run_created_at"], name="uniq_event_run_seq"),
             # Every kind the engine writes (engine.states.EventKind), and nothing else: a
             # typo in a statement fails its transaction instead of writing an event no
             # reader knows (migration 0014).
@@ -907,9 +918,16 @@ class TaskLog(models.Model):
         SYSTEM = "system"
 
     id = models.BigAutoField(primary_key=True)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)
-    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+", db_index=False)
-    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="logs", db_index=False)
+    # No database constraints (migration 0033), as for TaskRunEvent: partitioned, written
+    # only by the engine's statements.
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
+    workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                     db_constraint=False)
+    task_run = models.ForeignKey(TaskRun, on_delete=models.CASCADE, related_name="logs", db_index=False,
+                                 db_constraint=False)
+    # The run's created_at: the partition key, as TaskRunEvent.run_created_at.
+    run_created_at = models.DateTimeField()
     attempt = models.IntegerField()
     fencing_token = models.BigIntegerField()
     level = models.CharField(max_length=10, choices=Level.choices)

@@ -26,7 +26,7 @@ import logging
 from django.conf import settings
 from django.db import connection, transaction
 
-from engine import offload, sql
+from engine import offload, partitions, sql
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ class PurgeResult:
     runs: int = 0
     files: int = 0
     outbox_rows: int = 0
+    #: History partitions dropped after the runs (engine.partitions.drop_expired).
+    partitions: list[str] = dataclasses.field(default_factory=list)
 
 
 def default_seconds() -> float:
@@ -83,34 +85,38 @@ def purge(*, max_runs: int | None = None, batch_runs: int | None = None) -> Purg
     if max_runs < 1 or batch_runs < 1:
         raise ValueError("max_runs and batch_runs must be at least 1")
     result = PurgeResult()
+    horizon = partitions.drop_horizon()
     while result.runs < max_runs:
         want = min(batch_runs, max_runs - result.runs)
-        removed, files = _purge_batch(want)
+        removed, files = _purge_batch(want, horizon)
         result.runs += removed
         result.files += files
         if removed < want:
             break
     result.outbox_rows = purge_published_outbox()
+    result.partitions = partitions.drop_expired()
     if result.runs or result.outbox_rows:
         log.info("retention: removed %s runs (%s offloaded files) and %s published outbox rows",
                  result.runs, result.files, result.outbox_rows)
     return result
 
 
-def _purge_batch(limit: int) -> tuple[int, int]:
+def _purge_batch(limit: int, horizon: dt.datetime | None) -> tuple[int, int]:
     with connection.cursor() as cur:
         cur.execute(sql.queries["run_retention_candidates"],
                     {"default_seconds": default_seconds(), "per_org": limit, "limit": limit})
         run_ids = [r[0] for r in cur.fetchall()]
     if not run_ids:
         return 0, 0
-    return purge_runs(run_ids)
+    return purge_runs(run_ids, horizon=horizon)
 
 
-def purge_runs(run_ids: list) -> tuple[int, int]:
+def purge_runs(run_ids: list, *, horizon: dt.datetime | None = None) -> tuple[int, int]:
     """Remove the finished runs among ``run_ids`` now, whatever their age (the purge's
-    batch; tests), with everything they own. Returns (runs removed, files removed). A run
-    not finished, or locked by another transaction, is left."""
+    batch; tests), with everything they own — except the events and log lines of runs
+    created before ``horizon`` (engine.partitions.drop_horizon), which their partition's
+    drop removes. Returns (runs removed, files removed). A run not finished, or locked by
+    another transaction, is left."""
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute(sql.queries["run_lock_finished"], {"run_ids": run_ids})
@@ -121,7 +127,7 @@ def purge_runs(run_ids: list) -> tuple[int, int]:
             payloads = [(str(i), key) for i, key in cur.fetchall()]
         files = offload.delete_payloads(payloads) if payloads else 0
         with connection.cursor() as cur:
-            cur.execute(sql.queries["run_purge_many"], {"run_ids": run_ids})
+            cur.execute(sql.queries["run_purge_many"], {"run_ids": run_ids, "horizon": horizon})
             removed = len(cur.fetchall())
     return removed, files
 

@@ -500,6 +500,16 @@ if FLOWFORGE_RUN_RETENTION_SECONDS < 0:
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_SECONDS: expected a number of seconds >= 0 (0 keeps runs forever)")
+# History partitions (engine.partitions, migration 0033): the events and log lines of runs created
+# in one period of this many seconds share a partition, dropped whole once no run of the period is
+# kept; the clock's housekeeping keeps FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods created ahead.
+FLOWFORGE_HISTORY_PARTITION_SECONDS = int(env_float("FLOWFORGE_HISTORY_PARTITION_SECONDS", 86400))
+FLOWFORGE_HISTORY_PARTITIONS_AHEAD = int(env_float("FLOWFORGE_HISTORY_PARTITIONS_AHEAD", 14))
+if FLOWFORGE_HISTORY_PARTITION_SECONDS < 60 or FLOWFORGE_HISTORY_PARTITIONS_AHEAD < 2:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("FLOWFORGE_HISTORY_PARTITION_SECONDS: expected at least 60 seconds, and "
+                               "FLOWFORGE_HISTORY_PARTITIONS_AHEAD at least 2 periods")
 # Runs removed per retention transaction, and at most per housekeeping pass.
 FLOWFORGE_RETENTION_BATCH_RUNS = int(os.environ.get("FLOWFORGE_RETENTION_BATCH_RUNS", "200"))
 FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS = int(os.environ.get("FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS", "20000"))

@@ -3,6 +3,7 @@ real Dramatiq worker processes against Redis (see tests/integration/conftest.py)
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 
 import pytest
@@ -51,6 +52,17 @@ def _refill_threads_stopped(django_db_setup):
 
     Refiller.stop_all()
     LogShipper.stop_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _history_partitions_for_old_runs(django_db_setup, django_db_blocker):
+    """One history partition for runs created from 2000 to the current period (migration
+    0033 makes those from the current period on): tests make runs look old by moving their
+    created_at, and such a run's later events need a partition to land in."""
+    from engine import partitions
+
+    with django_db_blocker.unblock():
+        partitions.ensure_range(dt.datetime(2000, 1, 1, tzinfo=dt.UTC), partitions.floor(dt.datetime.now(dt.UTC)))
 
 
 def _transactional(request) -> bool:

@@ -50,11 +50,25 @@ ORDER BY min(k.rank);
 
 
 -- name: metrics_table_sizes
--- Bytes on disk (table, its indexes and TOAST) of the tables that grow with history (issue 21: retention keeps them bounded); the catalog, no table read.
-SELECT t.name, pg_total_relation_size(t.name::regclass)
+-- Bytes on disk (table, its indexes and TOAST; a partitioned table's partitions summed) of the tables that grow with history (issue 21: retention keeps them bounded); the catalog, no table read.
+SELECT t.name, (SELECT sum(pg_total_relation_size(p.relid))::bigint FROM pg_partition_tree(t.name::regclass) p)
 FROM unnest(ARRAY['core_workflowrun', 'core_taskrun', 'core_taskrunevent', 'core_tasklog', 'core_outboxmessage',
                   'core_offloadedpayload', 'core_triggerfiring', 'core_notificationevent',
                   'core_notificationdelivery', 'core_auditlog']) AS t(name);
+
+
+-- name: metrics_history_partitions
+-- Per history table, its partitions from the current period on (created ahead; the manager keeps FLOWFORGE_HISTORY_PARTITIONS_AHEAD) and in all; the catalog (pg_inherits).
+SELECT p.relname,
+       count(*) FILTER (WHERE (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
+                              > statement_timestamp()) AS ahead,
+       count(*) AS total
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+WHERE p.relname IN ('core_taskrunevent', 'core_tasklog') AND p.relnamespace = 'public'::regnamespace
+GROUP BY p.relname
+ORDER BY p.relname;
 
 
 -- name: metrics_retention

@@ -34,13 +34,13 @@ WITH prev AS (
         last_event_seq = r.last_event_seq + 1
     FROM prev p
     WHERE r.id = p.id AND r.state IN ('succeeded', 'failed', 'cancelled')
-    RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state, r.created_at
 )
 INSERT INTO core_taskrunevent
     (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-     attempt, fencing_token, detail, created_at)
+     attempt, fencing_token, detail, created_at, run_created_at)
 SELECT gen_random_uuid(), re.organization_id, re.id, NULL, re.last_event_seq, 'resumed', re.old_state,
-       'running', NULL, NULL, %(detail)s::jsonb, clock_timestamp()
+       'running', NULL, NULL, %(detail)s::jsonb, clock_timestamp(), re.created_at
 FROM re
 RETURNING from_state
 
@@ -81,13 +81,13 @@ WITH req AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id FROM re
@@ -118,13 +118,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, fencing_token FROM done
@@ -153,13 +153,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, fencing_token FROM done

@@ -55,16 +55,21 @@ WHERE p.workflow_run_id = ANY(%(run_ids)s::uuid[]);
 
 
 -- name: run_purge_many
--- Remove the runs of run_ids that are still finished (locked; SKIP LOCKED leaves a run being resumed to a later pass) with everything they own: events, logs, outbox rows, attempt secrets, offloaded payload rows, idempotency keys, trigger firings, live subscriptions, notification events with their deliveries and attempts, task runs; a later run that retried one forgets it. One statement: the foreign keys are checked at its end. Returns the removed runs' ids; each child by its run's index (uniq_event_run_seq, idx_tasklog_run, uniq_taskrun_per_run_task, ...).
+-- Remove the runs of run_ids that are still finished (locked; SKIP LOCKED leaves a run being resumed to a later pass) with everything they own: events and logs (but not those of a run created before horizon, when given: their partition is dropped whole, engine.partitions), outbox rows, attempt secrets, offloaded payload rows, idempotency keys, trigger firings, live subscriptions, notification events with their deliveries and attempts, task runs; a later run that retried one forgets it. One statement: the foreign keys are checked at its end. Returns the removed runs' ids; each child by its run's index (uniq_event_run_seq, idx_tasklog_run, uniq_taskrun_per_run_task, ...).
 WITH runs AS (
-    SELECT r.id
+    SELECT r.id, r.created_at
     FROM core_workflowrun r
     WHERE r.id = ANY(%(run_ids)s::uuid[]) AND r.state IN ('succeeded', 'failed', 'cancelled')
     FOR UPDATE SKIP LOCKED
 ), d_events AS (
-    DELETE FROM core_taskrunevent e USING runs WHERE e.workflow_run_id = runs.id          -- uniq_event_run_seq
+    -- The run's partition only (run_created_at); none for a run created before the drop horizon.
+    DELETE FROM core_taskrunevent e USING runs
+    WHERE e.workflow_run_id = runs.id AND e.run_created_at = runs.created_at               -- uniq_event_run_seq
+      AND (%(horizon)s::timestamptz IS NULL OR runs.created_at >= %(horizon)s::timestamptz)
 ), d_logs AS (
-    DELETE FROM core_tasklog l USING runs WHERE l.workflow_run_id = runs.id               -- idx_tasklog_run
+    DELETE FROM core_tasklog l USING runs
+    WHERE l.workflow_run_id = runs.id AND l.run_created_at = runs.created_at               -- idx_tasklog_run
+      AND (%(horizon)s::timestamptz IS NULL OR runs.created_at >= %(horizon)s::timestamptz)
 ), d_outbox AS (
     DELETE FROM core_outboxmessage m USING runs WHERE m.workflow_run_id = runs.id
 ), d_secrets AS (

@@ -80,7 +80,7 @@ WITH running AS (
     SET state = 'running', started_at = clock_timestamp(), last_event_seq = r.last_event_seq + 1
     FROM picked p
     WHERE r.id = p.id AND r.state = 'pending'
-    RETURNING r.id, r.organization_id, r.last_event_seq
+    RETURNING r.id, r.organization_id, r.last_event_seq, r.created_at
 ), roots AS (
     UPDATE core_taskrun t
     SET state = 'ready', ready_at = clock_timestamp()
@@ -91,9 +91,9 @@ WITH running AS (
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), a.organization_id, a.id, NULL, a.last_event_seq, 'run_admitted',
-           'pending', 'running', NULL, NULL, '{}'::jsonb, clock_timestamp()
+           'pending', 'running', NULL, NULL, '{}'::jsonb, clock_timestamp(), a.created_at
     FROM adm a
 )
 SELECT a.id, (SELECT count(*) FROM roots) AS roots FROM adm a;
@@ -156,13 +156,13 @@ WITH runs AS (
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
-    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
-           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp(), f.created_at
     FROM fin f
 )
 -- limited: the run's workflow has max_running_runs, so a queued run may be admitted now
@@ -205,13 +205,13 @@ WITH runs AS (
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending') AND c.failed = 0
-    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished',
-           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp()
+           f.old_state, f.state, NULL, NULL, '{}'::jsonb, clock_timestamp(), f.created_at
     FROM fin f
 )
 -- limited: the run's workflow has max_running_runs, so a queued run may be admitted now
@@ -231,13 +231,13 @@ WITH prev AS (
            error = %(reason)s, last_event_seq = r.last_event_seq + 1
     FROM prev p
     WHERE r.id = p.id AND r.state IN ('pending', 'running')
-    RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state
+    RETURNING r.id, r.organization_id, r.last_event_seq, p.state AS old_state, r.created_at
 )
 INSERT INTO core_taskrunevent
     (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-     attempt, fencing_token, detail, created_at)
+     attempt, fencing_token, detail, created_at, run_created_at)
 SELECT gen_random_uuid(), f.organization_id, f.id, NULL, f.last_event_seq, 'run_finished', f.old_state,
-       %(final)s, NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp()
+       %(final)s, NULL, NULL, jsonb_build_object('reason', %(reason)s::text), clock_timestamp(), f.created_at
 FROM fin f
 RETURNING id;
 

@@ -7,13 +7,14 @@
 
 
 -- name: task_log_append_many
--- Append lines a shared worker captured from its attempts (one array element per line: the task run, its organization and run, attempt, generation token, stream, level, message and when it was written), in order; the caller caps and redacts them; core_tasklog_pkey (its sequence is the order).
+-- Append lines a shared worker captured from its attempts (one array element per line: the task run, its organization and run, attempt, generation token, stream, level, message and when it was written), in order, each with its run's created_at (the partition key); the caller caps and redacts them; core_tasklog_pkey (its sequence is the order), core_workflowrun_pkey.
 INSERT INTO core_tasklog (organization_id, workflow_run_id, task_run_id, attempt, fencing_token, stream, level, message,
-                          created_at)
-SELECT l.org, l.run, l.task_run, l.attempt, l.token, l.stream, l.level, l.message, l.at
+                          created_at, run_created_at)
+SELECT l.org, l.run, l.task_run, l.attempt, l.token, l.stream, l.level, l.message, l.at, r.created_at
 FROM unnest(%(orgs)s::uuid[], %(runs)s::uuid[], %(task_runs)s::uuid[], %(attempts)s::int[], %(tokens)s::bigint[],
             %(streams)s::text[], %(levels)s::text[], %(messages)s::text[], %(ats)s::timestamptz[])
      WITH ORDINALITY AS l(org, run, task_run, attempt, token, stream, level, message, at, n)
+JOIN core_workflowrun r ON r.id = l.run  -- core_workflowrun_pkey: the partition key
 ORDER BY l.n;
 
 

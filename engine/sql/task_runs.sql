@@ -271,15 +271,15 @@ WITH now_ AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
            -- The claim's instant, the one its rate buckets counted it at: a timeline read
            -- from these events sees the buckets' windows exactly.
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, n.at
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, n.at, s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id, now_ n
 )
 -- A row per claimed generation (with the seconds it waited, its lane and its place in the claim's order), then a row per outbox row
@@ -335,13 +335,13 @@ WITH sreq AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 -- What a worker needs to run each started attempt (StartedAttempt's fields, in order).
@@ -399,13 +399,13 @@ WITH creq AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, fencing_token, workflow_run_id, state FROM done;
@@ -470,13 +470,13 @@ WITH sreq AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 -- ('d', id, workflow_run_id, state at [4], fencing_token at [9]) per success, padded with
@@ -559,13 +559,13 @@ WITH me AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT n FROM others;
@@ -671,13 +671,13 @@ WITH me AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, state FROM decided;
@@ -738,13 +738,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
@@ -787,13 +787,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
@@ -836,13 +836,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, workflow_run_id, task_id, state, attempt, not_before FROM done;
@@ -870,13 +870,13 @@ WITH back AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id FROM back;
@@ -958,13 +958,13 @@ WITH RECURSIVE src AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id FROM skipped;
@@ -1000,13 +1000,13 @@ WITH done AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT id, workflow_run_id, task_id, state FROM done;
@@ -1044,13 +1044,13 @@ WITH open AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT count(*) FROM c;

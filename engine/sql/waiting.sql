@@ -176,13 +176,13 @@ WITH changed AS (
 ), ev_seq AS (
     UPDATE core_workflowrun r SET last_event_seq = r.last_event_seq + c.n
     FROM ev_counts c WHERE r.id = c.workflow_run_id
-    RETURNING r.id, r.last_event_seq - c.n AS base
+    RETURNING r.id, r.last_event_seq - c.n AS base, r.created_at AS run_created_at
 ), ev_ins AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,
-         attempt, fencing_token, detail, created_at)
+         attempt, fencing_token, detail, created_at, run_created_at)
     SELECT gen_random_uuid(), e.organization_id, e.workflow_run_id, e.id, s.base + e.rn, e.ev_kind,
-           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp()
+           e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, clock_timestamp(), s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id
 )
 SELECT (SELECT count(*) FROM noted), (SELECT count(*) FROM tr);

@@ -67,7 +67,8 @@ WHERE t.id = %(id)s AND t.organization_id = %(org)s AND t.queue <> '';
 -- name: task_log_append
 -- Append log lines (levels, messages) to the started generation token of a worker task run of the organization, only while that generation holds an unexpired lease and its lines stay within max_lines and max_bytes (of messages, UTF-8): the first line past either is replaced by one 'system' line (marker) and the rest are dropped, as is every later line; returns the stream of each row written; core_taskrun_pkey, idx_tasklog_taskrun.
 WITH gen AS (
-    SELECT t.organization_id, t.workflow_run_id, t.id, t.attempt, t.fencing_token FROM core_taskrun t
+    SELECT t.organization_id, t.workflow_run_id, t.id, t.attempt, t.fencing_token, r.created_at AS run_created_at
+    FROM core_taskrun t JOIN core_workflowrun r ON r.id = t.workflow_run_id  -- core_workflowrun_pkey
     WHERE t.id = %(id)s AND t.organization_id = %(org)s AND t.queue <> ''
       AND (t.state || '') = 'running' AND t.fencing_token = %(token)s AND t.started_fencing_token = %(token)s
       AND t.lease_expires_at > clock_timestamp()
@@ -91,9 +92,9 @@ WITH gen AS (
     FROM used u WHERE NOT u.full AND (SELECT count(*) FROM kept) < cardinality(%(messages)s::text[])
 )
 INSERT INTO core_tasklog (organization_id, workflow_run_id, task_run_id, attempt, fencing_token, stream, level, message,
-                          created_at)
+                          created_at, run_created_at)
 SELECT g.organization_id, g.workflow_run_id, g.id, g.attempt, g.fencing_token, l.stream, l.level, l.message,
-       clock_timestamp()
+       clock_timestamp(), g.run_created_at
 FROM gen g, lines l
 ORDER BY l.n
 RETURNING stream;

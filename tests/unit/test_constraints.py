@@ -43,8 +43,13 @@ def violation(constraint: str, write) -> IntegrityError:
             write()
     cause = excinfo.value.__cause__
     assert cause is not None, "IntegrityError without the underlying psycopg error"
-    assert cause.diag.constraint_name == constraint, (
-        f"expected constraint {constraint!r}, database named {cause.diag.constraint_name!r}: {cause}"
+    name = cause.diag.constraint_name
+    with connection.cursor() as cur:  # a partition's copy of its table's constraint: the table's name
+        cur.execute("SELECT p.conname FROM pg_constraint c JOIN pg_constraint p ON p.oid = c.conparentid "
+                    "WHERE c.conname = %s", [name])
+        row = cur.fetchone()
+    assert (row[0] if row else name) == constraint, (
+        f"expected constraint {constraint!r}, database named {name!r}: {cause}"
     )
     return excinfo.value
 
@@ -445,11 +450,11 @@ def test_a_second_event_with_a_taken_seq_violates_uniq_event_run_seq(run):
     violation(
         "uniq_event_run_seq",
         lambda: TaskRunEvent.objects.bulk_create(
-            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=1, kind="promoted")]
+            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, run_created_at=run.created_at, seq=1, kind="promoted")]
         ),
     )
     (extra,) = TaskRunEvent.objects.bulk_create(
-        [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="promoted")]
+        [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, run_created_at=run.created_at, seq=2, kind="promoted")]
     )
     violation("uniq_event_run_seq", lambda: TaskRunEvent.objects.unscoped().filter(pk=extra.pk).update(seq=1))
     assert sorted(TaskRunEvent.objects.unscoped().filter(workflow_run=run).values_list("seq", flat=True)) == [1, 2]
@@ -459,7 +464,7 @@ def test_an_event_of_an_unknown_kind_violates_taskrunevent_kind_valid(run):
     violation(
         "taskrunevent_kind_valid",
         lambda: TaskRunEvent.objects.bulk_create(
-            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2, kind="forged")]
+            [TaskRunEvent(organization_id=run.organization_id, workflow_run=run, run_created_at=run.created_at, seq=2, kind="forged")]
         ),
     )
     (started,) = TaskRunEvent.objects.unscoped().filter(workflow_run=run)
@@ -473,7 +478,7 @@ def test_every_event_kind_of_the_enum_is_accepted_by_taskrunevent_kind_valid(run
     kinds = list(EventKind)
     assert len(kinds) == len(set(EventKind.values)) >= 16
     TaskRunEvent.objects.bulk_create([
-        TaskRunEvent(organization_id=run.organization_id, workflow_run=run, seq=2 + i, kind=kind)
+        TaskRunEvent(organization_id=run.organization_id, workflow_run=run, run_created_at=run.created_at, seq=2 + i, kind=kind)
         for i, kind in enumerate(kinds)
     ])
     stored = TaskRunEvent.objects.unscoped().filter(workflow_run=run, seq__gte=2).values_list("kind", flat=True)
@@ -929,10 +934,10 @@ def test_an_unknown_log_level_violates_tasklog_level_valid(run):
     from engine.models import TaskLog
 
     tr = task_run(run, "a")
-    TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1,
+    TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, run_created_at=run.created_at, task_run=tr, attempt=1,
                            fencing_token=0, level="info", message="ok")
     violation("tasklog_level_valid", lambda: TaskLog.objects.create(
-        organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
+        organization_id=tr.organization_id, workflow_run=run, run_created_at=run.created_at, task_run=tr, attempt=1, fencing_token=0,
         level="loud", message="x"))
     assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 1
 
@@ -942,10 +947,10 @@ def test_an_unknown_log_stream_violates_tasklog_stream_valid(run):
 
     tr = task_run(run, "a")
     for stream in ("worker", "logging", "stdout", "stderr", "http", "system"):
-        TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1,
+        TaskLog.objects.create(organization_id=tr.organization_id, workflow_run=run, run_created_at=run.created_at, task_run=tr, attempt=1,
                                fencing_token=0, level="info", stream=stream, message="ok")
     violation("tasklog_stream_valid", lambda: TaskLog.objects.create(
-        organization_id=tr.organization_id, workflow_run=run, task_run=tr, attempt=1, fencing_token=0,
+        organization_id=tr.organization_id, workflow_run=run, run_created_at=run.created_at, task_run=tr, attempt=1, fencing_token=0,
         level="info", stream="syslog", message="x"))
     assert TaskLog.objects.for_organization(run.organization_id).filter(task_run=tr).count() == 6
 

@@ -62,6 +62,10 @@ def age(run, days: float) -> None:
         cur.execute("UPDATE core_workflowrun SET created_at = now() - make_interval(secs => %s * 86400.0), "
                     "finished_at = CASE WHEN finished_at IS NULL THEN NULL ELSE now() - make_interval(secs => %s * 86400.0) END "
                     "WHERE id = %s", [days, days, run.pk])
+        # Its history moves with it: run_created_at is the run's created_at (migration 0033).
+        for table in ("core_taskrunevent", "core_tasklog"):
+            cur.execute(f"UPDATE {table} SET run_created_at = r.created_at FROM core_workflowrun r "
+                        f"WHERE r.id = %s AND {table}.workflow_run_id = r.id", [run.pk])
 
 
 def owned_counts(run) -> dict[str, int]:
@@ -77,7 +81,8 @@ def decorate(org, run, offload_dir) -> str:
     """Give ``run`` one row of everything a run can own, and an offloaded file; returns the file's key."""
     task_run = TaskRun.objects.unscoped().filter(workflow_run=run).first()
     TaskLog.objects.unscoped().create(organization=org, workflow_run=run, task_run=task_run, attempt=1,
-                                      fencing_token=task_run.fencing_token, level="info", message="hello")
+                                      run_created_at=run.created_at, fencing_token=task_run.fencing_token,
+                                      level="info", message="hello")
     AttemptSecrets.objects.unscoped().create(task_run=task_run, organization=org, fencing_token=task_run.fencing_token,
                                             values_encrypted="x")
     IdempotencyKey.objects.unscoped().create(organization=org, key=f"k-{uuid.uuid4().hex[:6]}", request_hash="h",

@@ -70,7 +70,7 @@ def test_the_shared_parts_are_written_the_same_in_each_statement():
     assert len(events) == 18
     assert len({text.replace("ORDER BY tr.ev_ord, tr.id", "ORDER BY tr.id") for text in events.values()}) == 1
     assert all(text.endswith("INSERT INTO core_taskrunevent (id, organization_id, workflow_run_id, task_run_id, seq, "
-                              "kind, from_state, to_state, attempt, fencing_token, detail, created_at) ")
+                              "kind, from_state, to_state, attempt, fencing_token, detail, created_at, run_created_at) ")
                for text in events.values())
 
     # One statement claims (ready -> running) and writes outbox rows: the fair claim.
