@@ -15,6 +15,7 @@ from django.db import connection
 
 from flowforge.stack import BASE_DIR
 
+
 def _url(name: str) -> str:
     s = connection.settings_dict
     auth = s["USER"] or "postgres"

@@ -161,7 +161,7 @@ def old_partitions(day: dt.datetime) -> None:
 
 
 def test_a_partition_older_than_every_retention_is_dropped_whole_once_its_runs_are_purged(make_org, settings,
-                                                                                          offload_dir):
+                                                                                          offload_dir):  # noqa: F811
     settings.FLOWFORGE_RUN_RETENTION_SECONDS = 30 * 86400
     org = make_org()
     day = dt.datetime(1990, 1, 1, tzinfo=dt.UTC)
