@@ -70,7 +70,8 @@ def load_summary(run_id: uuid.UUID, organization_id: uuid.UUID) -> RunSummary:
         .order_by("task__key")
     )
     events = list(
-        TaskRunEvent.objects.for_organization(organization_id).filter(workflow_run=run).order_by("seq")
+        TaskRunEvent.objects.for_organization(organization_id)
+        .filter(workflow_run=run, run_created_at=run.created_at).order_by("seq")  # its partition only
     )
     return RunSummary(run=run, task_runs=task_runs, events=events)
 

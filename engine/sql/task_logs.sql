@@ -25,6 +25,8 @@ FROM unnest(%(tokens)s::bigint[]) AS g(token)
 CROSS JOIN LATERAL (
     SELECT x.id, x.attempt, x.stream, x.level, x.message, x.created_at FROM core_tasklog x
     WHERE x.task_run_id = %(id)s AND x.organization_id = %(org)s AND x.fencing_token = g.token
+      AND x.run_created_at = (SELECT r.created_at FROM core_taskrun t JOIN core_workflowrun r   -- its partition only
+                              ON r.id = t.workflow_run_id WHERE t.id = %(id)s)
     ORDER BY x.id DESC LIMIT %(limit)s                                            -- idx_tasklog_taskrun
 ) y
 ORDER BY g.token, y.id;

@@ -365,6 +365,7 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
        EXTRACT(EPOCH FROM clock_timestamp() - (
            SELECT e.created_at FROM core_taskrunevent e
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
+             AND e.run_created_at = r.created_at  -- the run's partition only
            ORDER BY e.created_at DESC LIMIT 1)),
        EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
        -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).
@@ -504,6 +505,7 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
        EXTRACT(EPOCH FROM clock_timestamp() - (
            SELECT e.created_at FROM core_taskrunevent e
            WHERE e.task_run_id = s.id AND e.kind = 'claimed' AND e.fencing_token = s.fencing_token
+             AND e.run_created_at = r.created_at  -- the run's partition only
            ORDER BY e.created_at DESC LIMIT 1)),
        EXISTS (SELECT 1 FROM core_taskdependency x WHERE x.depends_on_id = s.task_id),
        -- Its condition ('' for none): the worker evaluates it before the handler (engine.conditions).

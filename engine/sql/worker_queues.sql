@@ -78,6 +78,7 @@ WITH gen AS (
     SELECT count(*) AS lines, COALESCE(sum(octet_length(x.message)), 0) AS bytes,
            COALESCE(bool_or(x.stream = 'system'), false) AS full
     FROM gen JOIN core_tasklog x ON x.task_run_id = gen.id AND x.fencing_token = gen.fencing_token  -- idx_tasklog_taskrun
+                                AND x.run_created_at = gen.run_created_at  -- the run's partition only
 ), sent AS (
     SELECT l.level, l.message, l.n, sum(octet_length(l.message)) OVER (ORDER BY l.n) AS upto
     FROM unnest(%(levels)s::text[], %(messages)s::text[]) WITH ORDINALITY AS l(level, message, n)
@@ -218,11 +219,13 @@ FROM unnest(%(queues)s::text[]) AS q(queue);
 -- The log lines the run page shows: for at most tasks worker task runs of the organization's run (those with the newest lines), the last lines (at most limit) of the generation that wrote its newest line: (task_run_id, id, attempt, fencing_token, level, message, created_at), task runs by newest line first, then lines oldest first; idx_taskrun_run_state or uniq_taskrun_per_run_task (both lead with the run), idx_tasklog_taskrun (read backwards).
 SELECT t.id, l.id, l.attempt, l.fencing_token, l.level, l.message, l.created_at
 FROM (
-    SELECT t.id, last.id AS last_id, last.fencing_token
-    FROM core_taskrun t
+    SELECT t.id, last.id AS last_id, last.fencing_token, t.run_created_at
+    FROM (SELECT t.*, r.created_at AS run_created_at FROM core_taskrun t
+          JOIN core_workflowrun r ON r.id = t.workflow_run_id) t                     -- core_workflowrun_pkey
     CROSS JOIN LATERAL (
         SELECT x.id, x.fencing_token FROM core_tasklog x
-        WHERE x.task_run_id = t.id ORDER BY x.id DESC LIMIT 1                      -- idx_tasklog_taskrun
+        WHERE x.task_run_id = t.id AND x.run_created_at = t.run_created_at         -- the run's partition only
+        ORDER BY x.id DESC LIMIT 1                                                 -- idx_tasklog_taskrun
     ) last
     WHERE t.workflow_run_id = %(run)s AND t.organization_id = %(org)s AND t.queue <> ''   -- the run's task runs
     ORDER BY last.id DESC
@@ -232,7 +235,7 @@ CROSS JOIN LATERAL (
     -- Only the generation holding the lease may append (task_log_append), so its lines are
     -- the task run's last ones: the backward scan reads them first.
     SELECT y.id, y.attempt, y.fencing_token, y.level, y.message, y.created_at FROM core_tasklog y
-    WHERE y.task_run_id = t.id AND y.fencing_token = t.fencing_token
+    WHERE y.task_run_id = t.id AND y.fencing_token = t.fencing_token AND y.run_created_at = t.run_created_at
     ORDER BY y.id DESC LIMIT %(limit)s                                             -- idx_tasklog_taskrun
 ) l
 ORDER BY t.last_id DESC, l.id;

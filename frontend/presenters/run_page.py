@@ -482,7 +482,8 @@ def build_run_view(
     )
     attempt_events = (
         TaskRunEvent.objects.for_organization(org)
-        .filter(workflow_run=run, kind__in=TIMELINE_KINDS, task_run__isnull=False, seq__lte=run.last_event_seq)
+        .filter(workflow_run=run, run_created_at=run.created_at, kind__in=TIMELINE_KINDS, task_run__isnull=False,
+                seq__lte=run.last_event_seq)
         .order_by("seq")
         # The error as text, read in the database: no JSON decoding of every event's detail.
         .values_list("task_run_id", "kind", "created_at", "attempt", "to_state", KeyTextTransform("error", "detail"))
@@ -532,7 +533,8 @@ def build_run_view(
     # the states shown are then at least as new as the last event shown, and the client's
     # cursor (last_seq) never passes an event whose effect the page does not show yet.
     # Newer events are the next fragment's (their notifications come after this read).
-    log = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, seq__lte=run.last_event_seq)
+    log = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, run_created_at=run.created_at,
+                                                            seq__lte=run.last_event_seq)
     replace = events_after is None
     limit = EVENT_LOG_LIMIT
     changed: set[uuid.UUID] | None = None
@@ -593,7 +595,8 @@ RESUMES_SHOWN = 5
 def resumes_of(org, run: WorkflowRun) -> list[Resume]:
     """The run's latest RESUMES_SHOWN ``resumed`` events, newest first (one query, on
     uniq_event_run_seq backwards)."""
-    got = (TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="resumed")
+    got = (TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, run_created_at=run.created_at,
+                                                             kind="resumed")
            .order_by("-seq").values_list("seq", "created_at", "detail")[:RESUMES_SHOWN])
     return [Resume(seq=seq, at=at, by=str(d.get("by", "")), action=str(d.get("action", "")),
                    task=str(d.get("task", "")), reopened=int(d.get("reopened") or 0), reason=str(d.get("reason", "")))

@@ -262,7 +262,7 @@ def run_events(request: HttpRequest, run_id: uuid.UUID) -> HttpResponse:
     after = _seq(request.GET.get("after"))
     events = list(
         with_shown_detail(TaskRunEvent.objects.for_organization(org))
-        .filter(workflow_run=run, seq__gt=after)
+        .filter(workflow_run=run, run_created_at=run.created_at, seq__gt=after)
         .order_by("seq")
         .values_list(*EVENT_COLUMNS, "task_run__task__key")[: EVENT_PAGE_SIZE + 1]
     )

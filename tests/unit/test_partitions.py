@@ -243,3 +243,24 @@ def test_the_metrics_show_the_partitions_ahead(make_org, settings):
     ahead = settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD + 1  # the current period's and those ahead
     assert int(gauges['flowforge_history_partitions_ahead{table="core_taskrunevent"}']) >= ahead
     assert int(gauges['flowforge_history_partitions{table="core_tasklog"}']) >= ahead
+
+
+def test_the_application_role_makes_partitions_only_through_the_managers_functions(make_org):
+    """The role the application connects as (docs/audit.md) owns no table: it cannot create
+    or drop a partition itself, only through ff_history_partition_create / _drop."""
+    from django.core.management import call_command
+    from django.db import ProgrammingError, transaction
+
+    call_command("grant_app_role", "ff_test_partitions_app")
+    far = dt.datetime(2400, 1, 1, tzinfo=dt.UTC)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL ROLE ff_test_partitions_app")
+        with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic():
+            cur.execute("CREATE TABLE core_taskrunevent_x PARTITION OF core_taskrunevent "
+                        "FOR VALUES FROM ('2400-01-01') TO ('2400-01-02')")
+        cur.execute("SELECT ff_history_partition_create('core_taskrunevent', %s, %s)", [far, far + DAY])
+        assert cur.fetchone()[0] == "core_taskrunevent_p24000101t000000"
+        with pytest.raises(ProgrammingError, match="must be owner"), transaction.atomic():
+            cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")
+        cur.execute("RESET ROLE")
+        cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")

@@ -18,6 +18,10 @@ AUDIT_TABLE = "core_auditlog"
 CHECKPOINT_TABLE = "core_auditcheckpoint"
 # Audit retention's one way to remove rows (migration audit/0004): runs with the owner's rights.
 REMOVE_FUNCTION = "ff_audit_remove_through(text, bigint, interval)"
+# The history partition manager's (engine migration 0033): the tables' owner creates and drops
+# partitions, the application only asks (engine.partitions).
+PARTITION_FUNCTIONS = ("ff_history_partition_create(text, timestamptz, timestamptz)",
+                       "ff_history_partition_drop(text)")
 
 
 class Command(BaseCommand):
@@ -52,6 +56,7 @@ class Command(BaseCommand):
             sql.SQL("REVOKE ALL ON {} FROM {}").format(sql.Identifier(CHECKPOINT_TABLE), ident),
             sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(sql.Identifier(CHECKPOINT_TABLE), ident),
             sql.SQL("GRANT EXECUTE ON FUNCTION " + REMOVE_FUNCTION + " TO {}").format(ident),
+            *(sql.SQL("GRANT EXECUTE ON FUNCTION " + f + " TO {}").format(ident) for f in PARTITION_FUNCTIONS),
         ]
         with transaction.atomic(), connection.cursor() as cur:
             for stmt in stmts:
