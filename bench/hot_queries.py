@@ -95,7 +95,9 @@ def create_small_schema() -> None:
             "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)",
             [f"public.{table}"],
         ):
-            _exec(definition.replace(f" ON public.{table} ", f" ON {SMALL_SCHEMA}.{table} "))
+            # A partitioned table's index reads "ON ONLY" (engine migration 0033); the copy is plain.
+            _exec(definition.replace(f" ON ONLY public.{table} ", f" ON {SMALL_SCHEMA}.{table} ")
+                  .replace(f" ON public.{table} ", f" ON {SMALL_SCHEMA}.{table} "))
         for (definition,) in _exec(
             "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal",
             [f"public.{table}"],

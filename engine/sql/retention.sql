@@ -112,3 +112,13 @@ WHERE m.id IN (
     FOR UPDATE SKIP LOCKED
 )
 RETURNING m.id;
+
+
+-- name: run_oldest_per_org
+-- Each organization (at most limit, by slug) with its own retention in days (NULL: the deployment's) and the creation of its oldest run kept (NULL: none); idx_wfrun_org_recent (read backwards, one row each).
+SELECT o.id, o.slug, o.run_retention_days,
+       (SELECT r.created_at FROM core_workflowrun r WHERE r.organization_id = o.id
+        ORDER BY r.created_at LIMIT 1) AS oldest
+FROM core_organization o
+ORDER BY o.slug
+LIMIT %(limit)s;

@@ -264,3 +264,33 @@ def test_the_application_role_makes_partitions_only_through_the_managers_functio
             cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")
         cur.execute("RESET ROLE")
         cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")
+
+
+def test_staff_see_the_history_storage_page_and_members_do_not(make_org, settings):
+    import uuid
+
+    from django.test import Client
+
+    from tenancy.models import User
+
+    settings.FLOWFORGE_RUN_RETENTION_SECONDS = 30 * 86400
+    org = make_org()
+    old = finished_run(org, "old")
+    age(old, 40)  # 10 days past the retention, not purged yet
+    staff = User.objects.create_superuser(email=f"staff-{uuid.uuid4().hex[:6]}@flowforge.example",
+                                          password="x-long-pass-123")
+    client = Client()
+    client.force_login(staff)
+    assert 'href="/admin/engine/workflowrun/history/"' in client.get("/admin/engine/workflowrun/").content.decode()
+    page = client.get("/admin/engine/workflowrun/history/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "<code>core_taskrunevent</code>" in html and "<code>core_tasklog</code>" in html
+    ahead = settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD + 1
+    assert html.count(f'data-ahead="{ahead}"') == 2
+    row = html[html.index(f'data-org="{org.slug}"'):]
+    row = row[: row.index("</tr>")]
+    assert "30 days" in row and 'data-backlog="1"' in row and "10 days, " in row  # the purge's lag
+    member = User.objects.create_user(email=f"m-{uuid.uuid4().hex[:6]}@flowforge.example", password="x-long-pass-123")
+    client.force_login(member)
+    assert client.get("/admin/engine/workflowrun/history/").status_code == 302  # to the admin's login
