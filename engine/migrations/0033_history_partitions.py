@@ -56,6 +56,7 @@ CREATE FUNCTION ff_history_partition_create(parent text, lo timestamptz, hi time
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 DECLARE
     part text;
+    idx record;
 BEGIN
     IF parent NOT IN ('core_taskrunevent', 'core_tasklog') THEN
         RAISE EXCEPTION 'ff_history_partition_create: % is not a partitioned history table', parent
@@ -71,6 +72,16 @@ BEGIN
     PERFORM set_config('lock_timeout', '2s', true);
     EXECUTE format('CREATE TABLE public.%I (LIKE public.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', part, parent);
     EXECUTE format('ALTER TABLE public.%I ATTACH PARTITION public.%I FOR VALUES FROM (%L) TO (%L)', parent, part, lo, hi);
+    -- Its indexes (made by the attach) named <partition>_<the table's index>, so that a plan
+    -- names the seed index it scans (and a constraint's, its constraint).
+    FOR idx IN SELECT c.relname AS own, pc.relname AS of_parent
+               FROM pg_index i
+               JOIN pg_class c ON c.oid = i.indexrelid
+               JOIN pg_inherits h ON h.inhrelid = i.indexrelid
+               JOIN pg_class pc ON pc.oid = h.inhparent
+               WHERE i.indrelid = format('public.%I', part)::regclass LOOP
+        EXECUTE format('ALTER INDEX public.%I RENAME TO %I', idx.own, left(part || '_' || idx.of_parent, 63));
+    END LOOP;
     RETURN part;
 EXCEPTION WHEN duplicate_table OR invalid_object_definition OR unique_violation OR lock_not_available THEN
     -- Another manager created it (or one overlapping it) first, or the parent was busy: the

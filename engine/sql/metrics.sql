@@ -51,7 +51,8 @@ ORDER BY min(k.rank);
 
 -- name: metrics_table_sizes
 -- Bytes on disk (table, its indexes and TOAST; a partitioned table's partitions summed) of the tables that grow with history (issue 21: retention keeps them bounded); the catalog, no table read.
-SELECT t.name, (SELECT sum(pg_total_relation_size(p.relid))::bigint FROM pg_partition_tree(t.name::regclass) p)
+SELECT t.name, COALESCE((SELECT sum(pg_total_relation_size(p.relid))::bigint FROM pg_partition_tree(t.name::regclass) p),
+                        pg_total_relation_size(t.name::regclass))
 FROM unnest(ARRAY['core_workflowrun', 'core_taskrun', 'core_taskrunevent', 'core_tasklog', 'core_outboxmessage',
                   'core_offloadedpayload', 'core_triggerfiring', 'core_notificationevent',
                   'core_notificationdelivery', 'core_auditlog']) AS t(name);

@@ -69,6 +69,8 @@ HOT = [
 ]
 
 _SCAN = re.compile(r"(?:Index|Index Only|Bitmap Index) Scan(?: Backward)? (?:using|on) (\w+)")
+# A history partition's index is named <partition>_<its table's index> (engine migration 0033).
+_PARTITION_PREFIX = re.compile(r"^core_\w+?_p\d{8}t\d{6}_")
 
 
 def generic_plan(sql: str, params: dict) -> str:
@@ -142,7 +144,7 @@ def _params_for(name: str, seeded: dict) -> dict:
 def test_each_hot_statement_uses_the_index_its_comment_names(seeded, name, runner, index):
     assert index in descriptions[name], f"{name}'s comment does not name {index}"
     plan = generic_plan(queries[name], _params_for(name, seeded))
-    used = set(_SCAN.findall(plan))
+    used = {_PARTITION_PREFIX.sub("", n) for n in _SCAN.findall(plan)}
     assert index in used, (name, runner, plan)
     # No statement reads a whole execution table.
     for table in ("core_taskrun", "core_outboxmessage", "core_workflowrun", "core_taskrunevent"):

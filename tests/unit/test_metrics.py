@@ -174,6 +174,9 @@ def test_history_gauges_show_table_sizes_the_oldest_run_and_the_retention_lag(ma
 
     now = gauges()
     assert float(now['flowforge_table_bytes{table="core_taskrunevent"}']) > 0
+    # Plain and partitioned tables alike (a partitioned one: its partitions summed).
+    sizes = {k: v for k, v in now.items() if k.startswith("flowforge_table_bytes")}
+    assert len(sizes) == 10 and all(float(v) > 0 for v in sizes.values()), sizes
     assert float(now["flowforge_retention_lag_seconds"]) == 0  # nothing past its retention
     assert 0 <= float(now["flowforge_oldest_run_age_seconds"]) < 3600
     # The run finished 32 days ago: 2 days past the 30-day retention, not yet purged.

@@ -89,7 +89,7 @@ def test_ensure_ahead_continues_from_the_last_partition_on_a_database_with_rows(
         p.name for p in partitions.partitions() if p.parent == "core_taskrunevent" and p.lo <= run.created_at < p.hi}
 
 
-def test_the_next_period_adds_one_partition_after_the_last_in_each_table():
+def test_the_next_period_adds_one_partition_after_the_last_in_each_table(db):
     last = {parent: max(p.hi for p in partitions.partitions() if p.parent == parent) for parent in partitions.PARENTS}
     now = dt.datetime.now(dt.UTC)
     ahead = partitions.ensure_ahead(now=now)  # the migration made them: nothing to do
