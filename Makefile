@@ -18,7 +18,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # configuration (sdk/python/pyproject.toml) and the Django plugin off. `make sdk-test` runs only them.
 SDK_TEST := $(VENV)/bin/pytest -p no:django -p no:cacheprovider -c sdk/python/pyproject.toml --timeout 120 sdk/python/tests
 
-.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser browser-large faults fuzz bench fairness
+.PHONY: help install sdk-test services migrate bootstrap run demo test lint check-migrations clean browser browser-large faults fuzz bench soak fairness
 
 help:
 	@echo "make run    set up, start web + 2 workers + clock, start the example run, serve until Ctrl-C"
@@ -26,6 +26,7 @@ help:
 	@echo "make test   lint, import contracts, migration check and the whole test suite"
 	@echo "make sdk-test   only the Python SDK's tests (sdk/python/tests: no database needed)"
 	@echo "make browser-large   the browser tests at sizes that take minutes (the 5,000-task DAG)"
+	@echo "make soak   1,000,000 tasks with a retention of a minute, then a purge of 1,000,000 old runs (SOAK_TASKS, SOAK_PURGE_RUNS)"
 
 # The project and, in the same .venv, the Python SDK (sdk/python, a package of its own,
 # editable): its worker runs the SDK's examples and `make test` runs its tests.
@@ -107,6 +108,14 @@ sdk-test: install
 bench: install
 	@$(PY) -m flowforge.services_check --server-only
 	$(PY) -m bench.run
+
+# The soak (issue 21): SOAK_TASKS no-op tasks (1,000,000) through workers and clock with a retention
+# of a minute, sizes and hot queries after the first 100,000 and at the end, then a purge of
+# SOAK_PURGE_RUNS (1,000,000) old runs beside live traffic; own database ff_soak, Redis db 9.
+# Prints a table, writes bench/soak_results.json, fails when a target is missed.
+soak: install
+	@$(PY) -m flowforge.services_check --server-only
+	$(PY) -m bench.soak --tasks $${SOAK_TASKS:-1000000} --purge-runs $${SOAK_PURGE_RUNS:-1000000}
 
 # The fairness scenario of tests/integration/test_scheduling.py at the issue's size: A starts
 # 2,000 tasks of 50 ms (make test runs it with 400), B one; prints the figures.
