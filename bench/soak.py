@@ -503,12 +503,16 @@ def start_purger(stack, cfg: dict, tag: str):
     from flowforge.stack import wait_until
 
     env = {**engine_env(cfg, retention_seconds=cfg["retention_seconds"]), "SOAK_PURGE_PAUSE": f"{cfg['purge_pause']:g}"}
+    log_path = stack.log_dir / f"soak-purger-{tag}.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0  # the log is appended to, run after run
     proc = stack.start(f"soak-purger-{tag}", [sys.executable, "-m", "bench.soak", "--purger"], env=env)
 
     def ready():
         if not proc.alive():
             raise RuntimeError(f"the purger exited; see {proc.log_path}")
-        return proc.log_path.exists() and "purging" in proc.log_path.read_text(errors="replace")
+        with open(proc.log_path, "rb") as f:
+            f.seek(offset)
+            return b"purging" in f.read()
 
     wait_until(ready, timeout=60, interval=0.1, what="the purger to start")
     return proc
