@@ -650,6 +650,8 @@ def table(results: dict) -> str:
         a, b = soak["at_baseline"], soak["at_end"]
         lines.append(f"1 soak: {soak['tasks']:,} tasks in {soak['throughput']['seconds']:g} s: "
                      f"{soak['throughput']['tasks_per_s']:.0f} tasks/s; runs {soak['run_states']}")
+        lines.append("  tasks/s of each stretch (the baseline's, then each up to 50 runs): "
+                     + ", ".join(f"{x:.0f}" for x in soak["throughput"]["legs_tasks_per_s"]))
         if not soak["steady_at_baseline"]:
             lines.append(f"  the baseline came {a['elapsed_s']:g} s in, before one retention plus two housekeeping "
                          "periods: it is not yet the steady state")
