@@ -439,6 +439,17 @@ def load_old_runs(org, workflow, runs: int, *, age_seconds: float, chunk: int = 
                     "AND table_name = 'core_taskrunevent' AND column_name = 'run_created_at'")
         partition_key = cur.fetchone() is not None
     extra_col, extra_val = (", run_created_at", ", x.created_at") if partition_key else ("", "")
+    if partition_key:
+        # Their history needs partitions: those of the minutes they are made to look created
+        # in may have been dropped by the soak's retention already (engine.partitions).
+        import datetime as dt
+
+        from engine import partitions
+
+        with connection.cursor() as cur:
+            cur.execute("SELECT statement_timestamp()")
+            now = cur.fetchone()[0]
+        partitions.ensure_range(now - dt.timedelta(seconds=age_seconds + 120), now)
     task_id = workflow.tasks.values_list("id", flat=True).get()
     left = runs
     while left > 0:

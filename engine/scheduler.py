@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from django.conf import settings
@@ -90,15 +91,24 @@ def nudge_at_next_rate_window() -> float | None:
 # When this process last wrote the wait reasons (time.monotonic()); at most once a second.
 _last_noted = 0.0
 NOTE_WAITING_EVERY_SECONDS = 1.0
+# Held while this process writes them: a call that finds it taken skips, so slow calls under
+# load never pile up on the worker threads (the soak saw 16 at once, each slowing the others).
+_noting = threading.Lock()
 
 
 def note_waiting_if_due() -> int:
     """Record why ready task runs wait (``waiting.note_waiting``: ``wait_reason`` and a
     'waiting' event per change), at most once per NOTE_WAITING_EVERY_SECONDS in this
-    process whatever the number of ticks and nudges. Returns how many changed."""
+    process whatever the number of ticks and nudges, and never in two of its threads at
+    once (a call finding one at it skips). Returns how many changed."""
     global _last_noted
     now = time.monotonic()
     if now - _last_noted < NOTE_WAITING_EVERY_SECONDS:
         return 0
-    _last_noted = now
-    return driver.autocommit_retry(waiting.note_waiting)
+    if not _noting.acquire(blocking=False):
+        return 0  # another thread of this process is writing them now
+    try:
+        _last_noted = now
+        return driver.autocommit_retry(waiting.note_waiting)
+    finally:
+        _noting.release()

@@ -286,3 +286,36 @@ def test_note_waiting_looks_at_most_at_limit_rows_shared_between_organizations(m
     assert [len(waiting_events(r)) for r in run_ids] == [4, 4]
     assert waiting.note_waiting(limit=100) == 0
     assert set(r for run in run_ids for _s, r in waiting_events(run)) == {"waiting: workflow limit 1/1 running tasks"}
+
+
+def test_the_organizations_running_count_is_made_once_per_organization_not_once_per_waiting_row(org, make_workflow):
+    """The soak's finding: inlined, ``orgs`` counted the organization's running task runs
+    once per waiting row; materialized, once per organization."""
+    from engine.repositories.waiting import _limits_params
+    from engine.sql import queries
+
+    wf = make_workflow(org, [{"key": f"t{i}", "type": "noop"} for i in range(40)])
+    run_id = start(wf)
+    assert len(waiting.reasons(run_id=run_id)) == 40
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + queries["task_run_wait_reasons"],
+                    {"run": run_id, "ids": [], **_limits_params()})
+        plan = "\n".join(r[0] for r in cur.fetchall())
+    assert "CTE orgs" in plan, plan
+    # The count under orgs runs once (one organization), whatever the number of waiting rows.
+    counts = re.findall(r"Aggregate \(actual rows=1 loops=(\d+)\)", plan)
+    assert counts and all(int(n) == 1 for n in counts), plan
+
+
+def test_a_second_thread_skips_writing_the_wait_reasons_while_one_is_at_it(db):
+    from engine import scheduler
+
+    scheduler._last_noted = 0.0
+    assert scheduler._noting.acquire(blocking=False)
+    try:
+        assert scheduler.note_waiting_if_due() == 0
+        assert scheduler._last_noted == 0.0  # it did not run (nor push the next one back)
+    finally:
+        scheduler._noting.release()
+    scheduler.note_waiting_if_due()
+    assert scheduler._last_noted > 0.0  # free again: it runs
