@@ -765,7 +765,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(engine_env(cfg, retention_seconds=cfg["retention_seconds"]))
     print(f"soak database {database_url} (re-created), redis {redis_url} namespace {NAMESPACE}; load {load()}")
     recreate_database(database_url)
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env, check=True,
+    # The engine's settings for the migration too: it creates the first history partitions,
+    # of FLOWFORGE_HISTORY_PARTITION_SECONDS each.
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, check=True,
+                   env={**env, **engine_env(cfg, retention_seconds=cfg["retention_seconds"])},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     flush_namespace(redis_url, NAMESPACE)
 
