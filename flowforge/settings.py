@@ -488,28 +488,33 @@ FLOWFORGE_MAX_INPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_INPUT_BYTES", str(
 FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES = int(os.environ.get("FLOWFORGE_MAX_OFFLOADED_OUTPUT_BYTES", str(32 * 1024 * 1024)))
 # Run retention (engine.retention, docs/retention.md): finished runs older than this many days
 # are removed with everything they own; an organization's run_retention_days (staff, admin)
-# replaces it; 0 keeps runs forever.
-FLOWFORGE_RUN_RETENTION_DAYS = int(env_float("FLOWFORGE_RUN_RETENTION_DAYS", 30))
-if FLOWFORGE_RUN_RETENTION_DAYS < 0:
+# replaces it; 0 keeps runs forever. At most 36,500 days, as the admin allows an organization.
+_retention_days = env_float("FLOWFORGE_RUN_RETENTION_DAYS", 30)
+if _retention_days < 0 or _retention_days > 36500 or _retention_days != int(_retention_days):
     from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_DAYS: expected a number of days >= 0 (0 keeps runs forever)")
+    raise ImproperlyConfigured(f"FLOWFORGE_RUN_RETENTION_DAYS={os.environ.get('FLOWFORGE_RUN_RETENTION_DAYS')!r}: "
+                               "expected a whole number of days from 0 to 36500 (0 keeps runs forever; "
+                               "FLOWFORGE_RUN_RETENTION_SECONDS takes fractions)")
+FLOWFORGE_RUN_RETENTION_DAYS = int(_retention_days)
 # The same in seconds, when set: it replaces FLOWFORGE_RUN_RETENTION_DAYS (a soak keeps minutes).
 FLOWFORGE_RUN_RETENTION_SECONDS = env_float("FLOWFORGE_RUN_RETENTION_SECONDS", FLOWFORGE_RUN_RETENTION_DAYS * 86400)
-if FLOWFORGE_RUN_RETENTION_SECONDS < 0:
+if not 0 <= FLOWFORGE_RUN_RETENTION_SECONDS <= 36500 * 86400:
     from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured("FLOWFORGE_RUN_RETENTION_SECONDS: expected a number of seconds >= 0 (0 keeps runs forever)")
+    raise ImproperlyConfigured(f"FLOWFORGE_RUN_RETENTION_SECONDS={os.environ.get('FLOWFORGE_RUN_RETENTION_SECONDS')!r}: "
+                               "expected a number of seconds from 0 to 3153600000 (100 years; 0 keeps runs forever)")
 # History partitions (engine.partitions, migration 0033): the events and log lines of runs created
-# in one period of this many seconds share a partition, dropped whole once no run of the period is
-# kept; the clock's housekeeping keeps FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods created ahead.
+# in one period of this many seconds (60 to 31 days) share a partition, dropped whole once no run
+# of the period is kept; the clock's housekeeping keeps FLOWFORGE_HISTORY_PARTITIONS_AHEAD (2 to
+# 100) periods created ahead.
 FLOWFORGE_HISTORY_PARTITION_SECONDS = int(env_float("FLOWFORGE_HISTORY_PARTITION_SECONDS", 86400))
 FLOWFORGE_HISTORY_PARTITIONS_AHEAD = int(env_float("FLOWFORGE_HISTORY_PARTITIONS_AHEAD", 14))
-if FLOWFORGE_HISTORY_PARTITION_SECONDS < 60 or FLOWFORGE_HISTORY_PARTITIONS_AHEAD < 2:
+if not 60 <= FLOWFORGE_HISTORY_PARTITION_SECONDS <= 31 * 86400 or not 2 <= FLOWFORGE_HISTORY_PARTITIONS_AHEAD <= 100:
     from django.core.exceptions import ImproperlyConfigured
 
-    raise ImproperlyConfigured("FLOWFORGE_HISTORY_PARTITION_SECONDS: expected at least 60 seconds, and "
-                               "FLOWFORGE_HISTORY_PARTITIONS_AHEAD at least 2 periods")
+    raise ImproperlyConfigured("FLOWFORGE_HISTORY_PARTITION_SECONDS: expected 60 to 2678400 seconds (31 days), and "
+                               "FLOWFORGE_HISTORY_PARTITIONS_AHEAD 2 to 100 periods")
 # Runs removed per retention transaction, and at most per housekeeping pass.
 FLOWFORGE_RETENTION_BATCH_RUNS = int(os.environ.get("FLOWFORGE_RETENTION_BATCH_RUNS", "200"))
 FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS = int(os.environ.get("FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS", "20000"))

@@ -66,6 +66,12 @@ BEGIN
         RAISE EXCEPTION 'ff_history_partition_create: the period [%, %) is empty', lo, hi
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Finite and within reach: a partition ending at infinity (or in a far future) could never
+    -- be dropped, and would cover periods the manager makes one at a time.
+    IF NOT isfinite(lo) OR NOT isfinite(hi) OR lo < '1970-01-01' OR hi > statement_timestamp() + interval '10 years' THEN
+        RAISE EXCEPTION 'ff_history_partition_create: the period [%, %) is outside 1970 to ten years from now', lo, hi
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
     part := parent || '_p' || to_char(lo AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISS');
     -- Made apart, then attached: ATTACH PARTITION takes SHARE UPDATE EXCLUSIVE on the parent,
     -- which inserts do not wait for; CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE.
@@ -267,7 +273,11 @@ def backward(apps, schema_editor):
                         "INCLUDING IDENTITY)")
             cur.execute(f"ALTER TABLE {table} DROP COLUMN run_created_at")
             cols = ", ".join(spec["columns"])
-            cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {table}_old")
+            # Not the rows of runs the purge removed before their partition's drop (their
+            # foreign keys, restored below, would refuse them): history of nothing.
+            cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {table}_old o "
+                        "WHERE EXISTS (SELECT 1 FROM core_workflowrun r WHERE r.id = o.workflow_run_id) "
+                        "AND (o.task_run_id IS NULL OR EXISTS (SELECT 1 FROM core_taskrun t WHERE t.id = o.task_run_id))")
             if table == "core_tasklog":
                 cur.execute("SELECT setval(pg_get_serial_sequence('core_tasklog', 'id'), "
                             "GREATEST((SELECT max(id) FROM core_tasklog_old), 1))")

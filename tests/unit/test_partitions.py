@@ -120,7 +120,7 @@ def test_a_run_at_each_side_of_a_period_boundary_keeps_all_its_history_in_its_ow
 
 @pytest.mark.django_db(transaction=True)
 def test_two_managers_at_once_create_each_partition_exactly_once():
-    far = partitions.floor(dt.datetime(2300, 1, 1, tzinfo=dt.UTC))
+    far = partitions.floor(dt.datetime.now(dt.UTC) + 5 * 365 * DAY)  # past every other test's partitions
     barrier = threading.Barrier(2)
     results: list[list[str]] = [[], []]
     errors: list[BaseException] = []
@@ -233,6 +233,13 @@ def test_the_drop_function_refuses_what_is_not_a_history_partition_and_a_period_
     with pytest.raises((DataError, ProgrammingError), match="not a partitioned history table"), \
             transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT ff_history_partition_create('core_workflowrun', now(), now() + interval '1 day')")
+    # Never a partition that could not be dropped, or one reaching far past the manager's.
+    for lo, hi in (("2027-01-01", "infinity"), ("-infinity", "2027-01-01"), ("2027-01-01", "10000-01-01"),
+                   ("1900-01-01", "1900-01-02")):
+        with pytest.raises((DataError, ProgrammingError), match="outside 1970 to ten years from now"), \
+                transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SELECT ff_history_partition_create('core_tasklog', %s, %s)", [lo, hi])
+    assert all(p.hi.year < 2100 for p in partitions.partitions())
 
 
 def test_the_metrics_show_the_partitions_ahead(make_org, settings):
@@ -252,18 +259,19 @@ def test_the_application_role_makes_partitions_only_through_the_managers_functio
     from django.db import ProgrammingError, transaction
 
     call_command("grant_app_role", "ff_test_partitions_app")
-    far = dt.datetime(2400, 1, 1, tzinfo=dt.UTC)
+    far = partitions.floor(dt.datetime.now(dt.UTC) + 6 * 365 * DAY)
+    name = f"core_taskrunevent_p{far:%Y%m%dt%H%M%S}"
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL ROLE ff_test_partitions_app")
         with pytest.raises(ProgrammingError, match="permission denied"), transaction.atomic():
             cur.execute("CREATE TABLE core_taskrunevent_x PARTITION OF core_taskrunevent "
-                        "FOR VALUES FROM ('2400-01-01') TO ('2400-01-02')")
+                        "FOR VALUES FROM ('2030-01-01') TO ('2030-01-02')")
         cur.execute("SELECT ff_history_partition_create('core_taskrunevent', %s, %s)", [far, far + DAY])
-        assert cur.fetchone()[0] == "core_taskrunevent_p24000101t000000"
+        assert cur.fetchone()[0] == name
         with pytest.raises(ProgrammingError, match="must be owner"), transaction.atomic():
-            cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")
+            cur.execute(f"DROP TABLE {name}")
         cur.execute("RESET ROLE")
-        cur.execute("DROP TABLE core_taskrunevent_p24000101t000000")
+        cur.execute(f"DROP TABLE {name}")
 
 
 def test_staff_see_the_history_storage_page_and_members_do_not(make_org, settings):
@@ -294,3 +302,27 @@ def test_staff_see_the_history_storage_page_and_members_do_not(make_org, setting
     member = User.objects.create_user(email=f"m-{uuid.uuid4().hex[:6]}@flowforge.example", password="x-long-pass-123")
     client.force_login(member)
     assert client.get("/admin/engine/workflowrun/history/").status_code == 302  # to the admin's login
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("FLOWFORGE_RUN_RETENTION_DAYS", "2.5", "expected a whole number of days from 0 to 36500"),
+    ("FLOWFORGE_RUN_RETENTION_DAYS", "1e9", "expected a whole number of days from 0 to 36500"),
+    ("FLOWFORGE_RUN_RETENTION_SECONDS", "1e12", "expected a number of seconds from 0 to 3153600000"),
+    ("FLOWFORGE_RUN_RETENTION_SECONDS", "-1", "expected a number of seconds from 0 to 3153600000"),
+    ("FLOWFORGE_HISTORY_PARTITION_SECONDS", "1e9", "expected 60 to 2678400 seconds"),
+    ("FLOWFORGE_HISTORY_PARTITION_SECONDS", "30", "expected 60 to 2678400 seconds"),
+    ("FLOWFORGE_HISTORY_PARTITIONS_AHEAD", "1000", "FLOWFORGE_HISTORY_PARTITIONS_AHEAD 2 to 100 periods"),
+])
+def test_a_retention_or_partition_setting_out_of_range_is_refused_at_start(name, value, message):
+    """Reviewer's finding: 1e12 seconds passed the check and then failed every purge and
+    scrape with 'timestamp out of range'; 2.5 days became 2."""
+    import os
+    import subprocess
+    import sys
+
+    from flowforge.stack import BASE_DIR
+
+    env = {**os.environ, name: value, "DJANGO_SETTINGS_MODULE": "flowforge.settings"}
+    proc = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=BASE_DIR, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-500:]
