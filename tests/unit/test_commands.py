@@ -118,6 +118,20 @@ def test_createorganization_without_password_says_how_to_set_one():
 
 
 @pytest.mark.django_db
+def test_the_owner_createorganization_makes_with_a_password_can_sign_in():
+    """Reviewer's finding: the README's first command made an owner whose sign-in stopped at
+    "confirm your address" (mandatory verification); the operator vouches for it."""
+    from django.test import Client
+
+    run("createorganization", "acme", "Acme", "Boss@Example.com", password="a-long-enough-pass-9")
+    client = Client()
+    response = client.post("/accounts/login/", {"login": "boss@example.com", "password": "a-long-enough-pass-9"})
+    assert response.status_code == 302 and "confirm" not in response["Location"], response
+    assert client.get("/").status_code == 200
+    assert "_auth_user_id" in client.session
+
+
+@pytest.mark.django_db
 def test_createorganization_refuses_a_password_for_an_existing_user():
     User.objects.create_user(email="exists@example.com", password="an-old-long-password")
     with pytest.raises(CommandError, match="already has an account; --password only applies to a new user"):

@@ -40,6 +40,13 @@ class Command(BaseCommand):
             )
         except TenancyError as exc:
             raise CommandError(str(exc)) from exc
+        if created:
+            # Whoever runs the command on the server vouches for the address, as for
+            # createsuperuser: with mandatory email verification the new owner could not sign in.
+            from allauth.account.models import EmailAddress
+
+            EmailAddress.objects.update_or_create(user=user, email=user.email,
+                                                  defaults={"verified": True, "primary": True})
         self.stdout.write(
             f"organization {org.slug} ({org.pk}) created; owner {user.email}"
             + (" (new user)" if created else " (existing user)")
