@@ -5,7 +5,8 @@
   admin), else FLOWFORGE_RUN_RETENTION_DAYS (30), 0 keeping them forever — are removed with
   everything they own, FLOWFORGE_RETENTION_BATCH_RUNS runs per transaction
   (``run_purge_many``, one statement), at most FLOWFORGE_RETENTION_MAX_RUNS_PER_PASS per
-  pass. Each batch removes its runs' offloaded files first (``engine.offload``), then the
+  pass, paced: after each batch it waits FLOWFORGE_RETENTION_PAUSE_FACTOR (4) times as long
+  as the batch took, so a backlog never takes the engine's share of the database. Each batch removes its runs' offloaded files first (``engine.offload``), then the
   rows: a crash in between leaves rows whose files are gone (their runs were about to go),
   never files no row points at.
 - **Published outbox rows** go FLOWFORGE_OUTBOX_KEEP_PUBLISHED_SECONDS (an hour) after
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import time
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -29,6 +31,9 @@ from django.db import connection, transaction
 from engine import offload, partitions, sql
 
 log = logging.getLogger(__name__)
+
+#: The longest wait between two batches (FLOWFORGE_RETENTION_PAUSE_FACTOR x the batch's time).
+MAX_PAUSE_SECONDS = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +91,18 @@ def purge(*, max_runs: int | None = None, batch_runs: int | None = None) -> Purg
         raise ValueError("max_runs and batch_runs must be at least 1")
     result = PurgeResult()
     horizon = partitions.drop_horizon()
+    pause_factor = float(settings.FLOWFORGE_RETENTION_PAUSE_FACTOR)
     while result.runs < max_runs:
         want = min(batch_runs, max_runs - result.runs)
+        began = time.monotonic()
         removed, files = _purge_batch(want, horizon)
         result.runs += removed
         result.files += files
         if removed < want:
             break
+        if pause_factor > 0 and result.runs < max_runs:
+            # Paced: the purge takes at most 1 / (1 + factor) of one connection's time.
+            time.sleep(min((time.monotonic() - began) * pause_factor, MAX_PAUSE_SECONDS))
     result.outbox_rows = purge_published_outbox()
     result.partitions = partitions.drop_expired()
     if result.runs or result.outbox_rows:
