@@ -64,6 +64,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.run import load  # the load averages, as make bench prints them
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/ff_soak"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
@@ -100,10 +102,6 @@ DEFAULTS = {
     "threads": 8,
     "timeout": 900.0,
 }
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def baseline_size(cfg: dict) -> int:
