@@ -23,7 +23,13 @@ from engine.cron import fire_due_triggers
 from engine.reaper import reap_once
 from engine.relay import relay_pending
 from engine.scheduler import note_waiting_if_due, schedule_once
-from engine.states import CONTROL_QUEUE, NOTIFY_QUEUE, TASK_QUEUE
+from engine.states import (
+    CONTROL_QUEUE,
+    NOTIFY_QUEUE,
+    TASK_BULK_PRIORITY,
+    TASK_FIRST_PRIORITY,
+    TASK_QUEUE,
+)
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
 from flowforge.broker import setup as setup_broker
@@ -99,8 +105,8 @@ def housekeeping() -> None:
 # waits behind the task messages a worker has already fetched; and a first-lane message
 # (an organization's first few generations waiting, engine.states.TASK_FIRST_QUEUE) before
 # the bulk ones a worker has already fetched, as it goes before them in the broker's queue.
-FIRST_PRIORITY = 5
-BULK_PRIORITY = 10
+FIRST_PRIORITY = TASK_FIRST_PRIORITY
+BULK_PRIORITY = TASK_BULK_PRIORITY
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=BULK_PRIORITY)

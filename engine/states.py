@@ -217,8 +217,15 @@ TASK_QUEUE = "flowforge.tasks"
 #: an organization's first few generations waiting for a worker (FLOWFORGE_DISPATCH_FIRST
 #: x weight; ``task_run_claim_fair`` picks the lane) goes to the *head* of TASK_QUEUE
 #: (``flowforge.broker.HEAD_OPTION``), so one organization's backlog never stands in front
-#: of another organization's first task. One queue, so a worker's prefetch stays its own.
+#: of another organization's first task. One queue, so a worker's prefetch stays its own;
+#: a consumer whose prefetch is full still fetches one message when told one went to the
+#: head (``flowforge.redis_wakeup``), so it does not wait for a long message to end.
 TASK_FIRST_QUEUE = "flowforge.tasks.first"
+#: Dramatiq priorities of the execute actors (lower runs first among the messages a worker
+#: process has fetched; the control actors are at 0): a first-lane message goes before the
+#: bulk ones already fetched, as it went before them in the broker's queue.
+TASK_FIRST_PRIORITY = 5
+TASK_BULK_PRIORITY = 10
 
 
 class NotificationType(models.TextChoices):
@@ -270,6 +277,8 @@ __all__ = [
     "RUN_OPEN_STATES",
     "RUN_TERMINAL_STATES",
     "TASK_FIRST_QUEUE",
+    "TASK_FIRST_PRIORITY",
+    "TASK_BULK_PRIORITY",
     "TASK_OPEN_STATES",
     "TASK_QUEUE",
     "TASK_TERMINAL_STATES",

@@ -24,7 +24,7 @@ from django.conf import settings
 from dramatiq.common import current_millis
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
-from flowforge.dramatiq_middleware import DjangoConnectionMiddleware, LogContextMiddleware
+from flowforge.dramatiq_middleware import DjangoConnectionMiddleware, LogContextMiddleware, WorkQueueProbe
 
 
 def build_broker(url: str | None = None, *, namespace: str | None = None) -> dramatiq.Broker:
@@ -43,6 +43,9 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
         Retries(max_retries=3, min_backoff=200, max_backoff=5_000),
         DjangoConnectionMiddleware(),
         LogContextMiddleware(),
+        # engine.worker.execute.execute_many yields a several-generation message's thread
+        # to a more urgent fetched message (flowforge.dramatiq_middleware.urgent_message_waiting).
+        WorkQueueProbe(),
     ]
     # Extra middleware by dotted path (fault injection in tests/faults uses this).
     for dotted in filter(None, os.environ.get("FLOWFORGE_BROKER_MIDDLEWARE", "").split(",")):
@@ -146,7 +149,8 @@ def enqueue_many(messages: Sequence[dramatiq.Message], broker: dramatiq.Broker |
     from flowforge.redis_wakeup import WakingRedisBroker
 
     if isinstance(broker, WakingRedisBroker):  # one wake-up per queue, after its messages
-        broker.notify([m.queue_name for _i, m in prepared], pipeline=pipe)
+        broker.notify([m.queue_name for _i, m in prepared], pipeline=pipe,
+                      head=[m.queue_name for _i, m in prepared if m.options.get(HEAD_OPTION)])
     try:
         replies = pipe.execute(raise_on_error=False)[: len(prepared)]
     except Exception as exc:  # the connection failed: nothing is known to be accepted

@@ -55,3 +55,33 @@ class LogContextMiddleware(Middleware):
 
     def after_skip_message(self, broker, message):
         self._reset()
+
+
+class WorkQueueProbe(Middleware):
+    """Keeps a reference to this worker process's work queue (Dramatiq's priority queue of
+    fetched messages waiting for a thread), so ``urgent_message_waiting`` can look at it."""
+
+    def before_worker_boot(self, broker, worker):
+        global _work_queue
+        _work_queue = worker.work_queue
+
+
+_work_queue = None
+
+
+def urgent_message_waiting(below_priority: int) -> bool:
+    """True when this worker process has fetched a message of Dramatiq priority lower
+    (more urgent) than ``below_priority`` that waits for a free thread; False otherwise,
+    and outside a worker process (no work queue).
+
+    Reads the head of the priority queue's heap without its lock: a racy peek, which can
+    only be stale by the item a thread takes meanwhile (the caller then yields for a
+    message another thread took, which costs a hand-off, never correctness)."""
+    queue = _work_queue
+    if queue is None:
+        return False
+    try:
+        head = queue.queue[0]
+    except IndexError:
+        return False
+    return head.priority < below_priority

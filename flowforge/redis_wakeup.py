@@ -20,6 +20,14 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
   its next poll (a message at the head of the queue, the scheduler's first lane, waits
   for the first free place, not for a poll).
 
+- a message pushed to the *head* of a queue (``flowforge.broker.HEAD_OPTION``: the
+  engine's first lane) is announced as such; a consumer held back by its prefetch then
+  fetches one message beyond it, which is that head (or, when another process took it
+  first, the next message: one more than its prefetch until an ack). Without it, the head
+  waited until one of the messages the consumer held ended, which with messages carrying
+  several generations of a slow task was a whole message (240 ms against an idle 14 ms
+  in ``tests/integration/test_scheduling.py``'s fairness scenario).
+
 A lost notification (the listener reconnecting, a message enqueued by a client that
 does not publish) costs what upstream always costs: the next poll. Selected by
 ``flowforge.broker.build_broker`` for redis:// URLs; RabbitMQ's consumer is pushed
@@ -44,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # Seconds the listener waits before subscribing again after its connection failed.
 LISTENER_RETRY_SECONDS = 0.5
+# The payload of a wake-up for a message pushed to the head of its queue.
+HEAD_PAYLOAD = b"head"
 
 
 def wake_channel(namespace: str, queue_name: str) -> str:
@@ -61,6 +71,8 @@ class WakingRedisBroker(RedisBroker):
         self._events_lock = threading.Lock()
         # queue name -> the events of this process's consumers of it
         self._events: dict[str, set[threading.Event]] = {}
+        # queue name -> this process's consumers of it (told of messages pushed to its head)
+        self._consumers: dict[str, set[WakingConsumer]] = {}
         self._listener: threading.Thread | None = None
 
     @property
@@ -72,6 +84,7 @@ class WakingRedisBroker(RedisBroker):
         consumer = WakingConsumer(self, queue_name, prefetch, timeout)
         with self._events_lock:
             self._events.setdefault(queue_name, set()).add(consumer.wake_event)
+            self._consumers.setdefault(queue_name, set()).add(consumer)
             if self._listener is None or not self._listener.is_alive():
                 self._listener = threading.Thread(target=self._listen, name="flowforge-broker-wakeup", daemon=True)
                 self._listener.start()
@@ -81,6 +94,7 @@ class WakingRedisBroker(RedisBroker):
         """Stop waking ``consumer`` (it was closed)."""
         with self._events_lock:
             self._events.get(consumer.queue_name, set()).discard(consumer.wake_event)
+            self._consumers.get(consumer.queue_name, set()).discard(consumer)
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
         """Upstream's enqueue, then a notification on the queue's wake channel (the
@@ -90,12 +104,14 @@ class WakingRedisBroker(RedisBroker):
         self.notify([message.queue_name])
         return message
 
-    def notify(self, queue_names: Iterable[str], pipeline=None) -> None:
+    def notify(self, queue_names: Iterable[str], pipeline=None, *, head: Iterable[str] = ()) -> None:
         """PUBLISH once on the wake channel of each queue in ``queue_names``: in
-        ``pipeline`` when given (the caller executes it), else now."""
+        ``pipeline`` when given (the caller executes it), else now. The queues in ``head``
+        had a message pushed to their head: their notification says so (HEAD_PAYLOAD)."""
         target = pipeline if pipeline is not None else self.client.pipeline(transaction=False)
+        heads = set(head)
         for name in dict.fromkeys(queue_names):
-            target.publish(wake_channel(self.namespace, name), b"")
+            target.publish(wake_channel(self.namespace, name), HEAD_PAYLOAD if name in heads else b"")
         if pipeline is None:
             try:
                 target.execute()
@@ -103,10 +119,15 @@ class WakingRedisBroker(RedisBroker):
                 log.warning("could not publish a wake-up for %s (consumers find it at their next poll): %s",
                             ", ".join(queue_names), exc)
 
-    def wake(self, queue_name: str) -> None:
-        """Set the events of this process's consumers of ``queue_name``."""
+    def wake(self, queue_name: str, *, head: bool = False) -> None:
+        """Set the events of this process's consumers of ``queue_name``; with ``head``
+        (a message was pushed to its head), first tell them so: one held back by its
+        prefetch fetches one message beyond it."""
         with self._events_lock:
             events = list(self._events.get(queue_name, ()))
+            consumers = list(self._consumers.get(queue_name, ())) if head else []
+        for consumer in consumers:
+            consumer.head_pending = True
         for event in events:
             event.set()
 
@@ -127,7 +148,7 @@ class WakingRedisBroker(RedisBroker):
                         continue
                     channel = item["channel"]
                     channel = channel.decode() if isinstance(channel, bytes) else channel
-                    self.wake(channel[len(prefix):])
+                    self.wake(channel[len(prefix):], head=item.get("data") in (HEAD_PAYLOAD, HEAD_PAYLOAD.decode()))
             except Exception as exc:  # noqa: BLE001 - the listener must outlive a lost connection
                 log.warning("broker wake-up listener lost its connection (%s); resubscribing", exc)
                 time.sleep(LISTENER_RETRY_SECONDS)
@@ -154,6 +175,9 @@ class WakingConsumer(_RedisConsumer):
         self.wake_event = threading.Event()
         # True while the consumer waits because its prefetch is taken (acks wake it then).
         self._held_back = False
+        # Set by the broker's listener when a message was pushed to the queue's head: a
+        # consumer held back by its prefetch fetches one message beyond it.
+        self.head_pending = False
 
     def ack(self, message: MessageProxy) -> None:
         try:
@@ -192,10 +216,15 @@ class WakingConsumer(_RedisConsumer):
                     messages = []
                     held_back = self.outstanding_message_count >= self.prefetch
                     if not held_back:
+                        self.head_pending = False
                         self.message_cache = messages = self.broker.do_fetch(
                             self.queue_name,
                             self.prefetch - self.outstanding_message_count,
                         )
+                    elif self.head_pending:
+                        # One beyond the prefetch: the message just pushed to the head.
+                        self.head_pending = False
+                        self.message_cache = messages = self.broker.do_fetch(self.queue_name, 1)
                     if not messages:
                         self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
                         self._held_back = held_back

@@ -64,12 +64,14 @@ from engine.db import atomic_retry
 from engine.dispatch import nudge_scheduler, process_owner
 from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.repositories import task_runs, types
+from engine.states import TASK_BULK_PRIORITY
 from engine.worker import log_shipper
 from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
-from engine.worker.handoff import Group, hand_off_watchdog
+from engine.worker.handoff import Group, hand_off_watchdog, yield_rest
 from engine.worker.heartbeat import heartbeater
 from engine.worker.output import encode_output, error_text, traceback_text
 from flowforge import logs
+from flowforge.dramatiq_middleware import urgent_message_waiting
 from flowforge.jsonb import stored_bytes
 
 log = logging.getLogger(__name__)
@@ -114,7 +116,12 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     busy with its current one), one ``execute_task_run`` message each, for other threads
     to take: a slow task holds the rest of its message up for about that long at most.
     Each is fenced as usual, so a redelivery of the message (this process died) starts
-    only the ones that did not start."""
+    only the ones that did not start.
+
+    Between two generations, when this process has fetched a more urgent message than a
+    bulk one (``urgent_message_waiting``: another organization's first-lane generation, a
+    control actor) that waits for a thread, the rest is handed back at once
+    (``handoff.yield_rest``) and this thread returns to take it."""
     group = Group(dispatches)
     watchdog = hand_off_watchdog()
     watchdog.register(group)
@@ -122,6 +129,12 @@ def execute_many(dispatches: list[tuple[str, int]]) -> list[str]:
     try:
         while (pair := group.take_next()) is not None:
             outcomes.append(execute(pair[0], pair[1], continue_inline=True))
+            if group.pending and urgent_message_waiting(TASK_BULK_PRIORITY):
+                try:
+                    yield_rest(group)
+                except Exception:  # noqa: BLE001 - the rest stays with this thread, as before
+                    log.warning("could not hand the rest of a message back for a more urgent one; running it here",
+                                exc_info=True)
     finally:
         watchdog.unregister(group)
     return outcomes

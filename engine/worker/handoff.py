@@ -1,4 +1,5 @@
-"""The hand-off watchdog: a slow task does not hold up the rest of its message for long.
+"""The hand-off watchdog: a slow task does not hold up the rest of its message for long;
+and the yield: a several-generation message does not hold its thread from a more urgent one.
 
 An ``execute_task_runs`` message carries several generations that one thread runs in
 turn (``execute_many``). Its pending generations are a ``Group``; the thread takes them
@@ -8,6 +9,14 @@ longer than that, takes every generation not yet started and sends each back to 
 broker as its own ``execute_task_run`` message, once per group. What the broker refuses
 is put back for the group's own thread. A handed-off generation is fenced as usual, so
 whichever thread starts it first runs it and the other sees a duplicate.
+
+``yield_rest``: between two generations of such a message, when the worker process has
+fetched a more urgent message (a first-lane generation of another organization, or a
+control actor such as the scheduler's claim) that waits for a thread, the thread hands
+the rest of its message back the same way and takes that one next
+(``engine.worker.execute.execute_many``). Without it, a first-lane message waited for a
+thread to finish a whole message of its neighbour's backlog: with 16 generations of 50 ms
+per message, 240 ms instead of the 14 ms of an idle worker.
 """
 
 from __future__ import annotations
@@ -121,6 +130,25 @@ def hand_off_watchdog() -> HandOff:
     if _hand_off_watchdog is None:
         _hand_off_watchdog = HandOff()
     return _hand_off_watchdog
+
+
+def yield_rest(group: Group) -> int:
+    """Hand every generation of ``group`` not started yet back to the broker (one
+    ``execute_task_run`` message each, as ``HandOff`` does), so its thread is free for a
+    more urgent message; returns how many went (the ones the broker refused are put back
+    for the thread). Re-raises what sending raised after putting them back."""
+    rest = group.take_rest()
+    if not rest:
+        return 0
+    try:
+        refused = _hand_off(rest)
+    except BaseException:
+        group.put_back(rest)
+        raise
+    group.put_back(refused)
+    log.debug("yielded to a more urgent message: %d of %d generations handed back", len(rest) - len(refused),
+              group.size)
+    return len(rest) - len(refused)
 
 
 def _hand_off(dispatches: list[tuple[str, int]]) -> list[tuple[str, int]]:

@@ -529,6 +529,75 @@ def test_a_slow_task_hands_the_rest_of_its_message_back_to_the_broker(org, make_
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_thread_yields_the_rest_of_its_message_to_a_more_urgent_fetched_message(
+    org, make_workflow, broker, settings, monkeypatch
+):
+    """A message of three bulk generations; after the first, the process's work queue
+    holds a fetched first-lane message (priority 5, before bulk's 10): the thread hands the
+    other two back to the broker at once (one message each) and returns, to take it. With
+    only bulk messages waiting it runs its whole message. (The hand-off watchdog is kept
+    out of it: its limit is an hour.)"""
+    import queue
+
+    from dramatiq.worker import _WorkQueueItem
+
+    import flowforge.dramatiq_middleware as mw
+
+    settings.FLOWFORGE_DISPATCH_FANOUT = 0  # one message per generation: the group is built by hand below
+    settings.FLOWFORGE_GROUP_HANDOFF_SECONDS = 3600
+    wf = make_workflow(org, [{"key": k, "type": "noop"} for k in ("a", "b", "c", "d", "e", "f")])
+    run = start_run(workflow=wf, run_input={})
+    schedule_once()
+    by_key = {key: (str(t.pk), t.fencing_token) for key, t in task_runs(run.pk).items()}
+    broker.flush_all()
+    work_queue = queue.PriorityQueue()
+    monkeypatch.setattr(mw, "_work_queue", work_queue)
+
+    # Only a bulk message waits: nothing more urgent, the whole message runs here.
+    work_queue.put(_WorkQueueItem(10, object()))
+    assert worker.execute_many([by_key["a"], by_key["b"], by_key["c"]]) == ["succeeded"] * 3
+    assert queued_messages(broker) == []
+
+    # A first-lane message waits (it arrives while "d" runs): "e" and "f" go back to the broker.
+    real_execute = worker.execute
+
+    def execute_then_fetch_urgent(*args, **kwargs):
+        outcome = real_execute(*args, **kwargs)
+        work_queue.put(_WorkQueueItem(5, object()))
+        return outcome
+
+    monkeypatch.setattr(worker, "execute", execute_then_fetch_urgent)
+    assert worker.execute_many([by_key["d"], by_key["e"], by_key["f"]]) == ["succeeded"]
+    handed = sorted((m.actor_name, m.args[0], m.args[1]) for m in queued_messages(broker))
+    assert handed == sorted([("execute_task_run", *by_key["e"]), ("execute_task_run", *by_key["f"])])
+    rows = task_runs(run.pk)
+    assert rows["d"].state == "succeeded"
+    for key in ("e", "f"):  # claimed, not started: the next thread to take the message starts it
+        assert rows[key].state == "running" and rows[key].started_fencing_token is None
+
+
+def test_urgent_message_waiting_reads_the_head_of_the_work_queue(monkeypatch):
+    """Outside a worker process (no work queue) and with an empty one: False; True only
+    when the most urgent waiting message's priority is below the one given."""
+    import queue
+
+    from dramatiq.worker import _WorkQueueItem
+
+    import flowforge.dramatiq_middleware as mw
+
+    monkeypatch.setattr(mw, "_work_queue", None)
+    assert mw.urgent_message_waiting(10) is False
+    work_queue = queue.PriorityQueue()
+    monkeypatch.setattr(mw, "_work_queue", work_queue)
+    assert mw.urgent_message_waiting(10) is False
+    work_queue.put(_WorkQueueItem(10, object()))
+    assert mw.urgent_message_waiting(10) is False
+    work_queue.put(_WorkQueueItem(0, object()))
+    assert mw.urgent_message_waiting(10) is True
+    assert mw.urgent_message_waiting(0) is False
+
+
+@pytest.mark.django_db(transaction=True)
 def test_generations_the_broker_refuses_to_take_back_are_run_by_their_own_thread(
     org, make_workflow, broker, settings, monkeypatch
 ):

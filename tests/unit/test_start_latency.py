@@ -283,6 +283,50 @@ def test_an_ack_wakes_a_consumer_held_back_by_its_prefetch(broker):
         broker.flush(queue)
 
 
+def test_a_message_pushed_to_the_head_is_fetched_by_a_consumer_held_back_by_its_prefetch(broker):
+    """A consumer holds its whole prefetch (2 of 4 queued messages); a message pushed to the
+    queue's head (the first lane) is announced as such, and the held-back consumer fetches
+    it at once, one beyond its prefetch, instead of waiting for an ack. Another message's
+    plain wake-up (the tail) does not let it fetch."""
+    import flowforge.broker as ff_broker_mod
+
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    for i in range(4):
+        broker.enqueue(dispatch.message("execute_task_run", args=(f"m{i}", 1), queue_name=queue))
+    consumer: WakingConsumer = broker.consume(queue, prefetch=2, timeout=30_000)
+    try:
+        settle_wakeups(broker, consumer)
+        held = [next(consumer) for _ in range(2)]
+        assert [m.args[0] for m in held] == ["m0", "m1"]
+        consumer.misses = 12  # its next wait would be its longest (15 to 30 s)
+        got: list = []
+
+        def wait_held_back():
+            while not got or got[-1] is None:
+                got.append(next(consumer))
+
+        waiting = threading.Thread(target=wait_held_back, daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not consumer._held_back and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert consumer._held_back and waiting.is_alive()
+        # A tail message's wake-up: still held back, nothing fetched.
+        broker.enqueue(dispatch.message("execute_task_run", args=("tail", 1), queue_name=queue))
+        time.sleep(0.3)
+        assert [m for m in got if m is not None] == []
+        # The head: fetched well within the consumer's 15 to 30 s wait, with no ack.
+        head = dispatch.message("execute_task_run_first", args=("head", 1), queue_name=queue)
+        assert ff_broker_mod.enqueue_many([head.copy(options={ff_broker_mod.HEAD_OPTION: True})]) == [None]
+        waiting.join(10)
+        assert not waiting.is_alive(), "the held-back consumer did not fetch the message pushed to the head"
+        assert got[-1].args == ("head", 1)
+        assert consumer.outstanding_message_count == 3  # one beyond its prefetch, until an ack
+    finally:
+        consumer.close()
+        broker.flush(queue)
+
+
 def test_enqueue_many_sends_one_wakeup_per_queue_after_its_messages(broker):
     pubsub = broker.client.pubsub()
     pubsub.subscribe(wake_channel(broker.namespace, TASK_QUEUE))
