@@ -65,10 +65,20 @@ QUERIES = {
     },
     "run_progress": {
         "index": "idx_taskrun_run_state",
+        # The run's task runs by the other seed index that leads with workflow_run_id is the
+        # same probe (one run's rows, a few buffers); which of the two the planner takes
+        # turns on statistics (seen in a soak: uniq_taskrun_per_run_task, 0.08 ms).
+        "also": ("uniq_taskrun_per_run_task",),
         "sql": "SELECT state, count(*) FROM core_taskrun WHERE workflow_run_id = %s GROUP BY state",
         "params": lambda ctx: [random.choice(ctx["run_sample"])],
     },
 }
+
+
+def on_index(spec: dict, used: list[str]) -> bool:
+    """Whether a plan that scanned the indexes ``used`` stays on the query's index
+    (``spec["index"]``, or one of ``spec["also"]``: an equivalent probe)."""
+    return any(name in used for name in (spec["index"], *spec.get("also", ())))
 
 
 SMALL_SCHEMA = "bench_hot_small"
@@ -311,7 +321,7 @@ def measure(workflow, schemas: dict[str, str | None], *, reps: int, warmup: int 
             out[label][name] = {
                 "median_ms": round(statistics.median(times[label]) * 1000, 3),
                 "index": spec["index"],
-                "uses_index": spec["index"] in used,
+                "uses_index": on_index(spec, used),
                 "indexes_used": used,
                 "plan": plan,
             }

@@ -332,7 +332,7 @@ def hot_queries(workflow, *, reps: int) -> dict:
 
     from django.db import connection
 
-    from bench.hot_queries import QUERIES, _explain, _run_once
+    from bench.hot_queries import QUERIES, _explain, _run_once, on_index
 
     with connection.cursor() as cur:
         cur.execute("SELECT id FROM core_workflowrun WHERE workflow_id = %s AND state = ANY(%s) "
@@ -351,7 +351,7 @@ def hot_queries(workflow, *, reps: int) -> dict:
         used = sorted(_seed_names(sorted(set(_INDEX.findall(plan)))))
         cost = _COST.search(plan)
         out[name] = {"median_ms": round(statistics.median(times) * 1000, 3), "index": spec["index"],
-                     "uses_index": spec["index"] in used, "indexes_used": used,
+                     "uses_index": on_index(spec, used), "indexes_used": used,
                      "cost": float(cost.group(1)) if cost else None, "plan": plan}
     return out
 
