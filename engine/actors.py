@@ -118,8 +118,9 @@ def execute_task_run(task_run_id: str, fencing_token: int) -> None:
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=FIRST_PRIORITY)
 def execute_task_run_first(task_run_id: str, fencing_token: int) -> None:
     """``execute_task_run`` for a first-lane generation: the same run of it, ahead of the
-    bulk messages a worker process has already fetched (FIRST_PRIORITY)."""
-    execute(task_run_id, fencing_token, continue_inline=True)
+    bulk messages a worker process has already fetched (FIRST_PRIORITY), its start in a
+    transaction of its own (``alone``: not behind another organization's batch)."""
+    execute(task_run_id, fencing_token, continue_inline=True, alone=True)
 
 
 @dramatiq.actor(queue_name=TASK_QUEUE, max_retries=0, time_limit=EXECUTE_TIME_LIMIT_MS, priority=BULK_PRIORITY)

@@ -66,7 +66,15 @@ from engine.handlers import PermanentTaskError, TaskContext, get_handler
 from engine.repositories import task_runs, types
 from engine.states import TASK_BULK_PRIORITY
 from engine.worker import log_shipper
-from engine.worker.batching import BatchCompleter, Completer, Failure, Success, count_completion
+from engine.worker.batching import (
+    BatchCompleter,
+    Completer,
+    Failure,
+    Start,
+    Success,
+    count_completion,
+    record_batch,
+)
 from engine.worker.handoff import Group, hand_off_watchdog, yield_rest
 from engine.worker.heartbeat import heartbeater
 from engine.worker.output import encode_output, error_text, traceback_text
@@ -82,7 +90,19 @@ log = logging.getLogger(__name__)
 completer: Completer = BatchCompleter()
 
 
-def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline: bool = False) -> str:
+def _start_alone(request: types.StartRequest) -> types.StartedAttempt | None:
+    """Start a delivered generation in a transaction of its own (``execute``'s ``alone``;
+    ``Completer.start``'s result), then ask the process's refiller, as a batch that did
+    not claim does, to claim what the start made room for in its organization."""
+    started = record_batch([Start(request)], claim=False)[0]
+    refiller = getattr(completer, "refiller", None)
+    if refiller is not None:
+        refiller.request([request.task_run_id])
+    return started
+
+
+def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline: bool = False,
+            alone: bool = False) -> str:
     """Run generation ``fencing_token`` of a task run to completion in this thread (see
     ``_execute``) and return its outcome. The ids it binds to log lines are reset when
     it returns, so nothing of this attempt is ambient in the thread's next message.
@@ -93,10 +113,16 @@ def execute(task_run_id: str | uuid.UUID, fencing_token: int, *, continue_inline
     commit and the next start, not a broker round trip and a consumer's poll. The
     others are published as usual. A continued generation is started, fenced and
     completed exactly as one that came through the broker.
+
+    With ``alone`` (a first-lane message), its start is its own transaction, not a place
+    in the process's next batch: a batch holds the rows of other organizations' runs
+    (each batch bumps their runs' event counters), and under one organization's burst
+    the start of another's first task would wait for that run's row lock behind the
+    burst's own transactions.
     """
     hops_left = settings.FLOWFORGE_INLINE_CONTINUATIONS if continue_inline else 0
     with logs.bound(task_run_id=task_run_id, fencing_token=fencing_token):
-        outcome, following = _execute(task_run_id, fencing_token, may_continue=hops_left > 0)
+        outcome, following = _execute(task_run_id, fencing_token, may_continue=hops_left > 0, alone=alone)
     while following is not None:
         hops_left -= 1
         with logs.bound(task_run_id=following.task_run_id, fencing_token=following.fencing_token,
@@ -180,7 +206,7 @@ def _nudge_after_finish() -> None:
 
 def _execute(
     task_run_id: str | uuid.UUID, fencing_token: int, *, may_continue: bool = False,
-    outbox_id: uuid.UUID | None = None,
+    outbox_id: uuid.UUID | None = None, alone: bool = False,
 ) -> tuple[str, types.Dispatch | None]:
     """Run generation ``fencing_token`` of a task run to completion in this thread
     (``outbox_id``: its outbox row, when it is a continuation no message was sent for).
@@ -193,8 +219,10 @@ def _execute(
     """
     task_run_id = uuid.UUID(str(task_run_id))
     owner = f"{process_owner('worker')}:{threading.get_ident()}"
-    # One round trip and one commit, shared with the process's other threads' starts and successes.
-    started = completer.start(types.StartRequest(task_run_id, fencing_token, owner, outbox_id))
+    # One round trip and one commit, shared with the process's other threads' starts and
+    # successes; or, ``alone``, its own (``execute``).
+    request = types.StartRequest(task_run_id, fencing_token, owner, outbox_id)
+    started = _start_alone(request) if alone else completer.start(request)
     if started is None:
         return "ignored", None
     # Every log line of this attempt names its organization, run and attempt too.

@@ -576,6 +576,39 @@ def test_a_thread_yields_the_rest_of_its_message_to_a_more_urgent_fetched_messag
         assert rows[key].state == "running" and rows[key].started_fencing_token is None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_first_lane_start_is_its_own_transaction_not_a_place_in_the_batch(org, make_workflow, broker, monkeypatch):
+    """``execute(..., alone=True)`` (the first-lane actor) starts the generation without the
+    process's batching completer (whose next batch may wait on another organization's run
+    row), then asks its refiller for the organization; the completion goes the usual way."""
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    run = start_run(workflow=wf, run_input={})
+    schedule_once()
+    (tr,) = task_runs(run.pk).values()
+    broker.flush_all()
+    inline = batching.InlineCompleter()
+
+    class NoBatchedStart:
+        refilled: list = []
+
+        class refiller:
+            @staticmethod
+            def request(ids):
+                NoBatchedStart.refilled.extend(ids)
+
+        def start(self, request):
+            raise AssertionError("a first-lane start went into the batch")
+
+        def complete(self, completion):
+            return inline.complete(completion)
+
+    monkeypatch.setattr(worker, "completer", NoBatchedStart())
+    assert worker.execute(str(tr.pk), tr.fencing_token, continue_inline=True, alone=True) == "succeeded"
+    assert NoBatchedStart.refilled == [tr.pk]
+    assert "started" in event_kinds(run.pk)
+    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
+
+
 def test_urgent_message_waiting_reads_the_head_of_the_work_queue(monkeypatch):
     """Outside a worker process (no work queue) and with an empty one: False; True only
     when the most urgent waiting message's priority is below the one given."""
