@@ -14,9 +14,9 @@ whichever thread starts it first runs it and the other sees a duplicate.
 fetched a more urgent message (a first-lane generation of another organization, or a
 control actor such as the scheduler's claim) that waits for a thread, the thread hands
 the rest of its message back the same way and takes that one next
-(``engine.worker.execute.execute_many``). Without it, a first-lane message waited for a
-thread to finish a whole message of its neighbour's backlog: with 16 generations of 50 ms
-per message, 240 ms instead of the 14 ms of an idle worker.
+(``engine.worker.execute.execute_many``). Without it, a fetched first-lane message waits
+for a thread to finish a whole message of its neighbour's backlog (8 generations of 50 ms
+in ``tests/integration/test_scheduling.py``'s fairness scenario).
 """
 
 from __future__ import annotations
