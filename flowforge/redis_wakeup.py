@@ -23,7 +23,8 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
 - a message pushed to the *head* of a queue (``flowforge.broker.HEAD_OPTION``: the
   engine's first lane) is announced as such; a consumer held back by its prefetch then
   fetches one message beyond it, which is that head (or, when another process took it
-  first, the next message: one more than its prefetch until an ack). Without it, the head
+  first, the next message: one more than its prefetch until an ack; never more than one
+  beyond it, however many head messages come). Without it, the head
   waited until one of the messages the consumer held ended, which with messages carrying
   several generations of a slow task was a whole message (240 ms against an idle 14 ms
   in ``tests/integration/test_scheduling.py``'s fairness scenario).
@@ -192,8 +193,15 @@ class WakingConsumer(_RedisConsumer):
             self._wake_if_room()
 
     def _wake_if_room(self) -> None:
-        if self._held_back and self.outstanding_message_count < self.prefetch:
+        if self._held_back and (self.outstanding_message_count < self.prefetch or self._may_fetch_head()):
             self.wake_event.set()
+
+    def _may_fetch_head(self) -> bool:
+        """A message was pushed to the head and this consumer holds no more than its
+        prefetch: it may fetch one beyond it. Never two: a storm of head messages (many
+        organizations' first lanes) cannot make one process hoard the queue; the next
+        waits for an ack."""
+        return self.head_pending and self.outstanding_message_count <= self.prefetch
 
     def close(self) -> None:
         self.broker.forget(self)
@@ -221,7 +229,7 @@ class WakingConsumer(_RedisConsumer):
                             self.queue_name,
                             self.prefetch - self.outstanding_message_count,
                         )
-                    elif self.head_pending:
+                    elif self._may_fetch_head():
                         # One beyond the prefetch: the message just pushed to the head.
                         self.head_pending = False
                         self.message_cache = messages = self.broker.do_fetch(self.queue_name, 1)

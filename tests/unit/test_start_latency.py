@@ -322,6 +322,19 @@ def test_a_message_pushed_to_the_head_is_fetched_by_a_consumer_held_back_by_its_
         assert not waiting.is_alive(), "the held-back consumer did not fetch the message pushed to the head"
         assert got[-1].args == ("head", 1)
         assert consumer.outstanding_message_count == 3  # one beyond its prefetch, until an ack
+        # Never two beyond: a second head waits for an ack, then is fetched at once.
+        got.clear()
+        waiting = threading.Thread(target=wait_held_back, daemon=True)
+        waiting.start()
+        second = dispatch.message("execute_task_run_first", args=("head-2", 1), queue_name=queue)
+        assert ff_broker_mod.enqueue_many([second.copy(options={ff_broker_mod.HEAD_OPTION: True})]) == [None]
+        time.sleep(0.3)
+        assert waiting.is_alive() and [m for m in got if m is not None] == []
+        assert consumer.outstanding_message_count == 3
+        consumer.ack(held[0])  # back to its prefetch: the pending head may come in
+        waiting.join(10)
+        assert not waiting.is_alive(), "the second head was not fetched after the ack"
+        assert got[-1].args == ("head-2", 1)
     finally:
         consumer.close()
         broker.flush(queue)
