@@ -70,9 +70,8 @@ class WakingRedisBroker(RedisBroker):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._events_lock = threading.Lock()
-        # queue name -> the events of this process's consumers of it
-        self._events: dict[str, set[threading.Event]] = {}
-        # queue name -> this process's consumers of it (told of messages pushed to its head)
+        # queue name -> this process's consumers of it (their wake events are set, and they
+        # are told of messages pushed to its head)
         self._consumers: dict[str, set[WakingConsumer]] = {}
         self._listener: threading.Thread | None = None
 
@@ -84,7 +83,6 @@ class WakingRedisBroker(RedisBroker):
         """A consumer of ``queue_name`` (as upstream's), registered for its wake-ups."""
         consumer = WakingConsumer(self, queue_name, prefetch, timeout)
         with self._events_lock:
-            self._events.setdefault(queue_name, set()).add(consumer.wake_event)
             self._consumers.setdefault(queue_name, set()).add(consumer)
             if self._listener is None or not self._listener.is_alive():
                 self._listener = threading.Thread(target=self._listen, name="flowforge-broker-wakeup", daemon=True)
@@ -94,7 +92,6 @@ class WakingRedisBroker(RedisBroker):
     def forget(self, consumer: WakingConsumer) -> None:
         """Stop waking ``consumer`` (it was closed)."""
         with self._events_lock:
-            self._events.get(consumer.queue_name, set()).discard(consumer.wake_event)
             self._consumers.get(consumer.queue_name, set()).discard(consumer)
 
     def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
@@ -125,12 +122,12 @@ class WakingRedisBroker(RedisBroker):
         (a message was pushed to its head), first tell them so: one held back by its
         prefetch fetches one message beyond it."""
         with self._events_lock:
-            events = list(self._events.get(queue_name, ()))
-            consumers = list(self._consumers.get(queue_name, ())) if head else []
+            consumers = list(self._consumers.get(queue_name, ()))
+        if head:
+            for consumer in consumers:
+                consumer.head_pending = True
         for consumer in consumers:
-            consumer.head_pending = True
-        for event in events:
-            event.set()
+            consumer.wake_event.set()
 
     def _listen(self) -> None:
         """The listener thread: one pattern subscription to this namespace's wake
@@ -161,9 +158,9 @@ class WakingRedisBroker(RedisBroker):
 
     def _wake_all(self) -> None:
         with self._events_lock:
-            events = [e for events in self._events.values() for e in events]
-        for event in events:
-            event.set()
+            consumers = [c for consumers in self._consumers.values() for c in consumers]
+        for consumer in consumers:
+            consumer.wake_event.set()
 
 
 class WakingConsumer(_RedisConsumer):
