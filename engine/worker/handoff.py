@@ -146,8 +146,8 @@ def yield_rest(group: Group) -> int:
         group.put_back(rest)
         raise
     group.put_back(refused)
-    log.debug("yielded to a more urgent message: %d of %d generations handed back", len(rest) - len(refused),
-              group.size)
+    log.info("handed %d of %d generations of a message back to the broker for a more urgent message",
+             len(rest) - len(refused), group.size)
     return len(rest) - len(refused)
 
 
