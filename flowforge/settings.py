@@ -402,8 +402,9 @@ FLOWFORGE_DISPATCH_FANOUT = int(os.environ.get("FLOWFORGE_DISPATCH_FANOUT", "16"
 FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1.0)
 # A new run's roots are claimed in the transaction that creates it and published by the
 # starting process after the commit (the fair claim decides, as the scheduler's would):
-# no broker hop to the scheduler before the first task. Off: the start nudges the
-# scheduler, which claims them (issue 17; README "Latency").
+# no broker hop to the scheduler before the first task; the roots of runs started inside
+# a caller's transaction are claimed together right after its commit. Off: the start
+# nudges the scheduler, which claims them (issue 17; README "Latency").
 FLOWFORGE_CLAIM_ON_START = env_bool("FLOWFORGE_CLAIM_ON_START", True)
 # Idle worker consumers are woken by each enqueue (a Redis pub/sub notification) and by
 # their own acks instead of polling with back-off (flowforge.redis_wakeup). Off: upstream

@@ -193,6 +193,15 @@ def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:
     return [row[0] for row in fetch(queries["task_run_ready_of_run"], {"run": run_id, "limit": limit})]
 
 
+def ready_ids_of_runs(run_ids: Sequence[uuid.UUID], *, limit: int) -> list[uuid.UUID]:
+    """Ids of up to ``limit`` ready task runs of the shared workers of the runs
+    ``run_ids``, oldest first (``task_run_ready_of_runs``; read only): the roots of runs a
+    caller's transaction started, once it has committed."""
+    if not run_ids:
+        return []
+    return [row[0] for row in fetch(queries["task_run_ready_of_runs"], {"runs": list(run_ids), "limit": limit})]
+
+
 def organizations_with_ready_of(task_run_ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
     """Ids of the organizations of ``task_run_ids`` that have a ready task run, ascending
     (``task_run_ready_orgs_of``; read only, takes no lock)."""
