@@ -415,11 +415,13 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     fair claim: what the organization's room, permits and buckets let in) and the caller's
     process publishes them after the commit; roots left ready, and every root without
     it, are the scheduler's, nudged on commit. ``claim_roots`` None claims only when this
-    is the outermost transaction: a caller that starts many runs in one transaction (the
-    claim lock would be held until its end, each start claiming in turn) leaves them to
-    the scheduler's batches (a cron catch-up firing up to 100 instants in one transaction
-    is one); True (a caller whose transaction is short: the idempotent start, a retry,
-    the web form) claims inside it anyway.
+    is the outermost transaction: inside a caller's transaction, where a claim would hold
+    the organization's claim lock until its end and each start would claim in turn (a
+    cron catch-up firing up to 100 instants in one transaction is one), the fair claim
+    for the organizations of every run it started runs once, right after its commit
+    (``_claim_after_commit``); True (a caller whose transaction is short: the idempotent
+    start, a retry, the web form) claims inside it anyway; False leaves the roots to the
+    scheduler, nudged on commit.
 
     ``priority`` (PRIORITY_MIN..PRIORITY_MAX, default 0) is the run's; each task run's is
     it plus its task's. Each task's concurrency key is rendered with ``run_input``
@@ -548,7 +550,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
             claimed, unclaimed = _claim_roots(run_id)
             transaction.on_commit(functools.partial(_publish_roots, claimed, nudge=unclaimed > 0))
         elif queued_reason is None and after_commit:
-            _claim_after_commit(run_id)
+            _claim_after_commit(run_id, org_id)
         else:
             transaction.on_commit(nudge_scheduler)
         transaction.on_commit(lambda: metrics.incr("flowforge_runs_started_total", str(trigger_source)))
@@ -574,59 +576,68 @@ def _claim_roots(run_id: uuid.UUID) -> tuple[list, int]:
     return claimed, len(roots) - len(claimed) + (1 if more else 0)
 
 
-# The runs started in this connection's transaction whose roots its commit claims
-# (_claim_after_commit). Per connection, so per thread; a rolled-back transaction's run ids
-# stay until the next commit, whose claim finds no ready task run of theirs.
-_AFTER_COMMIT_ATTR = "_flowforge_claim_after_commit"
-# Run ids kept per transaction at most: the rest are the scheduler's (nudged).
-AFTER_COMMIT_MAX_RUNS = 10_000
+class _RootsAfterCommit:
+    """The runs (run id, organization id) a transaction started whose roots its commit
+    claims (``_claim_after_commit``), and the one on-commit callback that claims them."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[uuid.UUID, uuid.UUID]] = []
+        self.callback = functools.partial(_claim_pending_roots, self)
 
 
-def _claim_after_commit(run_id: uuid.UUID) -> None:
+# The connection's current _RootsAfterCommit (per connection, so per thread).
+_AFTER_COMMIT_ATTR = "_flowforge_roots_after_commit"
+
+
+def _claim_after_commit(run_id: uuid.UUID, organization_id: uuid.UUID) -> None:
     """Have the roots of run ``run_id``, started inside a caller's transaction, claimed
     right after that transaction commits, by this process (``_claim_pending_roots``),
     not by the scheduler's next tick: a run started by a cron firing, a backfill or a
     script's transaction is not left waiting for a worker thread to run the tick (in
-    make bench, under another organization's burst, that wait was 12 to 60 ms). Every
-    start of the transaction registers the callback; the first to run claims for all of
-    them, in one claim, and the others find nothing left."""
-    pending = getattr(connection, _AFTER_COMMIT_ATTR, None)
-    if pending is None:
-        pending = []
-        setattr(connection, _AFTER_COMMIT_ATTR, pending)
-    if len(pending) < AFTER_COMMIT_MAX_RUNS:
-        pending.append(run_id)
-        transaction.on_commit(functools.partial(_claim_pending_roots, pending))
-    else:
-        transaction.on_commit(nudge_scheduler)
+    make bench, under another organization's burst, that wait was 12 to 60 ms).
+
+    One callback per transaction claims for all of its starts. A start joins the
+    connection's current batch only while that batch's callback is still registered
+    with this transaction: a rollback drops the callback (Django), and the next start
+    begins a new batch, so no run id outlives the transaction that started it. (A
+    savepoint rollback that drops the callback also rolls back every start that joined
+    the batch after it was registered: those starts ran inside that savepoint.)"""
+    batch = getattr(connection, _AFTER_COMMIT_ATTR, None)
+    if batch is None or not any(func is batch.callback for _sids, func, _robust in connection.run_on_commit):
+        batch = _RootsAfterCommit()
+        setattr(connection, _AFTER_COMMIT_ATTR, batch)
+        transaction.on_commit(batch.callback)
+    batch.runs.append((run_id, organization_id))
 
 
-def _claim_pending_roots(pending: list[uuid.UUID]) -> None:
-    """After a commit: claim the ready roots of the runs in ``pending`` (emptied here) in
-    a transaction of its own (the fair claim, ``task_runs.claim_ready_many`` with their
-    ids: the organization's room, permits and rate buckets decide), publish them, and
-    nudge the scheduler for any left ready (no room, a limit, more than one claim
-    batch). Never raises: the commit is done, so a failed claim is the scheduler's,
-    nudged (and the clock's next tick if that fails too)."""
-    run_ids, pending[:] = list(pending), []
-    if not run_ids:
+def _claim_pending_roots(batch: _RootsAfterCommit) -> None:
+    """After a commit: the fair claim for the organizations of the runs in ``batch``, in
+    a transaction of its own (``task_runs.claim_ready_many`` with those organizations:
+    highest priority then oldest within each, their room, permits and rate buckets
+    decide, so a new run's roots never take an older higher-priority task run's place),
+    published; then the scheduler is nudged when any of these runs' roots is still
+    ready (no room, a limit, more than one claim batch). Never raises: the commit is
+    done, so a failed claim is the scheduler's, nudged (the clock's next tick if that
+    fails too)."""
+    if getattr(connection, _AFTER_COMMIT_ATTR, None) is batch:
+        delattr(connection, _AFTER_COMMIT_ATTR)
+    if not batch.runs:
         return
+    run_ids = [run_id for run_id, _org in batch.runs]
+    organizations = sorted({org for _run, org in batch.runs})
+    claimed: list = []
     try:
-        roots = task_runs.ready_ids_of_runs(run_ids, limit=settings.FLOWFORGE_CLAIM_BATCH)
-        claimed = []
-        if roots:
-            claimed = driver.autocommit_retry(lambda: task_runs.claim_ready_many(
-                limit=len(roots), lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-                owner=dispatch.process_owner("start"), task_run_ids=roots,
-                reserve_seconds=dispatch.INLINE_PUBLISH_RESERVATION_SECONDS,
-            ))
-        # Roots it did not take, or more than one claim batch of them: the scheduler's.
-        left = len(roots) - len(claimed) + (1 if len(roots) >= settings.FLOWFORGE_CLAIM_BATCH else 0)
+        claimed = driver.autocommit_retry(lambda: task_runs.claim_ready_many(
+            limit=settings.FLOWFORGE_CLAIM_BATCH, lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
+            owner=dispatch.process_owner("start"), organizations=organizations,
+            reserve_seconds=dispatch.INLINE_PUBLISH_RESERVATION_SECONDS,
+        ))
+        left = bool(task_runs.ready_ids_of_runs(run_ids, limit=1))
     except Exception:  # noqa: BLE001 - committed already; the scheduler claims them
         log.exception("claiming the roots of %d runs after their start's commit failed; the scheduler claims them",
                       len(run_ids))
-        claimed, left = [], 1
-    _publish_roots(claimed, nudge=left > 0)
+        left = True
+    _publish_roots(claimed, nudge=left)
 
 
 def _publish_roots(claimed: list, *, nudge: bool) -> None:

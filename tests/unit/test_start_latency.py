@@ -12,7 +12,7 @@ import uuid
 
 import dramatiq
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from dramatiq.brokers.redis import RedisBroker
 
 import engine.actors  # noqa: F401  (declares the engine's queues)
@@ -125,6 +125,9 @@ def test_a_rolled_back_transactions_starts_are_not_claimed_and_the_next_commit_c
     assert TaskRun.objects.for_organization(org).count() == 0
     with transaction.atomic():
         run = start_run(workflow=wf)
+        # A new batch: the rolled-back start's run id did not outlive its transaction.
+        batch = getattr(connection, engine_services._AFTER_COMMIT_ATTR)
+        assert batch.runs == [(run.pk, org.pk)]
     assert rows(run)["a"].state == "running"
     assert queued_task_runs(broker) == [str(rows(run)["a"].pk)]
     assert broker.client.hlen(f"{broker.namespace}:flowforge.control.msgs") == 0
@@ -142,6 +145,31 @@ def test_roots_a_claim_after_commit_has_no_room_for_are_left_to_the_scheduler(or
     control = [dramatiq.Message.decode(d).actor_name
                for d in broker.client.hgetall(f"{broker.namespace}:flowforge.control.msgs").values()]
     assert control == ["schedule_tick"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_after_commit_takes_the_organizations_higher_priority_work_before_the_new_roots(
+    org, make_workflow, broker, settings
+):
+    """The claim after the commit is the organization's fair claim, not a claim of the
+    new roots by id: with room for one, an older run of priority 10 waiting for room is
+    claimed before a run of priority -10 started in the transaction, which stays ready
+    for the scheduler (nudged)."""
+    settings.FLOWFORGE_CLAIM_ON_START = True
+    Organization.objects.filter(pk=org.pk).update(max_running_task_runs_override=1)
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    urgent = start_run(workflow=wf, priority=10, claim_roots=False)  # left ready, waiting for room
+    assert rows(urgent)["a"].state == "ready"
+    with transaction.atomic():
+        low = start_run(workflow=wf, priority=-10)
+    assert rows(urgent)["a"].state == "running"
+    assert rows(low)["a"].state == "ready"
+    assert queued_task_runs(broker) == [str(rows(urgent)["a"].pk)]
+    # One tick nudged by the first start (claim_roots=False), one by the claim that left
+    # the low run's root ready.
+    control = [dramatiq.Message.decode(d).actor_name
+               for d in broker.client.hgetall(f"{broker.namespace}:flowforge.control.msgs").values()]
+    assert control == ["schedule_tick", "schedule_tick"]
 
 
 @pytest.mark.django_db(transaction=True)
