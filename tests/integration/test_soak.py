@@ -64,10 +64,17 @@ def test_soak_keeps_history_bounded_and_the_purge_removes_old_runs(stack, org):
     assert s["run_states"] == {"succeeded": n // CFG["run_tasks"]}
     assert s["at_baseline"]["tasks"] == m and s["at_end"]["tasks"] == n
     end = s["at_end"]["sizes"]
-    # The purge kept up: most of what the soak produced is gone (3+ events per task) ...
-    assert end["core_taskrun"]["rows"] < 0.4 * n
-    assert end["core_taskrunevent"]["rows"] < 0.4 * 3 * n
-    assert end["core_workflowrun"]["rows"] < 0.4 * (n // CFG["run_tasks"])
+    # The purge kept up: what is left is at most what the last retention plus slack
+    # produced at the last stretch's rate (a fixed share of n would fail a faster engine:
+    # at 811 tasks/s the last 6 s are 40% of 12,000 tasks), and less than all of it ...
+    window = CFG["retention_seconds"] + SLACK_SECONDS
+    kept = min(n, s["throughput"]["legs_tasks_per_s"][-1] * window)
+    assert end["core_taskrun"]["rows"] <= kept and end["core_taskrun"]["rows"] < n
+    # 3 events per task (claimed, started, succeeded) and 2 per run, plus those of runs
+    # already purged whose event partition is not dropped yet (the partition manager's
+    # period): at most a quarter more.
+    assert end["core_taskrunevent"]["rows"] <= 1.25 * (3 + 2 / CFG["run_tasks"]) * kept
+    assert end["core_workflowrun"]["rows"] <= kept / CFG["run_tasks"] + CFG["in_flight"]
     # ... and nothing older than the retention plus a couple of housekeeping periods is left.
     for snap in (s["at_baseline"], s["at_end"]):
         assert 0 < snap["history"]["oldest_finished_age_s"] <= CFG["retention_seconds"] + SLACK_SECONDS
