@@ -547,7 +547,7 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
         elif queued_reason is None and not made_room and claim_roots:
             # Not after cancelling older runs: their rows are locked by this transaction
             # then, and a claimer must take its lock before any row lock.
-            claimed, unclaimed = _claim_roots(run_id)
+            claimed, unclaimed = _claim_roots(run_id, org_id)
             transaction.on_commit(functools.partial(_publish_roots, claimed, nudge=unclaimed > 0))
         elif queued_reason is None and after_commit:
             _claim_after_commit(run_id, org_id)
@@ -557,23 +557,28 @@ def start_run(*, workflow: Workflow, run_input: dict[str, Any] | None = None, ac
     return WorkflowRun.objects.for_organization(org_id).get(pk=run_id)
 
 
-def _claim_roots(run_id: uuid.UUID) -> tuple[list, int]:
-    """Claim the ready roots of the run just created, in the caller's transaction (the
-    fair claim, ``task_runs.claim_ready_many``: the organization's room, permits and rate
-    buckets decide, under its claim lock until the commit), their outbox rows reserved
-    for this process's publish (``dispatch.INLINE_PUBLISH_RESERVATION_SECONDS``). Returns
-    (the claimed generations, how many roots were left ready)."""
+def _claim_roots(run_id: uuid.UUID, organization_id: uuid.UUID) -> tuple[list, int]:
+    """Claim for the organization of the run just created, in the caller's transaction
+    (the fair claim, ``task_runs.claim_ready_many`` for ``organization_id``: highest
+    priority then oldest, within its room, permits and rate buckets, under its claim
+    lock until the commit), as many generations as the run has ready roots, their outbox
+    rows reserved for this process's publish (``dispatch.INLINE_PUBLISH_RESERVATION_SECONDS``).
+    Not the roots by id: a stream of new starts would then take every place that opens
+    ahead of the organization's older, higher-priority ready work. Returns (the claimed
+    generations, how many of the run's roots were left ready, at least 1 when it has
+    more than one claim batch of them)."""
     roots = task_runs.ready_ids_of_run(run_id, limit=settings.FLOWFORGE_CLAIM_BATCH)
     if not roots:
         return [], 0
     claimed = task_runs.claim_ready_many(
         limit=len(roots), lease_seconds=settings.FLOWFORGE_DISPATCH_LEASE_SECONDS,
-        owner=dispatch.process_owner("start"), task_run_ids=roots,
+        owner=dispatch.process_owner("start"), organizations=[organization_id],
         reserve_seconds=dispatch.INLINE_PUBLISH_RESERVATION_SECONDS,
     )
+    taken = {d.task_run_id for d in claimed}
+    left = sum(1 for root in roots if root not in taken)
     # A run with more roots than one claim batch leaves the rest to the scheduler too.
-    more = len(roots) >= settings.FLOWFORGE_CLAIM_BATCH
-    return claimed, len(roots) - len(claimed) + (1 if more else 0)
+    return claimed, left + (1 if len(roots) >= settings.FLOWFORGE_CLAIM_BATCH else 0)
 
 
 class _RootsAfterCommit:
