@@ -148,43 +148,26 @@ def test_roots_a_claim_after_commit_has_no_room_for_are_left_to_the_scheduler(or
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_starts_own_claim_takes_the_organizations_higher_priority_work_before_its_roots(
-    org, make_workflow, broker, settings
+@pytest.mark.parametrize("in_callers_transaction", [False, True], ids=["own-claim", "claim-after-commit"])
+def test_a_starts_claim_takes_the_organizations_higher_priority_work_before_its_roots(
+    org, make_workflow, broker, settings, in_callers_transaction
 ):
-    """A start's claim (the API's, outside any transaction) is the organization's fair
-    claim: with room for one, an older ready run of priority 10 is claimed before the
-    new run of priority -10, whose root stays ready for the scheduler (nudged). A claim
-    of the new roots by id would let every new start take the place that opens ahead of
-    the older, higher-priority work."""
-    settings.FLOWFORGE_CLAIM_ON_START = True
-    Organization.objects.filter(pk=org.pk).update(max_running_task_runs_override=1)
-    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
-    urgent = start_run(workflow=wf, priority=10, claim_roots=False)  # left ready, waiting for room
-    low = start_run(workflow=wf, priority=-10)
-    assert rows(urgent)["a"].state == "running" and rows(urgent)["a"].lease_owner.startswith("start@")
-    assert rows(low)["a"].state == "ready"
-    assert queued_task_runs(broker) == [str(rows(urgent)["a"].pk)]
-    control = [dramatiq.Message.decode(d).actor_name
-               for d in broker.client.hgetall(f"{broker.namespace}:flowforge.control.msgs").values()]
-    assert control == ["schedule_tick", "schedule_tick"]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_after_commit_takes_the_organizations_higher_priority_work_before_the_new_roots(
-    org, make_workflow, broker, settings
-):
-    """The claim after the commit is the organization's fair claim, not a claim of the
-    new roots by id: with room for one, an older run of priority 10 waiting for room is
-    claimed before a run of priority -10 started in the transaction, which stays ready
-    for the scheduler (nudged)."""
+    """A start's claim (the API's, outside any transaction; or the one right after a
+    caller's commit) is the organization's fair claim: with room for one, an older ready
+    run of priority 10 is claimed before the new run of priority -10, whose root stays
+    ready for the scheduler (nudged). A claim of the new roots by id would let every new
+    start take the place that opens ahead of the older, higher-priority work."""
     settings.FLOWFORGE_CLAIM_ON_START = True
     Organization.objects.filter(pk=org.pk).update(max_running_task_runs_override=1)
     wf = make_workflow(org, [{"key": "a", "type": "noop"}])
     urgent = start_run(workflow=wf, priority=10, claim_roots=False)  # left ready, waiting for room
     assert rows(urgent)["a"].state == "ready"
-    with transaction.atomic():
+    if in_callers_transaction:
+        with transaction.atomic():
+            low = start_run(workflow=wf, priority=-10)
+    else:
         low = start_run(workflow=wf, priority=-10)
-    assert rows(urgent)["a"].state == "running"
+    assert rows(urgent)["a"].state == "running" and rows(urgent)["a"].lease_owner.startswith("start@")
     assert rows(low)["a"].state == "ready"
     assert queued_task_runs(broker) == [str(rows(urgent)["a"].pk)]
     # One tick nudged by the first start (claim_roots=False), one by the claim that left
