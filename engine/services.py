@@ -567,7 +567,7 @@ def _claim_roots(run_id: uuid.UUID, organization_id: uuid.UUID) -> tuple[list, i
     ahead of the organization's older, higher-priority ready work. Returns (the claimed
     generations, how many of the run's roots were left ready, at least 1 when it has
     more than one claim batch of them)."""
-    roots = task_runs.ready_ids_of_run(run_id, limit=settings.FLOWFORGE_CLAIM_BATCH)
+    roots = task_runs.ready_ids_of_runs([run_id], limit=settings.FLOWFORGE_CLAIM_BATCH)
     if not roots:
         return [], 0
     claimed = task_runs.claim_ready_many(

@@ -187,16 +187,10 @@ def lock_organization_claims(organization_ids: Sequence[uuid.UUID]) -> None:
     fetch(queries["task_run_lock_orgs"], {"orgs": list(organization_ids)})
 
 
-def ready_ids_of_run(run_id: uuid.UUID, *, limit: int) -> list[uuid.UUID]:
-    """Ids of up to ``limit`` ready task runs of run ``run_id``, oldest first
-    (``task_run_ready_of_run``; read only): a new run's roots."""
-    return [row[0] for row in fetch(queries["task_run_ready_of_run"], {"run": run_id, "limit": limit})]
-
-
 def ready_ids_of_runs(run_ids: Sequence[uuid.UUID], *, limit: int) -> list[uuid.UUID]:
     """Ids of up to ``limit`` ready task runs of the shared workers of the runs
-    ``run_ids``, oldest first (``task_run_ready_of_runs``; read only): the roots of runs a
-    caller's transaction started, once it has committed."""
+    ``run_ids``, oldest first (``task_run_ready_of_runs``; read only): new runs' roots (a
+    start's own claim; the claim after a caller's commit)."""
     if not run_ids:
         return []
     return [row[0] for row in fetch(queries["task_run_ready_of_runs"], {"runs": list(run_ids), "limit": limit})]

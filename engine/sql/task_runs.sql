@@ -33,16 +33,8 @@ WHERE t.workflow_id = %(wf)s
 ORDER BY t.key;
 
 
--- name: task_run_ready_of_run
--- The ids of run's ready task runs of the shared workers (queue ''), oldest first (a new run's roots, claimed in its start's transaction); idx_taskrun_run_state.
-SELECT id FROM core_taskrun
-WHERE workflow_run_id = %(run)s AND state = 'ready' AND queue = ''   -- idx_taskrun_run_state (workflow_run_id, state)
-ORDER BY created_at
-LIMIT %(limit)s;
-
-
 -- name: task_run_ready_of_runs
--- The ids of the ready task runs of the shared workers (queue '') of the runs in runs, oldest first (the roots of runs started in a caller's transaction, claimed after its commit); idx_taskrun_run_state.
+-- The ids of the ready task runs of the shared workers (queue '') of the runs in runs, oldest first (new runs' roots: a start's own claim, and the claim after a caller's commit); idx_taskrun_run_state.
 SELECT id FROM core_taskrun
 WHERE workflow_run_id = ANY(%(runs)s::uuid[]) AND state = 'ready' AND queue = ''   -- idx_taskrun_run_state
 ORDER BY created_at
