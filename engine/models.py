@@ -168,7 +168,7 @@ class Task(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
     concurrency_limit = models.IntegerField(null=True, blank=True)
     # A named rate-limit bucket of the organization: at most rate_limit claims per
-    # fixed window of rate_window_seconds (1 or 60).
+    # fixed window of rate_window_seconds (1 or 60), ceil(rate_limit / 2) in its first half.
     rate_key = models.CharField(max_length=200, null=True, blank=True)
     rate_limit = models.IntegerField(null=True, blank=True)
     rate_window_seconds = models.IntegerField(null=True, blank=True)
@@ -521,8 +521,9 @@ class RateLimitBucket(models.Model):
     """One named rate-limit bucket of an organization, per window size (seed 001's
     RateLimitBuckets): ``count`` claims in its window [window_start, window_start +
     window_seconds). A window opens at the first claim after the previous one closed
-    (fixed, not sliding). One upsert per bucket per claim statement; idle buckets are
-    pruned by housekeeping."""
+    (fixed, not sliding); its first half admits ceil(limit / 2) of a task's limit, the
+    whole window the limit (task_run_claim_fair). One upsert per bucket per claim
+    statement; idle buckets are pruned by housekeeping."""
 
     id = models.BigAutoField(primary_key=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -69,11 +69,12 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
 
 
 def nudge_at_next_rate_window() -> float | None:
-    """When ready task runs wait on a full rate-limit window, send one schedule_tick for the
-    moment the first such window closes (``rate_limit_next_window_close``), so its bucket's
-    next claims are made then and not at the clock's next tick: 100 tasks at 10 per second
-    take 10 windows, not 10 clock periods. One nudge per closing instant across every
-    scheduler (a Redis key); returns the delay in seconds, or None when none was sent."""
+    """When ready task runs wait on an open rate-limit window, send one schedule_tick for the
+    moment the first such window reaches its second half or closes, whichever is next
+    (``rate_limit_next_window_close``: a window's first half admits half its limit), so its
+    bucket's next claims are made then and not at the clock's next tick: 100 tasks at 10
+    per second take 20 half windows, not 20 clock periods. One nudge per instant across
+    every scheduler (a Redis key); returns the delay in seconds, or None when none was sent."""
     rows = driver.fetch(sql.queries["rate_limit_next_window_close"], {})
     closes, seconds = rows[0] if rows else (None, None)
     if seconds is None or seconds <= 0:

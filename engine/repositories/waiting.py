@@ -28,8 +28,9 @@ from tenancy.limits import plan_table
 
 #: The reason of a ready task run nothing holds back (its claim follows).
 FOR_A_WORKER = "waiting: for a worker"
-# A reason's countdown: ", 3.2 s" (retry backoff) or ", next window in 0.4 s" (rate limit).
-_COUNTDOWN = re.compile(r",( next window in)? [0-9.]+ s\Z")
+# A reason's countdown: ", 3.2 s" (retry backoff), ", next window in 0.4 s" or ", second half in
+# 0.2 s" (rate limit).
+_COUNTDOWN = re.compile(r",( next window in| second half in)? [0-9.]+ s\Z")
 
 # Ready task runs note_waiting looks at per call, at most (the heads of the organizations' queues).
 NOTE_LIMIT = 500
@@ -64,8 +65,8 @@ def run_reasons(run_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
 
 def without_countdown(reason: str) -> str:
     """``reason`` without its countdown: "waiting: retry backoff, 3.2 s" -> "waiting: retry
-    backoff"; "..., next window in 0.4 s" -> "..." (what a page that is not refreshed each
-    second shows, and what ``wait_reason`` keeps)."""
+    backoff"; "..., next window in 0.4 s" and "..., second half in 0.2 s" -> "..." (what a
+    page that is not refreshed each second shows, and what ``wait_reason`` keeps)."""
     return _COUNTDOWN.sub("", reason)
 
 

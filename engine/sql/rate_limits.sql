@@ -16,9 +16,11 @@ DELETE FROM core_ratelimitbucket WHERE id IN (
 
 
 -- name: rate_limit_next_window_close
--- When (epoch seconds) and in how many seconds the first open window of a rate bucket that some ready task run of the shared workers waits on closes (NULLs when none), so the scheduler can claim as soon as it does; idx_ratelimit_window_start, idx_taskrun_ready_claim.
+-- When (epoch seconds) and in how many seconds the first open window of a rate bucket that some ready task run of the shared workers waits on reaches its second half or closes, whichever comes first (NULLs when none), so the scheduler can claim as soon as the bucket has room again (a window's first half admits half its limit: task_run_claim_fair); idx_ratelimit_window_start, idx_taskrun_ready_claim.
 SELECT EXTRACT(EPOCH FROM c.closes)::float8, EXTRACT(EPOCH FROM c.closes - clock_timestamp())::float8
-FROM (SELECT min(b.window_start + make_interval(secs => b.window_seconds)) AS closes
+FROM (SELECT min(CASE WHEN b.window_start + make_interval(secs => b.window_seconds / 2.0) > clock_timestamp()
+                      THEN b.window_start + make_interval(secs => b.window_seconds / 2.0)
+                      ELSE b.window_start + make_interval(secs => b.window_seconds) END) AS closes
 FROM core_ratelimitbucket b
 WHERE b.window_start > clock_timestamp() - interval '61 seconds'        -- idx_ratelimit_window_start
   AND b.window_start + make_interval(secs => b.window_seconds) > clock_timestamp()

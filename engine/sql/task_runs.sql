@@ -96,9 +96,11 @@ ORDER BY hashtextextended('flowforge.claim:' || o.id::text, 0);
 --   workflow running task runs of a workflow name under its max_running_tasks;
 --   rate     claims in a bucket's open window under its limit, counted by one upsert per
 --            bucket; a window opens at the first claim after the last one closed and is
---            open for window_seconds (fixed windows: up to 2x across a boundary, and never
---            more than limit in one window, so n claims span at least ceil(n/limit) - 1
---            windows).
+--            open for window_seconds, and its first half admits at most ceil(limit / 2)
+--            (fixed windows, split: never more than limit in one window, under 2 x limit
+--            across a boundary, and claim i of a backlog (from 0) comes at least
+--            floor(i / limit) windows, plus half a window when i mod limit >=
+--            ceil(limit / 2), after the first: 100 at 10 a second span >= 9.5 s).
 -- Refill: a worker batch claims (refill > 0) only for an organization whose claimed-not-
 -- started backlog is at most (ahead - refill) x weight.
 -- Lanes: an organization's first first x weight generations waiting for a worker go to
@@ -153,8 +155,10 @@ WITH now_ AS (
       AND EXISTS (SELECT 1 FROM limited)
     GROUP BY 1, 2
 ), bucket AS (
-    -- Each rate bucket whose window is still open, with its count; uniq_ratelimit_bucket.
-    SELECT b.organization_id, b.key, b.window_seconds, b.count
+    -- Each rate bucket whose window is still open, with its count and whether the window
+    -- is in its first half (capped at ceil(limit / 2)); uniq_ratelimit_bucket.
+    SELECT b.organization_id, b.key, b.window_seconds, b.count,
+           b.window_start + make_interval(secs => b.window_seconds / 2.0) > now_.at AS first_half
     FROM core_ratelimitbucket b JOIN org ON org.id = b.organization_id, now_
     WHERE b.window_start + make_interval(secs => b.window_seconds) > now_.at
 ), cand AS (
@@ -175,7 +179,8 @@ WITH now_ AS (
                           AND x.name = w.name AND x.n >= w.max_running_tasks)
           AND NOT EXISTS (SELECT 1 FROM bucket b WHERE b.organization_id = t.organization_id
                           AND b.key = k.rate_key AND b.window_seconds = k.rate_window_seconds
-                          AND b.count >= k.rate_limit)
+                          AND b.count >= CASE WHEN b.first_half THEN (k.rate_limit + 1) / 2
+                                              ELSE k.rate_limit END)
         ORDER BY t.priority DESC, t.created_at
         LIMIT GREATEST(room.room, 0) + %(lookahead)s::int
         FOR UPDATE OF t SKIP LOCKED
@@ -204,7 +209,10 @@ WITH now_ AS (
                       AND b.window_seconds = r.rate_window_seconds
     WHERE (r.concurrency_key IS NULL OR r.key_rn <= r.concurrency_limit - COALESCE(h.n, 0))
       AND (r.max_running_tasks IS NULL OR r.wf_rn <= r.max_running_tasks - COALESCE(x.n, 0))
-      AND (r.rate_key IS NULL OR r.rate_rn <= r.rate_limit - COALESCE(b.count, 0))
+      -- No open window: this claim opens one, in its first half.
+      AND (r.rate_key IS NULL
+           OR r.rate_rn <= CASE WHEN COALESCE(b.first_half, true) THEN (r.rate_limit + 1) / 2
+                                ELSE r.rate_limit END - COALESCE(b.count, 0))
 ), picked AS (
     SELECT e.* FROM eligible e
     WHERE e.org_rn <= e.room

@@ -7,6 +7,7 @@
 --   the run waits for its workflow's run limit waiting: workflow run limit 2/2
 --   concurrency key (running holders >= limit) waiting: concurrency stripe 5/5
 --   rate limit (current fixed window full)     waiting: rate limit github 10/10 per second, next window in 0.4 s
+--   (or its first half: ceil(limit / 2))       waiting: rate limit github 5/10 per second, 5 in a window's first half, second half in 0.2 s
 --   workflow task limit (every version)        waiting: workflow limit 3/3 running tasks
 --   organization quota (running task runs)     waiting: organization quota 100/100 running
 --   organization's share (dispatched, not      waiting: organization's share of the workers (64 dispatched, not started)
@@ -98,6 +99,14 @@ WITH waiting AS (
             || CASE WHEN f.rate_window_seconds = 1 THEN ' per second' ELSE ' per minute' END
             || ', next window in '
             || (ceil(extract(epoch FROM b.window_start + make_interval(secs => f.rate_window_seconds) - c.now) * 10)
+                / 10)::numeric(12, 1) || ' s'
+        -- A window's first half admits ceil(limit / 2) (task_run_claim_fair's rate gate).
+        WHEN b.count >= (f.rate_limit + 1) / 2
+             AND b.window_start + make_interval(secs => f.rate_window_seconds / 2.0) > c.now THEN
+            'waiting: rate limit ' || f.rate_key || ' ' || b.count || '/' || f.rate_limit
+            || CASE WHEN f.rate_window_seconds = 1 THEN ' per second' ELSE ' per minute' END
+            || ', ' || (f.rate_limit + 1) / 2 || ' in a window''s first half, second half in '
+            || (ceil(extract(epoch FROM b.window_start + make_interval(secs => f.rate_window_seconds / 2.0) - c.now) * 10)
                 / 10)::numeric(12, 1) || ' s'
         WHEN nc.running_tasks >= f.max_running_tasks THEN
             'waiting: workflow limit ' || nc.running_tasks || '/' || f.max_running_tasks || ' running tasks'

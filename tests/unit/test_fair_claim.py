@@ -231,29 +231,36 @@ def test_a_workflow_task_limit_counts_every_version_of_the_name(make_org, make_w
 
 
 @pytest.mark.django_db
-def test_a_rate_bucket_admits_its_limit_per_window_opened_by_its_first_claim(make_org, make_workflow, settings):
+@pytest.mark.parametrize(("limit", "first_half"), [(10, 5), (3, 2), (1, 1)])
+def test_a_rate_bucket_admits_half_its_limit_in_a_windows_first_half_and_its_limit_in_the_window(
+    make_org, make_workflow, settings, limit, first_half
+):
+    """A window opens at the first claim after the last one closed; its first half admits
+    ceil(limit / 2), the whole window limit (task_run_claim_fair's rate gate)."""
     settings.FLOWFORGE_DISPATCH_AHEAD = 1000
     a = make_org()
     limits(a, max_running=1000)
-    wf = wide(make_workflow, a, 25, name="rated", rate_key="github", rate_limit=10, rate_window_seconds=1)
+    wf = wide(make_workflow, a, 25, name="rated", rate_key="github", rate_limit=limit, rate_window_seconds=1)
     start(wf)
-    first = claim()
-    assert len(first) == 10  # the first claim opens a 1 s window: 10 fit
-    assert claim() == []  # window open and full
+    assert len(claim()) == first_half  # the first claim opens a 1 s window, in its first half
+    assert claim() == []  # the first half is full
     (bucket,) = RateLimitBucket.objects.unscoped().filter(organization=a, key="github")
-    assert (bucket.count, bucket.window_seconds) == (10, 1)
+    assert (bucket.count, bucket.window_seconds) == (first_half, 1)
     opened = bucket.window_start
-    # Still inside the window half a second later (the database's clock decides).
+    # 0.6 s into the window (the database's clock decides): its second half admits the rest.
     RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
-        window_start=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=0.5))
-    assert claim() == []
-    # Once the window closed, the next claim opens a new one and 10 more fit, then none.
+        window_start=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=0.6))
+    assert len(claim()) == limit - first_half
+    assert claim() == []  # the window holds limit
+    bucket.refresh_from_db()
+    assert bucket.count == limit
+    # Once the window closed, the next claim opens a new one, in its first half again.
     RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
         window_start=opened - dt.timedelta(seconds=1.5))
-    assert len(claim()) == 10
+    assert len(claim()) == first_half
     assert claim() == []
     bucket.refresh_from_db()
-    assert bucket.count == 10 and bucket.window_start > opened - dt.timedelta(seconds=1.5)
+    assert bucket.count == first_half and bucket.window_start > opened - dt.timedelta(seconds=1.5)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -307,9 +314,10 @@ def test_housekeeping_prunes_buckets_of_past_windows_only(org):
 
 
 @pytest.mark.django_db
-def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_close(org, make_workflow, settings):
+def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_next_half(org, make_workflow, settings):
     """The scheduler sends one delayed schedule_tick (to the real broker) for the instant the
-    full window closes, however many times it runs before then."""
+    window's first half ends (or, in its second half, the window closes), however many
+    times it runs before then."""
     import dramatiq
     from django.core.cache import cache
 
@@ -327,14 +335,23 @@ def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_clos
     wf = wide(make_workflow, org, 15, name="rated", rate_key="gh", rate_limit=10, rate_window_seconds=60)
     start(wf)
     assert scheduler.nudge_at_next_rate_window() is None  # no window open yet
-    assert len(claim()) == 10  # opens a 60 s window, 5 wait behind it
+    assert len(claim()) == 5  # opens a 60 s window, whose first half admits 5; 10 wait
     try:
         first = scheduler.nudge_at_next_rate_window()
-        again = scheduler.nudge_at_next_rate_window()  # the same closing instant: not twice
+        again = scheduler.nudge_at_next_rate_window()  # the same instant: not twice
         (tick,) = delayed_ticks()
     finally:
         broker.flush_all()
-    assert first is not None and 58.0 < first <= 60.0
+    assert first is not None and 28.0 < first <= 30.0
     assert again is None
-    # Due at the window's close (eta in epoch milliseconds), give or take the test's run time.
+    # Due when the first half ends (eta in epoch milliseconds), give or take the test's run time.
     assert abs(tick.options["eta"] / 1000 - (time.time() + first)) < 2.0
+    # 31 s into the window (the database's clock): the next instant is the window's close.
+    RateLimitBucket.objects.unscoped().update(window_start=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=31))
+    try:
+        at_close = scheduler.nudge_at_next_rate_window()
+        (tick,) = delayed_ticks()
+    finally:
+        broker.flush_all()
+    assert at_close is not None and 27.0 < at_close <= 29.0
+    assert abs(tick.options["eta"] / 1000 - (time.time() + at_close)) < 2.0

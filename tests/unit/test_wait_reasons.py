@@ -116,11 +116,33 @@ def test_a_full_rate_limit_window_names_the_bucket_and_the_next_window(org, make
     match = re.fullmatch(r"waiting: rate limit github 10/10 per minute, next window in (\d+\.\d) s", reason)
     assert match, reason
     assert 44.0 <= float(match.group(1)) <= 45.0
-    RateLimitBucket.objects.unscoped().update(count=9)
+    # 9 of 10 in the window's second half: room for one.
+    RateLimitBucket.objects.unscoped().update(count=9, window_start=db_now() - dt.timedelta(seconds=35))
     assert reason_of(run_id) == "waiting: for a worker"
     # A full window that has closed holds nothing back: the next claim opens a new one.
     RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
         count=10, window_start=db_now() - dt.timedelta(seconds=61))
+    assert reason_of(run_id) == "waiting: for a worker"
+
+
+def test_a_full_first_half_of_a_rate_window_names_its_cap_and_the_second_half(org, make_workflow):
+    """A window's first half admits ceil(limit / 2): 5 of 10 there waits for the second half."""
+    wf = make_workflow(org, ONE)
+    set_task(wf, rate_key="github", rate_limit=10, rate_window_seconds=60)
+    run_id = start(wf)
+    # Opened 10 s ago: the second half begins in about 20 s, the window closes in 50 s.
+    bucket = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=5,
+                                            window_start=db_now() - dt.timedelta(seconds=10))
+    reason = reason_of(run_id)
+    match = re.fullmatch(
+        r"waiting: rate limit github 5/10 per minute, 5 in a window's first half, second half in (\d+\.\d) s", reason)
+    assert match, reason
+    assert 19.0 <= float(match.group(1)) <= 20.0
+    RateLimitBucket.objects.unscoped().update(count=4)
+    assert reason_of(run_id) == "waiting: for a worker"
+    # In the second half, 5 claims leave room for 5 more.
+    RateLimitBucket.objects.unscoped().filter(pk=bucket.pk).update(
+        count=5, window_start=db_now() - dt.timedelta(seconds=31))
     assert reason_of(run_id) == "waiting: for a worker"
 
 

@@ -710,6 +710,9 @@ def test_wait_reasons_lose_their_countdown_and_nothing_else():
     assert (run_text.without_countdown("waiting: rate limit gh 3/3 per minute, next window in 44.9 s")
             == "waiting: rate limit gh 3/3 per minute")
     assert run_text.without_countdown("waiting: retry backoff, 3.2 s") == "waiting: retry backoff"
+    assert (run_text.without_countdown(
+        "waiting: rate limit gh 5/10 per second, 5 in a window's first half, second half in 0.2 s")
+        == "waiting: rate limit gh 5/10 per second, 5 in a window's first half")
     for unchanged in ("waiting: concurrency stripe 5/5", "waiting: for a worker", "waiting: workflow run limit 2/2",
                       "waiting: organization's share of the workers (64 dispatched, not started)"):
         assert run_text.without_countdown(unchanged) == unchanged
