@@ -177,9 +177,11 @@ def flush_namespace(redis_url: str, namespace: str) -> None:
 
 def start_workers(stack, cfg: dict):
     """The engine's worker group (``dramatiq flowforge.worker``, its own broker: consumers
-    woken by enqueues) and the baseline's (``bench.actors`` on the ``bench`` queue only,
-    with upstream Dramatiq's polling Redis consumer: FLOWFORGE_BROKER_WAKEUP=0), the same
-    processes x threads each, and the clock. Returns the engine's group."""
+    woken by enqueues; plus a reserved thread per process for first-lane generations and
+    control actors, FLOWFORGE_WORKER_RESERVED_THREADS) and the baseline's (``bench.actors``
+    on the ``bench`` queue only, with upstream Dramatiq's polling Redis consumer:
+    FLOWFORGE_BROKER_WAKEUP=0, no reserved thread), the same processes x threads each, and
+    the clock. Returns the engine's group."""
     from flowforge.stack import bin_path, wait_until, worker_child_pids
 
     size = ["--processes", str(cfg["processes"]), "--threads", str(cfg["threads"]), "--worker-shutdown-timeout",
@@ -188,9 +190,11 @@ def start_workers(stack, cfg: dict):
     # by default): with 100 ms no process sits out a whole run while another drains it.
     worker = stack.start("worker", [bin_path("dramatiq"), "flowforge.worker", *size],
                          env={"dramatiq_worker_timeout": "100"})
+    # The baseline is upstream Dramatiq: no reserved thread beside its --threads either.
     baseline = stack.start("baseline-worker", [bin_path("dramatiq"), "flowforge.worker", "bench.actors",
                                                "--queues", "bench", *size],
-                           env={"dramatiq_worker_timeout": "100", "FLOWFORGE_BROKER_WAKEUP": "0"})
+                           env={"dramatiq_worker_timeout": "100", "FLOWFORGE_BROKER_WAKEUP": "0",
+                                "FLOWFORGE_WORKER_RESERVED_THREADS": "0"})
     stack.start_clock()
     for group in (worker, baseline):
         wait_until(lambda g=group: len(worker_child_pids(g.pid)) >= cfg["processes"], timeout=60,

@@ -19,10 +19,12 @@ from collections.abc import Sequence
 
 import dramatiq
 from django.conf import settings
+from django.core.cache import cache
 from django.db import connection, transaction
 
 from engine import sql
-from engine.dispatch import dispatch_message, enqueue_many
+from engine.dispatch import dispatch_message, enqueue_many, nudge_scheduler
+from engine.repositories import driver
 from engine.states import TASK_FIRST_QUEUE
 from flowforge.jsonb import strip_nul
 
@@ -217,6 +219,7 @@ def publish_dispatches(dispatches: Sequence, *, reserved: bool = False) -> bool:
     Returns False when the publish or the stamp failed (logged, never raised: the rows
     stay unpublished and the relay's drain sends them)."""
     ids = [d.outbox_id for d in dispatches if d.outbox_id is not None]
+    published = True
     if ids:
         try:
             if reserved:
@@ -226,8 +229,15 @@ def publish_dispatches(dispatches: Sequence, *, reserved: bool = False) -> bool:
         except Exception:
             # The rows are committed and unpublished: the relay's periodic drain sends them.
             log.exception("inline publish of %d outbox rows failed; the relay will retry", len(ids))
-            return False
-    return True
+            published = False
+    if any(getattr(d, "rate_limited", False) for d in dispatches):
+        # Whoever claimed into a rate window (a start, a worker's completion or refill, the
+        # scheduler) has the claim at its next half made on time, not at the clock's tick.
+        try:
+            nudge_at_next_rate_window()
+        except Exception:  # noqa: BLE001 - the clock's next tick claims them
+            log.warning("could not look up the next rate window; the clock's tick claims", exc_info=True)
+    return published
 
 
 def relay_pending(*, limit: int | None = None, max_batches: int = 50) -> int:
@@ -241,3 +251,27 @@ def relay_pending(*, limit: int | None = None, max_batches: int = 50) -> int:
         if failed or published < limit:
             break
     return total
+
+
+def nudge_at_next_rate_window() -> float | None:
+    """When ready task runs of the shared workers wait on an open rate-limit window, send
+    one schedule_tick for the moment the first such window reaches its second half or
+    closes, whichever is next (``rate_limit_next_window_close``: a window's first half
+    admits half its limit), so its bucket's next claims are made then and not at the
+    clock's next tick: 100 tasks at 10 per second take 20 half windows, not 20 clock
+    periods. Called after each scheduler pass and after any claim into a rate window
+    (``publish_dispatches``). One nudge per instant across every process (a Redis key);
+    returns the delay in seconds, or None when none was sent. Raises what the database
+    read raises."""
+    rows = driver.fetch(sql.queries["rate_limit_next_window_close"], {})
+    closes, seconds = rows[0] if rows else (None, None)
+    if seconds is None or seconds <= 0:
+        return None
+    try:
+        if not cache.add(f"flowforge:rate-window-nudge:{closes:.3f}", 1, timeout=int(seconds) + 2):
+            return None  # another scheduler already sent this one
+        nudge_scheduler(delay_ms=int(seconds * 1000) + 5)
+    except Exception:  # noqa: BLE001 - the clock's next tick claims them anyway
+        log.warning("could not schedule the claim at the next rate window; the clock's tick claims")
+        return None
+    return seconds

@@ -7,11 +7,10 @@ import threading
 import time
 
 from django.conf import settings
-from django.core.cache import cache
 
-from engine import metrics, sql
-from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, nudge_scheduler, process_owner
-from engine.relay import publish_dispatches
+from engine import metrics
+from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS, process_owner
+from engine.relay import nudge_at_next_rate_window, publish_dispatches
 from engine.repositories import driver, runs, task_runs, waiting
 from engine.repositories.types import Dispatch
 
@@ -66,27 +65,6 @@ def schedule_once(*, limit: int | None = None, max_batches: int = 20) -> int:
         after = max(orgs)
     nudge_at_next_rate_window()
     return total
-
-
-def nudge_at_next_rate_window() -> float | None:
-    """When ready task runs wait on an open rate-limit window, send one schedule_tick for the
-    moment the first such window reaches its second half or closes, whichever is next
-    (``rate_limit_next_window_close``: a window's first half admits half its limit), so its
-    bucket's next claims are made then and not at the clock's next tick: 100 tasks at 10
-    per second take 20 half windows, not 20 clock periods. One nudge per instant across
-    every scheduler (a Redis key); returns the delay in seconds, or None when none was sent."""
-    rows = driver.fetch(sql.queries["rate_limit_next_window_close"], {})
-    closes, seconds = rows[0] if rows else (None, None)
-    if seconds is None or seconds <= 0:
-        return None
-    try:
-        if not cache.add(f"flowforge:rate-window-nudge:{closes:.3f}", 1, timeout=int(seconds) + 2):
-            return None  # another scheduler already sent this one
-        nudge_scheduler(delay_ms=int(seconds * 1000) + 5)
-    except Exception:  # noqa: BLE001 - the clock's next tick claims them anyway
-        log.warning("could not schedule the claim at the next rate window; the clock's tick claims")
-        return None
-    return seconds
 
 
 # When this process last wrote the wait reasons (time.monotonic()); at most once a second.

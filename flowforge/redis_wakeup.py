@@ -21,10 +21,12 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
   for the first free place, not for a poll).
 
 - a message pushed to the *head* of a queue (``flowforge.broker.HEAD_OPTION``: the
-  engine's first lane) is announced as such; a consumer held back by its prefetch then
-  fetches one message beyond it, which is that head (or, when another process took it
-  first, the next message: one more than its prefetch until an ack; never more than one
-  beyond it, however many head messages come). Without it, the head
+  engine's first lane) is announced as such, with how many; a consumer held back by its
+  prefetch, while more were announced than its fetches took, then fetches one message
+  beyond it, which is that head (or, when another process took it first, the next
+  message: one more than its prefetch until an ack; never more than one beyond it,
+  however many head messages come), for the process's reserved thread
+  (``flowforge.dramatiq_middleware.LaneWorkQueue``). Without it, the head
   waited until one of the messages the consumer held ended, which with messages carrying
   several generations of a slow task was a whole message (240 ms against an idle 14 ms
   in ``tests/integration/test_scheduling.py``'s fairness scenario).
@@ -40,6 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 import redis
@@ -53,8 +56,26 @@ log = logging.getLogger(__name__)
 
 # Seconds the listener waits before subscribing again after its connection failed.
 LISTENER_RETRY_SECONDS = 0.5
-# The payload of a wake-up for a message pushed to the head of its queue.
+# The payload of a wake-up for a message pushed to the head of its queue ("head:N" for N).
 HEAD_PAYLOAD = b"head"
+
+
+def head_payload(n: int) -> bytes:
+    """A wake-up's payload: b"" for messages at the tail only, HEAD_PAYLOAD for one pushed
+    to the head, b"head:N" for N of them."""
+    return b"" if n <= 0 else HEAD_PAYLOAD if n == 1 else HEAD_PAYLOAD + b":%d" % n
+
+
+def head_count(data) -> int:
+    """The messages pushed to the head that a wake-up's payload (bytes or str) announces:
+    0 for anything not made by head_payload."""
+    if isinstance(data, str):
+        data = data.encode()
+    if data == HEAD_PAYLOAD:
+        return 1
+    if isinstance(data, bytes) and data.startswith(HEAD_PAYLOAD + b":") and data[5:].isdigit():
+        return int(data[5:])
+    return 0
 
 
 def wake_channel(namespace: str, queue_name: str) -> str:
@@ -104,12 +125,13 @@ class WakingRedisBroker(RedisBroker):
 
     def notify(self, queue_names: Iterable[str], pipeline=None, *, head: Iterable[str] = ()) -> None:
         """PUBLISH once on the wake channel of each queue in ``queue_names``: in
-        ``pipeline`` when given (the caller executes it), else now. The queues in ``head``
-        had a message pushed to their head: their notification says so (HEAD_PAYLOAD)."""
+        ``pipeline`` when given (the caller executes it), else now. ``head`` names a queue
+        once per message pushed to its head: its notification says so, and how many
+        (``head_payload``)."""
         target = pipeline if pipeline is not None else self.client.pipeline(transaction=False)
-        heads = set(head)
+        heads = Counter(head)
         for name in dict.fromkeys(queue_names):
-            target.publish(wake_channel(self.namespace, name), HEAD_PAYLOAD if name in heads else b"")
+            target.publish(wake_channel(self.namespace, name), head_payload(heads[name]))
         if pipeline is None:
             try:
                 target.execute()
@@ -117,15 +139,15 @@ class WakingRedisBroker(RedisBroker):
                 log.warning("could not publish a wake-up for %s (consumers find it at their next poll): %s",
                             ", ".join(queue_names), exc)
 
-    def wake(self, queue_name: str, *, head: bool = False) -> None:
-        """Set the events of this process's consumers of ``queue_name``; with ``head``
-        (a message was pushed to its head), first tell them so: one held back by its
+    def wake(self, queue_name: str, *, head: int = 0) -> None:
+        """Set the events of this process's consumers of ``queue_name``; when ``head``
+        messages were pushed to its head, first tell them so: one held back by its
         prefetch fetches one message beyond it."""
         with self._events_lock:
             consumers = list(self._consumers.get(queue_name, ()))
         if head:
             for consumer in consumers:
-                consumer.head_pending = True
+                consumer.count_head(head)
         for consumer in consumers:
             consumer.wake_event.set()
 
@@ -146,7 +168,7 @@ class WakingRedisBroker(RedisBroker):
                         continue
                     channel = item["channel"]
                     channel = channel.decode() if isinstance(channel, bytes) else channel
-                    self.wake(channel[len(prefix):], head=item.get("data") in (HEAD_PAYLOAD, HEAD_PAYLOAD.decode()))
+                    self.wake(channel[len(prefix):], head=head_count(item.get("data")))
             except Exception as exc:  # noqa: BLE001 - the listener must outlive a lost connection
                 log.warning("broker wake-up listener lost its connection (%s); resubscribing", exc)
                 time.sleep(LISTENER_RETRY_SECONDS)
@@ -173,9 +195,13 @@ class WakingConsumer(_RedisConsumer):
         self.wake_event = threading.Event()
         # True while the consumer waits because its prefetch is taken (acks wake it then).
         self._held_back = False
-        # Set by the broker's listener when a message was pushed to the queue's head: a
-        # consumer held back by its prefetch fetches one message beyond it.
-        self.head_pending = False
+        # Messages pushed to the queue's head since this consumer's fetches took as many
+        # (counted by the broker's listener, count_head): while some are, a consumer held
+        # back by its prefetch fetches one message beyond it. A count, not a flag: two head
+        # messages announced together, of which one normal fetch took one, leave one for
+        # the process's reserved thread (flowforge.dramatiq_middleware.LaneWorkQueue).
+        self.head_pending = 0
+        self._head_lock = threading.Lock()
 
     def ack(self, message: MessageProxy) -> None:
         try:
@@ -193,12 +219,25 @@ class WakingConsumer(_RedisConsumer):
         if self._held_back and (self.outstanding_message_count < self.prefetch or self._may_fetch_head()):
             self.wake_event.set()
 
+    def count_head(self, n: int = 1) -> None:
+        """``n`` more messages were pushed to the queue's head (the listener's notification)."""
+        with self._head_lock:
+            self.head_pending += n
+
+    def _fetched(self, n: int) -> None:
+        """A fetch took ``n`` messages from the front of the queue, where head messages
+        are: that many fewer head messages may wait, and none when it found the queue
+        empty (another process may have taken some unseen: then a fetch beyond the
+        prefetch takes the next message, one at most)."""
+        with self._head_lock:
+            self.head_pending = max(0, self.head_pending - n) if n else 0
+
     def _may_fetch_head(self) -> bool:
-        """A message was pushed to the head and this consumer holds no more than its
-        prefetch: it may fetch one beyond it. Never two: a storm of head messages (many
-        organizations' first lanes) cannot make one process hoard the queue; the next
-        waits for an ack."""
-        return self.head_pending and self.outstanding_message_count <= self.prefetch
+        """A message was pushed to the head that no fetch of this consumer took, and this
+        consumer holds no more than its prefetch: it may fetch one beyond it. Never two: a
+        storm of head messages (many organizations' first lanes) cannot make one process
+        hoard the queue; the next waits for an ack."""
+        return self.head_pending > 0 and self.outstanding_message_count <= self.prefetch
 
     def close(self) -> None:
         self.broker.forget(self)
@@ -221,15 +260,15 @@ class WakingConsumer(_RedisConsumer):
                     messages = []
                     held_back = self.outstanding_message_count >= self.prefetch
                     if not held_back:
-                        self.head_pending = False
                         self.message_cache = messages = self.broker.do_fetch(
                             self.queue_name,
                             self.prefetch - self.outstanding_message_count,
                         )
+                        self._fetched(len(messages))
                     elif self._may_fetch_head():
-                        # One beyond the prefetch: the message just pushed to the head.
-                        self.head_pending = False
+                        # One beyond the prefetch: a message pushed to the head.
                         self.message_cache = messages = self.broker.do_fetch(self.queue_name, 1)
+                        self._fetched(1)
                     if not messages:
                         self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
                         self._held_back = held_back

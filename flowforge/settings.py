@@ -450,6 +450,11 @@ FLOWFORGE_DISPATCH_AHEAD = int(os.environ.get("FLOWFORGE_DISPATCH_AHEAD", "128")
 # which workers take before any bulk message: an organization with little waiting starts
 # its next task ahead of another organization's whole backlog.
 FLOWFORGE_DISPATCH_FIRST = int(os.environ.get("FLOWFORGE_DISPATCH_FIRST", "2"))
+# Threads of each worker process, beside Dramatiq's --threads, that take only first-lane
+# generations and control actors (flowforge.dramatiq_middleware.LaneWorkQueue): when every
+# ordinary thread is busy with one organization's backlog, another organization's first
+# task starts at once instead of waiting for one of them to finish. 0: none.
+FLOWFORGE_WORKER_RESERVED_THREADS = int(os.environ.get("FLOWFORGE_WORKER_RESERVED_THREADS", "1"))
 # A worker process's refill thread claims for the organizations its batches recorded
 # (refills their dispatch-ahead) at most once per this many seconds; batches themselves
 # claim only the dependents their successes promote (engine.worker.batching.Refiller).

@@ -26,6 +26,8 @@ class Dispatch:
     #: The queue its message goes to (its outbox row's routing_key): the bulk lane, or the
     #: first lane for one of its organization's first generations waiting for a worker.
     queue: str = TASK_QUEUE
+    #: True when the claim counted it into a rate-limit bucket (its task has a rate_limit).
+    rate_limited: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -290,14 +290,14 @@ WITH now_ AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, n.at, s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id, now_ n
 )
--- A row per claimed generation (with the seconds it waited, its lane and its place in the claim's order), then a row per outbox row
--- written (joined in Python: as a join here, planned with nested loops only, it would
--- compare every pair).
+-- A row per claimed generation (with the seconds it waited, its lane, its place in the claim's order and whether it
+-- counted into a rate bucket), then a row per outbox row written (joined in Python: as a join here, planned with
+-- nested loops only, it would compare every pair).
 SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited, c.lane,
-       c.turn, c.made
+       c.turn, c.made, c.rate_key IS NOT NULL
 FROM claimed c
 UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL, NULL, NULL FROM outbox o;
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL, NULL, NULL, NULL FROM outbox o;
 
 
 -- name: task_run_start_many

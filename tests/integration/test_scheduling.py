@@ -101,15 +101,16 @@ def throughput(run) -> tuple[int, float, float]:
 
 @pytest.mark.timeout(600)
 def test_one_organizations_burst_does_not_starve_another_and_costs_no_throughput(stack, make_org, make_workflow):
-    """A starts FAIRNESS_TASKS tasks of 50 ms, then B starts one task.
+    """A starts FAIRNESS_TASKS tasks of 50 ms, then B starts one-task runs, one after another.
 
-    - B's start latency (run created -> its task's 'started' event) under A's burst is at
-      most its idle start latency (median of 5 idle samples, same workers, same test) plus
-      two of A's task durations: with every thread busy and no preemption, B waits for the
-      first thread that frees, never for A's backlog (400 x 50 ms over 8 threads: 2.5 s).
-      The issue's target, 3x the idle latency, is printed, not asserted: with consumers
-      woken by enqueues B's idle start fell to about 10 ms, and the wait for a free thread
-      (0 to 50 ms here) then decides the ratio (2.0 to 3.6 in runs of this test);
+    - B's start latency (run created -> its task's 'started' event) under A's burst: the
+      median of up to 5 samples, each taken while some of A's tasks have not started, is
+      within 3x B's idle start latency (median of 5 idle samples, same workers, same test;
+      issue 16's target). Each worker process has a reserved thread
+      (FLOWFORGE_WORKER_RESERVED_THREADS, 1) that takes only first-lane generations and
+      control actors, so B's first task does not wait for one of A's to finish; every
+      sample is also at most idle + two of A's task durations (what B would wait with
+      every thread busy and no reserved one);
     - A's throughput with B present is >= 0.9x A's throughput alone. "Alone" is measured
       once before and once after the A+B round and averaged, so a drift of the shared
       machine's load during the test hits both sides alike.
@@ -150,30 +151,68 @@ def test_one_organizations_burst_does_not_starve_another_and_costs_no_throughput
     # claimed and dispatched as far as the scheduler lets it.
     wait_until(lambda: count_events(run_a, "started") >= 4 * threads, timeout=60, interval=0.01,
                what="A's burst to occupy the workers")
-    run_b = start_run(workflow=wf_b)
-    assert wait_for_run_terminal(run_b, timeout=300) == "succeeded"
+    runs_b = []
+    for i in range(5):
+        if i and count_events(run_a, "started") >= FAIRNESS_TASKS:
+            break  # A's backlog has run out: a further sample would not be under load
+        runs_b.append(start_run(workflow=wf_b))
+        assert wait_for_run_terminal(runs_b[-1], timeout=300) == "succeeded"
     assert wait_for_run_terminal(run_a, timeout=300) == "succeeded"
-    loaded_latency = first_start_latency(run_b)
+    loaded = [first_start_latency(run) for run in runs_b]
+    loaded_latency = statistics.median(loaded)
     with_b = throughput(run_a)
     alone_after = a_alone()
 
     alone_rate = (alone_before[2] + alone_after[2]) / 2
     figures = (
         f"B idle start latency {[round(x * 1000, 1) for x in idle]} ms, median {idle_latency * 1000:.1f} ms; "
-        f"under A's burst {loaded_latency * 1000:.1f} ms (ratio {loaded_latency / idle_latency:.2f}, issue 16's "
-        f"target <= 3; asserted: <= idle + 2 tasks, {(idle_latency + 2 * TASK_SECONDS) * 1000:.0f} ms); "
+        f"under A's burst {[round(x * 1000, 1) for x in loaded]} ms, median {loaded_latency * 1000:.1f} ms "
+        f"(ratio {loaded_latency / idle_latency:.2f}, target <= 3; worst {max(loaded) / idle_latency:.2f}); "
         f"A alone {alone_before[2]:.1f} and {alone_after[2]:.1f} tasks/s, with B {with_b[2]:.1f} tasks/s "
         f"(ratio {with_b[2] / alone_rate:.3f}, target >= 0.9); {FAIRNESS_TASKS} tasks of {TASK_SECONDS} s, "
-        f"2 worker processes x {threads} threads"
+        f"2 worker processes x {threads} threads (+1 reserved each)"
     )
     print("\nfairness:", figures)
-    # B raced A's backlog: most of A's tasks started after B's task did.
-    b_started = events_of(run_b).get(kind="started").created_at
+    # B raced A's backlog: most of A's tasks started after B's first sample did.
+    b_started = events_of(runs_b[0]).get(kind="started").created_at
     a_after_b = events_of(run_a).filter(kind="started", created_at__gt=b_started).count()
-    assert loaded_latency <= idle_latency + 2 * TASK_SECONDS, figures
+    assert loaded_latency <= 3 * idle_latency, figures
+    assert max(loaded) <= idle_latency + 2 * TASK_SECONDS, figures
     assert a_after_b >= FAIRNESS_TASKS // 2, f"only {a_after_b} of A's tasks started after B's: {figures}"
     assert with_b[0] == alone_before[0] == alone_after[0] == FAIRNESS_TASKS
     assert with_b[2] >= 0.9 * alone_rate, figures
+
+
+def test_another_organizations_first_task_starts_on_the_reserved_thread_while_the_ordinary_ones_are_busy(
+    stack, make_org, make_workflow
+):
+    """One worker process of 1 ordinary thread and 1 reserved one (the default). A starts
+    3 tasks of 2 s: its first 2 go to the first lane (FLOWFORGE_DISPATCH_FIRST), one on
+    each thread, the third waits in the bulk lane for the ordinary thread. While that one
+    runs, B starts a task: it starts on the reserved thread, long before A's third ends
+    (with no reserved thread it would wait the whole 2 s for the only thread)."""
+    org_a, org_b = make_org("busy-a"), make_org("busy-b")
+    wf_a = make_workflow(org_a, sleep_tasks(3, 2.0, "a"), name="slow")
+    wf_b = make_workflow(org_b, sleep_tasks(1, 0.05, "b"), name="quick")
+    wait_worker_children([stack.start_worker(processes=1, threads=1)])
+    stack.start_clock()
+    # A warm worker first: one still importing misses the announcements of A's first-lane
+    # messages (its wake-up listener is not subscribed yet) and fetches only its prefetch.
+    assert wait_for_run_terminal(start_run(workflow=wf_b), timeout=60) == "succeeded"
+    run_a = start_run(workflow=wf_a)
+    wait_until(lambda: count_events(run_a, "started") >= 3, timeout=60, interval=0.01,
+               what="A's third task to start on the ordinary thread")
+    run_b = start_run(workflow=wf_b)
+    assert wait_for_run_terminal(run_b, timeout=30) == "succeeded"
+    assert wait_for_run_terminal(run_a, timeout=30) == "succeeded"
+    a_started = sorted(e.created_at for e in events_of(run_a) if e.kind == "started")
+    a_done = sorted(e.created_at for e in events_of(run_a) if e.kind == "succeeded")
+    b_started = events_of(run_b).get(kind="started").created_at
+    # A's first two ran side by side (one thread each), the third after one of them.
+    assert seconds_between(a_started[0], a_started[1]) < 1.0, a_started
+    assert a_started[2] >= a_done[0], (a_started, a_done)
+    assert a_started[2] < b_started < a_done[2], (a_started, b_started, a_done)
+    assert first_start_latency(run_b) < 1.0
 
 
 # --- 2. concurrency limits ------------------------------------------------------------------------

@@ -9,6 +9,7 @@ generation to execute is read back from its OutboxMessage row.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 
 import dramatiq
@@ -628,6 +629,60 @@ def test_urgent_message_waiting_reads_the_head_of_the_work_queue(monkeypatch):
     work_queue.put(_WorkQueueItem(0, object()))
     assert mw.urgent_message_waiting(10) is True
     assert mw.urgent_message_waiting(0) is False
+
+
+def test_a_reserved_thread_takes_only_urgent_messages_and_never_swallows_a_wake_up():
+    """LaneWorkQueue (a worker process's work queue; first lane at priority 5): a reserved
+    thread leaves a bulk message (10) to an ordinary thread, even when the put wakes it
+    first, and takes first-lane (5) and control (0) messages, most urgent first."""
+    import threading
+
+    from dramatiq.worker import _WorkQueueItem
+
+    from flowforge.dramatiq_middleware import LaneWorkQueue
+
+    work_queue = LaneWorkQueue(max_priority=5)
+    taken: dict[str, list[int]] = {"reserved": [], "ordinary": []}
+
+    def taker(name: str, reserved: bool) -> None:
+        if reserved:
+            work_queue.reserve()
+        while True:
+            item = work_queue.get(timeout=30)  # a swallowed wake-up leaves a message 30 s
+            if item.message is None:
+                return  # told to stop
+            taken[name].append(item.priority)
+
+    def wait_for(name: str, n: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(taken[name]) < n and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    reserved = threading.Thread(target=taker, args=("reserved", True), daemon=True)
+    reserved.start()
+    time.sleep(0.1)  # the reserved thread waits first: a single wake-up would go to it
+    ordinary = threading.Thread(target=taker, args=("ordinary", False), daemon=True)
+    ordinary.start()
+    time.sleep(0.1)
+    work_queue.put(_WorkQueueItem(10, "bulk"))
+    wait_for("ordinary", 1)
+    assert taken == {"reserved": [], "ordinary": [10]}
+    work_queue.put(_WorkQueueItem(100, None))  # the ordinary thread stops; the reserved one leaves it
+    ordinary.join(5)
+    assert not ordinary.is_alive()
+    # Only the reserved thread takes now: the urgent ones, most urgent first; the bulk one stays.
+    work_queue.put(_WorkQueueItem(10, "bulk"))
+    work_queue.put(_WorkQueueItem(5, "first lane"))
+    work_queue.put(_WorkQueueItem(0, "control"))
+    wait_for("reserved", 2)
+    time.sleep(0.1)
+    assert taken["reserved"] == [0, 5]
+    assert [item.priority for item in work_queue.queue] == [10]
+    work_queue.put(_WorkQueueItem(1, None))
+    reserved.join(5)
+    assert not reserved.is_alive()
+    # An ordinary get takes the bulk one.
+    assert work_queue.get(block=False).priority == 10
 
 
 @pytest.mark.django_db(transaction=True)

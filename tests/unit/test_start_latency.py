@@ -434,6 +434,41 @@ def test_a_message_pushed_to_the_head_is_fetched_by_a_consumer_held_back_by_its_
         broker.flush(queue)
 
 
+def test_two_head_messages_announced_together_reach_an_idle_consumer_beyond_its_prefetch(broker):
+    """Two first-lane messages pushed to the head of an empty queue, announced while the
+    consumer (prefetch 1: one ordinary thread) is idle: its normal fetch takes one, and the
+    other comes in one beyond the prefetch with no ack, for the process's reserved thread
+    (a flag cleared by the first fetch left it in Redis until an ack: 2 s behind a 2 s task
+    in tests/integration/test_scheduling.py)."""
+    import flowforge.broker as ff_broker_mod
+
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    consumer: WakingConsumer = broker.consume(queue, prefetch=1, timeout=30_000)
+    try:
+        settle_wakeups(broker, consumer)
+        heads = [dispatch.message("execute_task_run_first", args=(f"head-{i}", 1), queue_name=queue)
+                 .copy(options={ff_broker_mod.HEAD_OPTION: True}) for i in range(2)]
+        assert ff_broker_mod.enqueue_many(heads) == [None, None]
+        settle_wakeups(broker, consumer)  # both announcements counted
+        assert consumer.head_pending == 2
+        consumer.misses = 12  # a wait would be its longest (15 to 30 s)
+        got: list = []
+
+        def take_two():
+            while len([m for m in got if m is not None]) < 2:
+                got.append(next(consumer))
+
+        taking = threading.Thread(target=take_two, daemon=True)
+        taking.start()
+        taking.join(10)  # no ack comes: only the count lets the second in
+        assert not taking.is_alive(), "the second head message waited for an ack"
+        assert sorted(m.args[0] for m in got if m is not None) == ["head-0", "head-1"]
+        assert consumer.outstanding_message_count == 2 and consumer.head_pending == 0
+    finally:
+        consumer.close()
+        broker.flush(queue)
+
+
 def test_enqueue_many_sends_one_wakeup_per_queue_after_its_messages(broker):
     pubsub = broker.client.pubsub()
     pubsub.subscribe(wake_channel(broker.namespace, TASK_QUEUE))
