@@ -406,8 +406,8 @@ def validate_document(doc: Any, *, new: bool = True) -> dict[str, Any]:
     a string; a concurrency key without a limit, a key with characters outside
     LIMIT_KEY_FORM (a trailing newline included) or a placeholder other than
     ``{{ input.<dotted path> }}``, a rate limit with both or neither of per_second and
-    per_minute, an unknown field in any of these objects, one key with two limits in one
-    document (placeholders compared in their one written form: ``{{input.x}}`` is
+    per_minute, an unknown field in any of these objects, one concurrency key with two
+    limits, or one rate key with two limits for the same window, in one document (placeholders compared in their one written form: ``{{input.x}}`` is
     ``{{ input.x }}``), a run-limit policy other than queue, cancel_newest or
     cancel_oldest, or cancel_* without max_running_runs), a trigger_rule not in
     TRIGGER_RULES or on a task without dependencies, a condition that
@@ -491,6 +491,8 @@ def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
     seen: dict[str, int] = {}
     # key (placeholders normalized, so two spellings of one key meet) -> (first task, its limit)
     concurrency_limits: dict[str, tuple[str, int]] = {}
+    # (rate key, window) -> (the first task naming it, its limit): one bucket, one limit.
+    rate_limits: dict[tuple[str, str], tuple[str, int]] = {}
     # Distinct condition texts and their characters (MAX_CONDITION_CHARS_PER_WORKFLOW).
     seen_conditions: set[str] = set()
     condition_chars = 0
@@ -578,6 +580,15 @@ def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
                     "one key has one limit within a workflow",
                 })
         rate_limit = _task_rate_limit(errors, where, raw.get("rate_limit"))
+        if rate_limit is not None:
+            window = next(w for w in RATE_WINDOWS if w in rate_limit)
+            first = rate_limits.setdefault((rate_limit["key"], window), (key, rate_limit[window]))
+            if first[1] != rate_limit[window]:
+                errors.append({
+                    "path": f"{where}.rate_limit.{window}",
+                    "message": f"key {rate_limit['key']!r} has {window} {first[1]} in task {first[0]!r}; "
+                    "one key has one limit per window within a workflow (its tasks share one bucket)",
+                })
         trigger_rule = raw.get("trigger_rule")
         if trigger_rule is None:
             trigger_rule = DEFAULT_TRIGGER_RULE

@@ -111,6 +111,11 @@ BAD = [
     (doc(task(), concurrency=3), "concurrency", "must be an object"),
     (doc(task("a", concurrency={"key": "stripe", "limit": 5}), task("b", concurrency={"key": "stripe", "limit": 3})),
      "tasks[b].concurrency.limit", "key 'stripe' has limit 5 in task 'a'; one key has one limit within a workflow"),
+    # One rate key, one limit per window: its tasks share one bucket (a review saw 3/s and
+    # 5/s on one key admit 5, and "5/3 per second" in the wait reason).
+    (doc(task("a", rate_limit={"key": "gh2", "per_second": 3}), task("b", rate_limit={"key": "gh2", "per_second": 5})),
+     "tasks[b].rate_limit.per_second",
+     "key 'gh2' has per_second 3 in task 'a'; one key has one limit per window within a workflow"),
     # Two spellings of one placeholder are one key (stored in the first form).
     (doc(task("a", concurrency={"key": "k-{{ input.x }}", "limit": 2}),
          task("b", concurrency={"key": "k-{{input.x}}", "limit": 3})),
@@ -175,6 +180,12 @@ def test_one_key_with_one_limit_in_two_tasks_is_fine_and_so_are_two_keys():
                                        task("c", concurrency={"key": "paypal", "limit": 1})))
     assert [t["concurrency"] for t in normalized["tasks"]] == [
         {"key": "stripe", "limit": 5}, {"key": "stripe", "limit": 5}, {"key": "paypal", "limit": 1}]
+    # A rate key: one limit per window (a second and a minute are two buckets).
+    normalized = validate_document(doc(task("a", rate_limit={"key": "gh", "per_second": 3}),
+                                       task("b", rate_limit={"key": "gh", "per_second": 3}),
+                                       task("c", rate_limit={"key": "gh", "per_minute": 100})))
+    assert [t["rate_limit"] for t in normalized["tasks"]] == [
+        {"key": "gh", "per_second": 3}, {"key": "gh", "per_second": 3}, {"key": "gh", "per_minute": 100}]
 
 
 @pytest.mark.django_db
