@@ -201,3 +201,35 @@ def test_a_start_reads_its_dependencies_outputs_one_probe_per_edge_in_a_wide_run
     assert scans, plan  # the probe is there: z has one dependency
     # One edge, one probe, one row (rows is per loop).
     assert all(rows <= 1 and loops <= 1 for rows, loops in scans), plan
+
+
+# A scan node on the upstream task runs (alias u, u_1, ... in a plan) and its rows and loops.
+_UPSTREAM_ANY_SCAN = re.compile(r"(\w[\w ]*Scan)(?: using (\w+))? on core_taskrun u(?:_\d+)? "
+                                r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("rule", ["all_success", "all_done"])
+def test_a_success_decides_a_wide_fan_out_one_probe_per_dependency_edge(seeded, org, make_workflow, rule):
+    """A success with 300 dependents: their check of their upstreams reads one task run per
+    dependency edge (uniq_taskrun_per_run_task), not every task run of the run for each
+    dependent. Planned with statistics gathered while runs were small (``seeded``), the
+    join form it replaced read the run's task runs per dependent: a review's 4,999-way
+    fan-out held its success's transaction 20 s (all_success: task_run_promote_dependents;
+    other rules: task_run_settle_dependents)."""
+    tasks = [{"key": "root", "type": "noop"}] + [
+        {"key": f"c{i:03d}", "type": "noop", "depends_on": ["root"], "trigger_rule": rule} for i in range(300)]
+    run = start_run(workflow=make_workflow(org, tasks, name="fan"))
+    with connection.cursor() as cur:
+        cur.execute("""UPDATE core_taskrun t SET state = 'succeeded', fencing_token = 1, started_fencing_token = 1
+                       FROM core_task k WHERE k.id = t.task_id AND k.key = 'root' AND t.workflow_run_id = %s
+                       RETURNING t.id""", [run.pk])
+        (root_id,) = cur.fetchone()
+    name = "task_run_promote_dependents" if rule == "all_success" else "task_run_settle_dependents"
+    params = dict(_params_for(name, seeded), ids=[root_id], tokens=[1])
+    plan = generic_plan(queries[name], params)
+    scans = _UPSTREAM_ANY_SCAN.findall(plan)
+    assert scans, plan  # the upstream check is there
+    for node, index, rows, _loops in scans:
+        assert (node, index) == ("Index Scan", "uniq_taskrun_per_run_task"), plan
+        assert int(rows) <= 1, plan  # per loop: one edge, one task run
