@@ -132,13 +132,20 @@ WITH runs AS (
                                     UNION
                                     SELECT e.task_id FROM carried x
                                     JOIN core_taskdependency e ON e.depends_on_id = x.task_id
-                                    JOIN core_taskrun s ON s.workflow_run_id = f.workflow_run_id AND s.task_id = e.task_id
+                                    -- One probe per edge (LIMIT: not flattened into a join
+                                    -- that reads the run's task runs per row; see
+                                    -- task_run_skip_descendants).
+                                    CROSS JOIN LATERAL (SELECT s.state, s.skip_reason FROM core_taskrun s
+                                                        WHERE s.workflow_run_id = f.workflow_run_id
+                                                          AND s.task_id = e.task_id LIMIT 1) s
                                     WHERE (s.state || '') = 'skipped' AND s.skip_reason = 'upstream_failed'
                                 )
                                 SELECT 1 FROM carried x
                                 JOIN core_taskdependency e ON e.depends_on_id = x.task_id
                                 JOIN core_task k ON k.id = e.task_id
-                                JOIN core_taskrun h ON h.workflow_run_id = f.workflow_run_id AND h.task_id = e.task_id
+                                CROSS JOIN LATERAL (SELECT h.state, h.started_at, h.finished_at FROM core_taskrun h
+                                                    WHERE h.workflow_run_id = f.workflow_run_id
+                                                      AND h.task_id = e.task_id LIMIT 1) h
                                 WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND (h.state || '') = 'succeeded'
                                   -- A handler marked succeeded by a person (engine.recovery: no
                                   -- start, finished at the mark) handled it too.

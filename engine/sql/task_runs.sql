@@ -958,7 +958,11 @@ WITH RECURSIVE src AS (
     FROM below b
     JOIN core_taskdependency e ON e.depends_on_id = b.task
     JOIN core_task k ON k.id = e.task_id
-    JOIN core_taskrun d ON d.workflow_run_id = b.run AND d.task_id = e.task_id   -- uniq_taskrun_per_run_task
+    -- One probe of uniq_taskrun_per_run_task per edge (the LIMIT keeps it from being
+    -- flattened into a join): as a join, the generic plan read the run's pending task runs
+    -- for each row of the level (a failed root with 4,999 dependents: 16.7 s).
+    CROSS JOIN LATERAL (SELECT d.state FROM core_taskrun d
+                        WHERE d.workflow_run_id = b.run AND d.task_id = e.task_id LIMIT 1) d
     WHERE (d.state || '') = 'pending'   -- by (run, task): no scan of every pending row by state
       AND (k.trigger_rule = 'all_success' OR (k.trigger_rule = 'none_failed' AND b.failure))
 ), doomed AS (
