@@ -85,6 +85,21 @@ class InstantField(serializers.DateTimeField):
 # --- workflows ----------------------------------------------------------------------------------
 
 
+class RejectUnknownFields:
+    """A serializer mixin: a body field the serializer does not know is a 400 naming it,
+    with the fields it takes (DRF drops unknown fields, so a typo such as ``inputs`` for
+    ``input`` started a run with an empty input and a 201)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in self.fields)
+            if unknown:
+                allowed = ", ".join(self.fields)
+                raise serializers.ValidationError({k[:100]: [f"unknown field; this body takes {allowed}"]
+                                                   for k in unknown[:20]})
+        return super().to_internal_value(data)
+
+
 class WorkflowListSerializer(serializers.ModelSerializer):
     """One workflow version in a list (``task_count`` is annotated by the view)."""
 
@@ -285,7 +300,7 @@ class WorkflowFilterSerializer(serializers.Serializer):
     state = serializers.ChoiceField(choices=WorkflowState.choices, required=False)
 
 
-class ArchiveInputSerializer(serializers.Serializer):
+class ArchiveInputSerializer(RejectUnknownFields, serializers.Serializer):
     """Body of POST /workflows/<id>/archive/: the workflow's name, typed out as a confirmation."""
 
     confirm = serializers.CharField(max_length=200, trim_whitespace=False)
@@ -458,21 +473,6 @@ class StrictPriorityField(serializers.IntegerField):
     def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or not isinstance(data, int):
             raise serializers.ValidationError(f"must be a whole number from -10 to 10, got {data!r}")
-        return super().to_internal_value(data)
-
-
-class RejectUnknownFields:
-    """A serializer mixin: a body field the serializer does not know is a 400 naming it,
-    with the fields it takes (DRF drops unknown fields, so a typo such as ``inputs`` for
-    ``input`` started a run with an empty input and a 201)."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(str(k) for k in data if k not in self.fields)
-            if unknown:
-                allowed = ", ".join(self.fields)
-                raise serializers.ValidationError({k[:100]: [f"unknown field; this body takes {allowed}"]
-                                                   for k in unknown[:20]})
         return super().to_internal_value(data)
 
 

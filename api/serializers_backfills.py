@@ -11,7 +11,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.serializers import page_of
+from api.serializers import RejectUnknownFields, page_of
 from api.serializers_org import TextField
 from engine.backfill import BACKFILL_MAX_ACTIVE_RUNS, DEFAULT_MAX_ACTIVE_RUNS, PREVIEW_SAMPLE
 from engine.models import TriggerBackfill
@@ -54,7 +54,7 @@ class BackfillRangeSerializer(serializers.Serializer):
     end = BoundField(max_length=64, help_text=BOUND_HELP)
 
 
-class BackfillCreateSerializer(BackfillRangeSerializer):
+class BackfillCreateSerializer(RejectUnknownFields, BackfillRangeSerializer):
     """Body of POST /triggers/<id>/backfills/."""
 
     max_active_runs = StrictIntegerField(

@@ -25,6 +25,7 @@ from api.serializers import (
     ApiKeyCreateSerializer,
     ApiKeySerializer,
     InstantField,
+    RejectUnknownFields,
     StrictPriorityField,
     page_of,
 )
@@ -205,7 +206,7 @@ class TriggerSerializer(serializers.ModelSerializer):
         return trigger.created_by.email if trigger.created_by_id else None
 
 
-class TriggerWriteSerializer(serializers.Serializer):
+class TriggerWriteSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of POST /triggers/ (all fields) and PATCH /triggers/<id>/ (any of them)."""
 
     name = TextField(max_length=triggers.NAME_MAX)
@@ -240,7 +241,7 @@ class MemberSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class MemberRoleSerializer(serializers.Serializer):
+class MemberRoleSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of PATCH /members/<id>/."""
 
     role = StrictChoiceField(choices=Role.choices)
@@ -270,7 +271,7 @@ class InvitationSerializer(serializers.ModelSerializer):
         return invitation.invited_by.email if invitation.invited_by_id else None
 
 
-class InvitationCreateSerializer(serializers.Serializer):
+class InvitationCreateSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of POST /invitations/."""
 
     email = EmailField(max_length=254)
@@ -280,7 +281,7 @@ class InvitationCreateSerializer(serializers.Serializer):
 # --- API keys --------------------------------------------------------------------------------------
 
 
-class ApiKeyCreateInputSerializer(ApiKeyCreateSerializer):
+class ApiKeyCreateInputSerializer(RejectUnknownFields, ApiKeyCreateSerializer):
     """Input of POST /api-keys/ (api.serializers' fields, with strict strings)."""
 
     name = TextField(max_length=NAME_MAX_LENGTH)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from api.serializers import page_of
+from api.serializers import RejectUnknownFields, page_of
 from api.serializers_org import TextField
 from tenancy.models import Secret
 from tenancy.vault import MIN_VALUE_CHARS, NAME_FORM
@@ -45,7 +45,7 @@ class SecretSerializer(serializers.ModelSerializer):
         return secret.updated_by_api_key.prefix if secret.updated_by_api_key_id else None
 
 
-class SecretValueSerializer(serializers.Serializer):
+class SecretValueSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of PUT /secrets/<name>/: the value, taken exactly as sent (no whitespace is
     trimmed). Its rules (length, size, characters) are tenancy.vault's, whose errors name
     ``value``."""

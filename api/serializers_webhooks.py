@@ -14,7 +14,7 @@ import json
 from django.utils import timezone
 from rest_framework import serializers
 
-from api.serializers import page_of
+from api.serializers import RejectUnknownFields, page_of
 from api.serializers_org import StrictBooleanField, StrictChoiceField, TextField
 from engine import notifications
 from engine.models import (
@@ -68,7 +68,7 @@ class EndpointWithSecretSerializer(EndpointSerializer):
         read_only_fields = fields
 
 
-class EndpointWriteSerializer(serializers.Serializer):
+class EndpointWriteSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of POST /webhooks/ (url and event_types required) and PATCH /webhooks/<id>/ (any field)."""
 
     url = TextField(max_length=MAX_URL_CHARS, trim_whitespace=False,
@@ -87,7 +87,7 @@ class EndpointWriteSerializer(serializers.Serializer):
                                  help_text="A disabled endpoint gets no new deliveries; the pending ones wait.")
 
 
-class RotateSecretSerializer(serializers.Serializer):
+class RotateSecretSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of POST /webhooks/<id>/rotate-secret/."""
 
     previous_valid_seconds = serializers.IntegerField(

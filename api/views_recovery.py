@@ -22,7 +22,7 @@ from api.base import OrganizationAPIView
 from api.examples import RUN_EXAMPLE
 from api.exceptions import Conflict
 from api.schema import problem, problem_example
-from api.serializers import RunSerializer, storable_json_problem
+from api.serializers import RejectUnknownFields, RunSerializer, storable_json_problem
 from api.serializers_org import TextField
 from api.views_runs import OwnTransactions, _run_detail
 from engine import recovery
@@ -34,7 +34,7 @@ REASON_HELP = (f"Why (at most {recovery.MAX_REASON_CHARS} characters): kept in t
                "log. Optional.")
 
 
-class ReasonSerializer(serializers.Serializer):
+class ReasonSerializer(RejectUnknownFields, serializers.Serializer):
     """Body of a resume, a retry or a skip: an optional ``reason``."""
 
     # Text only: DRF's CharField would store a number 12 as "12".
