@@ -105,13 +105,20 @@ def test_a_templated_key_counts_only_its_own_value(org, make_workflow):
     assert reason_of(run_id) == "waiting: concurrency customer-7 1/1"
 
 
-def test_a_full_rate_limit_window_names_the_bucket_and_the_next_window(org, make_workflow):
+def rated_run(org, make_workflow, *, count: int, opened_ago: float):
+    """A run of one task limited to 10 a minute on key github, and the key's bucket with
+    ``count`` claims in a window opened ``opened_ago`` seconds ago (the database's clock)."""
     wf = make_workflow(org, ONE)
     set_task(wf, rate_key="github", rate_limit=10, rate_window_seconds=60)
     run_id = start(wf)
-    # The bucket's window opened 15 s ago (by the database's clock): it closes in about 45 s.
-    bucket = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=10,
-                                            window_start=db_now() - dt.timedelta(seconds=15))
+    bucket = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=count,
+                                            window_start=db_now() - dt.timedelta(seconds=opened_ago))
+    return run_id, bucket
+
+
+def test_a_full_rate_limit_window_names_the_bucket_and_the_next_window(org, make_workflow):
+    # The bucket's window opened 15 s ago: it closes in about 45 s.
+    run_id, bucket = rated_run(org, make_workflow, count=10, opened_ago=15)
     reason = reason_of(run_id)
     match = re.fullmatch(r"waiting: rate limit github 10/10 per minute, next window in (\d+\.\d) s", reason)
     assert match, reason
@@ -127,12 +134,8 @@ def test_a_full_rate_limit_window_names_the_bucket_and_the_next_window(org, make
 
 def test_a_full_first_half_of_a_rate_window_names_its_cap_and_the_second_half(org, make_workflow):
     """A window's first half admits ceil(limit / 2): 5 of 10 there waits for the second half."""
-    wf = make_workflow(org, ONE)
-    set_task(wf, rate_key="github", rate_limit=10, rate_window_seconds=60)
-    run_id = start(wf)
     # Opened 10 s ago: the second half begins in about 20 s, the window closes in 50 s.
-    bucket = RateLimitBucket.objects.create(organization=org, key="github", window_seconds=60, count=5,
-                                            window_start=db_now() - dt.timedelta(seconds=10))
+    run_id, bucket = rated_run(org, make_workflow, count=5, opened_ago=10)
     reason = reason_of(run_id)
     match = re.fullmatch(
         r"waiting: rate limit github 5/10 per minute, 5 in a window's first half, second half in (\d+\.\d) s", reason)
