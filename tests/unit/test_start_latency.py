@@ -469,6 +469,37 @@ def test_two_head_messages_announced_together_reach_an_idle_consumer_beyond_its_
         broker.flush(queue)
 
 
+def test_a_delay_queue_consumer_comes_back_when_a_message_it_handed_out_is_due(broker):
+    """A delayed message (a scheduler nudge for a rate window's next half, 300 ms ahead)
+    is held by the worker's consumer thread and enqueued only when the delay queue's
+    consumer iteration comes back: the consumer's wait ends at its eta, not at the end of
+    a back-off (up to the worker timeout; a review saw second halves 0.4 to 0.5 s late)."""
+    from dramatiq.common import dq_name
+
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    consumer: WakingConsumer = broker.consume(dq_name(queue), prefetch=10, timeout=30_000)
+    try:
+        settle_wakeups(broker, consumer)
+        broker.enqueue(dispatch.message("execute_task_run", args=("later", 1), queue_name=queue), delay=300)
+        held = None
+        deadline = time.monotonic() + 10
+        while held is None and time.monotonic() < deadline:
+            held = next(consumer)
+        assert held is not None and held.args == ("later", 1)
+        eta = held.options["eta"] / 1000
+        # The iteration comes back (a wake-up left from the enqueue may end one wait early:
+        # the consumer thread then finds nothing due and iterates again) ...
+        back = time.time()
+        while back < eta - 0.01:
+            consumer.misses = 12  # a wait would be its longest (15 to 30 s)
+            assert next(consumer) is None
+            back = time.time()
+        assert back <= eta + 2.0, (back - eta)  # ... at the eta, not 15 s on
+    finally:
+        consumer.close()
+        broker.flush(queue)
+
+
 def test_enqueue_many_sends_one_wakeup_per_queue_after_its_messages(broker):
     pubsub = broker.client.pubsub()
     pubsub.subscribe(wake_channel(broker.namespace, TASK_QUEUE))
