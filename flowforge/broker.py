@@ -24,7 +24,7 @@ from django.conf import settings
 from dramatiq.common import current_millis
 from dramatiq.middleware import AgeLimit, Callbacks, Pipelines, Retries, ShutdownNotifications, TimeLimit
 
-from flowforge.dramatiq_middleware import DjangoConnectionMiddleware, LogContextMiddleware, WorkQueueProbe
+from flowforge.dramatiq_middleware import DjangoConnectionMiddleware, LogContextMiddleware, WorkQueueLanes
 
 
 def build_broker(url: str | None = None, *, namespace: str | None = None) -> dramatiq.Broker:
@@ -43,9 +43,10 @@ def build_broker(url: str | None = None, *, namespace: str | None = None) -> dra
         Retries(max_retries=3, min_backoff=200, max_backoff=5_000),
         DjangoConnectionMiddleware(),
         LogContextMiddleware(),
-        # engine.worker.execute.execute_many yields a several-generation message's thread
-        # to a more urgent fetched message (flowforge.dramatiq_middleware.urgent_message_waiting).
-        WorkQueueProbe(),
+        # A worker process's work queue with its reserved threads for first-lane and control
+        # messages; engine.worker.execute.execute_many yields a several-generation message's
+        # thread to a more urgent fetched message (flowforge.dramatiq_middleware).
+        WorkQueueLanes(),
     ]
     # Extra middleware by dotted path (fault injection in tests/faults uses this).
     for dotted in filter(None, os.environ.get("FLOWFORGE_BROKER_MIDDLEWARE", "").split(",")):

@@ -126,7 +126,7 @@ class _ReservedWorkerThread(WorkerThread):
         super().run()
 
 
-class WorkQueueProbe(Middleware):
+class WorkQueueLanes(Middleware):
     """Gives this worker process a ``LaneWorkQueue`` with ``reserved_threads`` reserved
     threads beside Dramatiq's ``--threads`` ordinary ones (None: the setting
     FLOWFORGE_WORKER_RESERVED_THREADS), taking messages of Dramatiq priority at most

@@ -74,8 +74,9 @@ def head_count(data) -> int:
         data = data.encode()
     if data == HEAD_PAYLOAD:
         return 1
-    if isinstance(data, bytes) and data.startswith(HEAD_PAYLOAD + b":") and data[5:].isdigit():
-        return int(data[5:])
+    prefix = HEAD_PAYLOAD + b":"
+    if isinstance(data, bytes) and data.startswith(prefix) and data[len(prefix):].isdigit():
+        return int(data[len(prefix):])
     return 0
 
 
