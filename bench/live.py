@@ -11,6 +11,7 @@ timestamps the baseline actors record.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 import uuid
@@ -102,23 +103,76 @@ def latency_summary(hops_ms: list[float]) -> dict:
 # --- scenario 1: throughput --------------------------------------------------------------------
 
 
-def engine_throughput(workflow, runs: int, *, timeout: float) -> dict:
-    run_ids = start_runs(workflow, runs)
-    states = wait_runs(run_ids, timeout=timeout)
-    out = engine_window(run_ids)
-    out["runs"] = runs
-    out["run_states"] = states
+def cpu_seconds(workers: dict[str, int] | None) -> dict[str, float] | None:
+    """CPU seconds (user + system, from /proc) used so far by each group: every process
+    named ``postgres`` (the server's backends and its own processes), ``redis-server``,
+    and for each ``workers`` entry (name -> a ``dramatiq`` master's pid) the master and
+    the worker processes it forked. None where /proc cannot be read (not Linux).
+
+    A throughput figure is a ratio to raw Dramatiq, measured in the same run; these
+    seconds say what the engine's side spends per task where it goes, so that a ratio
+    that moves between machines with the same code can be told apart from a change of
+    the code (the engine's path is bound by CPU, the baseline's mostly by its polls)."""
+    if workers is None:
+        return None
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    owner = {}
+    for name, master in workers.items():
+        for pid in (master, *worker_child_pids(master)):
+            owner[pid] = name
+    out = dict.fromkeys(("postgres", "redis", *workers), 0.0)
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1: stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        group = owner.get(int(entry.name)) or {"postgres": "postgres", "redis-server": "redis"}.get(comm)
+        if group is not None:
+            out[group] += seconds
     return out
 
 
-def baseline_throughput(n: int, *, timeout: float) -> dict:
+def cpu_ms_per(before: dict | None, after: dict | None, n: int) -> dict[str, float] | None:
+    """Milliseconds of CPU per task (or message) of each group between two ``cpu_seconds``."""
+    if before is None or after is None or n <= 0:
+        return None
+    return {k: round((after[k] - before.get(k, 0.0)) * 1000 / n, 3) for k in after}
+
+
+def engine_throughput(workflow, runs: int, *, timeout: float, workers: dict[str, int] | None = None) -> dict:
+    """``runs`` runs of ``workflow`` started together and awaited: ``engine_window``'s
+    figures, plus ``cpu_ms_per_task`` per group when ``workers`` names the process groups
+    (``cpu_seconds``; from the start to the last run's end)."""
+    before = cpu_seconds(workers)
+    run_ids = start_runs(workflow, runs)
+    states = wait_runs(run_ids, timeout=timeout)
+    after = cpu_seconds(workers)
+    out = engine_window(run_ids)
+    out["runs"] = runs
+    out["run_states"] = states
+    if workers is not None:
+        out["cpu_ms_per_task"] = cpu_ms_per(before, after, out["tasks"])
+    return out
+
+
+def baseline_throughput(n: int, *, timeout: float, workers: dict[str, int] | None = None) -> dict:
     """``n`` messages to the no-op actor, written to its queue in one go (a full queue
-    for the workers to drain), first actor start to last actor end."""
+    for the workers to drain), first actor start to last actor end; with ``workers``,
+    also ``cpu_ms_per_message`` per group (``cpu_seconds``)."""
     from django.conf import settings
 
     label = uuid.uuid4().hex[:12]
     client = actors.redis_client()
     queue = f"{settings.BROKER_NAMESPACE}:{actors.BENCH_QUEUE}"
+    before = cpu_seconds(workers)
     ids = []
     pipe = client.pipeline(transaction=False)
     for _ in range(n):
@@ -137,16 +191,20 @@ def baseline_throughput(n: int, *, timeout: float) -> dict:
         return None
 
     per_pid = wait_until(done, timeout=timeout, interval=0.02, what=f"{n} baseline messages")
+    after = cpu_seconds(workers)
     first = min(p[1] for p in per_pid)
     last = max(p[2] for p in per_pid)
     client.delete(actors.stats_key(label))
     seconds = last - first
-    return {
+    out = {
         "messages": n,
         "seconds": round(seconds, 4),
         "messages_per_s": round(n / seconds, 1),
         "per_process": sorted(p[0] for p in per_pid),
     }
+    if workers is not None:
+        out["cpu_ms_per_message"] = cpu_ms_per(before, after, n)
+    return out
 
 
 # --- scenario 2: hop latency -------------------------------------------------------------------

@@ -181,7 +181,7 @@ def start_workers(stack, cfg: dict):
     control actors, FLOWFORGE_WORKER_RESERVED_THREADS) and the baseline's (``bench.actors``
     on the ``bench`` queue only, with upstream Dramatiq's polling Redis consumer:
     FLOWFORGE_BROKER_WAKEUP=0, no reserved thread), the same processes x threads each, and
-    the clock. Returns the engine's group."""
+    the clock. Returns the engine's group and the baseline's."""
     from flowforge.stack import bin_path, wait_until, worker_child_pids
 
     size = ["--processes", str(cfg["processes"]), "--threads", str(cfg["threads"]), "--worker-shutdown-timeout",
@@ -199,7 +199,7 @@ def start_workers(stack, cfg: dict):
     for group in (worker, baseline):
         wait_until(lambda g=group: len(worker_child_pids(g.pid)) >= cfg["processes"], timeout=60,
                    what="the worker processes to start")
-    return worker
+    return worker, baseline
 
 
 def run_live(stack, org, cfg: dict, log=print) -> dict:
@@ -207,7 +207,8 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
     from bench import live
 
     timeout = cfg["timeout"]
-    worker = start_workers(stack, cfg)
+    worker, baseline_group = start_workers(stack, cfg)
+    groups = {"engine workers": worker.pid, "baseline workers": baseline_group.pid}
     log("workers up; warming up")
     live.baseline_throughput(cfg["processes"] * cfg["threads"] * 2, timeout=timeout)  # every consumer is polling
 
@@ -234,9 +235,9 @@ def run_live(stack, org, cfg: dict, log=print) -> dict:
     rounds: dict[str, list[dict]] = {"independent": [], "chains": []}
     for _ in range(cfg["throughput_rounds"]):
         for key, workflow, runs in (("independent", independent, 1), ("chains", chain, cfg["chain_runs"])):
-            engine = live.engine_throughput(workflow, runs, timeout=timeout)
+            engine = live.engine_throughput(workflow, runs, timeout=timeout, workers=groups)
             live.settle()
-            baseline = live.baseline_throughput(engine["tasks"], timeout=timeout)
+            baseline = live.baseline_throughput(engine["tasks"], timeout=timeout, workers=groups)
             live.settle()
             rounds[key].append({"engine": engine, "baseline": baseline,
                                 "ratio": round(engine["tasks_per_s"] / baseline["messages_per_s"], 3)})
@@ -431,6 +432,9 @@ def table(results: dict) -> str:
                 f"{t['engine']['tasks_per_s']:.0f} tasks/s", f"{t['baseline']['messages_per_s']:.0f} msg/s",
                 f"{t['ratio']:.2f}", (">= 0.35; " if key == "independent" else "")
                 + f"median of {len(t['rounds'])} rounds: " + ", ".join(f"{r:.2f}" for r in t["rounds"])))
+            cpu = _cpu_line(t)
+            if cpu:
+                lines.append("    " + cpu)
     if "hop_latency" in results:
         h = results["hop_latency"]
         for p, target in (("p50", "<= 3x"), ("p95", ""), ("p99", "<= 5x")):
@@ -505,6 +509,19 @@ def table(results: dict) -> str:
         else:
             lines.append("targets met: " + met)
     return "\n".join(lines)
+
+
+def _cpu_line(t: dict) -> str:
+    """The median round's CPU per task (engine) and per message (baseline), by group."""
+    e, b = t["engine"].get("cpu_ms_per_task"), t["baseline"].get("cpu_ms_per_message")
+    if not e or not b:
+        return ""
+
+    def fmt(d: dict) -> str:
+        return ", ".join(f"{k} {v:.2f}" for k, v in d.items() if v >= 0.005)
+
+    return (f"CPU ms per task: {fmt(e)} (sum {sum(e.values()):.2f}); per raw message: {fmt(b)} "
+            f"(sum {sum(b.values()):.2f})")
 
 
 def _per(snapshot: dict) -> str:

@@ -94,21 +94,58 @@ class _Pending:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sums: Counter[tuple[str, str]] = Counter()
+        # Histograms: {name: [observations whose first bucket is i, for each bucket i and
+        # +Inf last; the sum of the observed values]}. Made cumulative only at the flush, so
+        # an observation costs two additions here, not one per bucket (a worker observes
+        # three histograms per task).
+        self._hist: dict[str, list[float]] = {}
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
 
+    def _ensure(self) -> None:
+        # (under self._lock)
+        if self._pid != os.getpid():  # a forked child: the parent sends its own sums
+            self._sums.clear()
+            self._hist.clear()
+            self._pid = os.getpid()
+            self._thread = None
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name="flowforge-metrics", daemon=True)
+            self._thread.start()
+
     def add(self, items: Iterable[tuple[str, str, float]]) -> None:
         with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent sends its own sums
-                self._sums.clear()
-                self._pid = os.getpid()
-                self._thread = None
+            self._ensure()
             for name, field, amount in items:
                 self._sums[(name, field)] += amount
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="flowforge-metrics", daemon=True)
-                self._thread.start()
+
+    def add_observation(self, name: str, first: int, n_buckets: int, seconds: float) -> None:
+        """One observation of histogram ``name`` with ``n_buckets`` finite buckets, the
+        first one it falls in being ``first`` (``n_buckets``: only +Inf)."""
+        with self._lock:
+            self._ensure()
+            counts = self._hist.get(name)
+            if counts is None:
+                counts = self._hist[name] = [0.0] * (n_buckets + 2)
+            counts[first] += 1
+            counts[-1] += seconds
+
+    def _fold_histograms(self) -> None:
+        # (under self._lock) The pending observations as the cumulative fields Redis keeps:
+        # bucket i counts every observation whose first bucket is i or lower.
+        for name, counts in self._hist.items():
+            buckets = HISTOGRAMS[name][1]
+            running = 0.0
+            for i, bound in enumerate(buckets):
+                running += counts[i]
+                if running:
+                    self._sums[(name, f"le={bound}")] += running
+            running += counts[len(buckets)]
+            if running:
+                self._sums[(name, "le=+Inf")] += running
+                self._sums[(name, "sum")] += counts[-1]
+        self._hist.clear()
 
     def _loop(self) -> None:
         while True:
@@ -120,7 +157,10 @@ class _Pending:
         """Send the pending sums in one pipeline. On a Redis error they are kept and sent
         with the next flush (merged with what came meanwhile)."""
         with self._lock:
-            if not self._sums or self._pid != os.getpid():
+            if self._pid != os.getpid():
+                return
+            self._fold_histograms()
+            if not self._sums:
                 return
             sums, self._sums = self._sums, Counter()
         try:
@@ -156,10 +196,7 @@ def observe(name: str, seconds: float) -> None:
     Prometheus: every bucket whose bound is >= ``seconds`` counts it). Buffered like
     ``incr``. Raises KeyError for an undeclared histogram."""
     _help, buckets = HISTOGRAMS[name]
-    first = bisect.bisect_left(buckets, seconds)
-    items = [(name, f"le={bound}", 1) for bound in buckets[first:]]
-    items += [(name, "le=+Inf", 1), (name, "sum", seconds)]
-    _pending.add(items)
+    _pending.add_observation(name, bisect.bisect_left(buckets, seconds), len(buckets), seconds)
 
 
 def _fmt(value: float) -> str:

@@ -50,6 +50,12 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
         assert t["baseline"]["messages"] == t["engine"]["tasks"]
         assert positive(t["ratio"])
         assert len(t["rounds"]) == cfg["throughput_rounds"] and t["ratio"] in t["rounds"]
+        # CPU per task by group: the engine's own workers and PostgreSQL worked for the
+        # engine's tasks; the baseline's messages cost its own workers CPU.
+        cpu_e, cpu_b = t["engine"]["cpu_ms_per_task"], t["baseline"]["cpu_ms_per_message"]
+        assert set(cpu_e) == set(cpu_b) == {"postgres", "redis", "engine workers", "baseline workers"}
+        assert positive(cpu_e["engine workers"]) and positive(cpu_e["postgres"])
+        assert positive(cpu_b["baseline workers"])
 
     hop = results["hop_latency"]
     for side in ("engine", "baseline"):
@@ -85,3 +91,4 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
     text = table(results)
     assert "1 throughput" in text and "2 hop latency p99" in text and "3 claim" in text and "5 worker peak RSS" in text
     assert "6 fairness" in text
+    assert "CPU ms per task: " in text and "per raw message: " in text

@@ -35,6 +35,26 @@ def test_an_observation_counts_in_every_bucket_at_or_above_it_and_in_the_sum():
     }
 
 
+def test_observations_past_the_last_bound_and_across_a_failed_flush_count_once_each():
+    metrics.flush()
+    good = metrics._client()
+    before = _hash("flowforge_dispatch_latency_seconds")
+    metrics.observe("flowforge_dispatch_latency_seconds", 61.0)  # past le=60.0: only +Inf
+    metrics.observe("flowforge_dispatch_latency_seconds", 0.001)  # below the first bound: every bucket
+    metrics._local.client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    try:
+        metrics.flush()  # fails: the folded sums are kept for the next flush
+    finally:
+        metrics._local.client = good
+    metrics.observe("flowforge_dispatch_latency_seconds", 0.02)
+    metrics.flush()
+    finite = {f"le={b}": 2 for b in metrics.DISPATCH_BUCKETS}
+    finite["le=0.005"] = 1  # 0.02 is above 0.005 and 0.01
+    finite["le=0.01"] = 1
+    assert _delta(before, _hash("flowforge_dispatch_latency_seconds")) == {
+        **finite, "le=+Inf": 3, "sum": 61.021}
+
+
 def test_increments_between_flushes_are_summed_into_one_field():
     metrics.flush()
     before = _hash("flowforge_task_attempts_total")
