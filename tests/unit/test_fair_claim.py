@@ -395,3 +395,29 @@ def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_next
         broker.flush_all()
     assert at_close is not None and 27.0 < at_close <= 29.0
     assert abs(tick.options["eta"] / 1000 - (time.time() + at_close)) < 2.0
+
+
+@pytest.mark.django_db
+def test_a_start_reports_the_seconds_since_its_generations_claim(make_org, make_workflow):
+    """StartedAttempt.dispatch_latency_seconds (the flowforge_dispatch_latency_seconds
+    metric): from the claim, whose outbox row holds its instant, to the start, in both
+    start statements; None for a generation without an outbox row (a worker queue's)."""
+    from engine.models import OutboxMessage
+
+    org = make_org()
+    start(wide(make_workflow, org, 3))
+    first, second, third = sorted(claim(), key=lambda d: str(d.task_run_id))
+    time.sleep(0.3)
+    (a,) = start_all([first])  # task_run_start_many
+    assert 0.3 <= a.dispatch_latency_seconds < 2.3
+    time.sleep(0.2)
+    # task_run_start_and_succeed_many: first's success and second's start in one statement.
+    started, results, _claimed = task_runs.start_and_complete_many(
+        starts=[StartRequest(second.task_run_id, second.fencing_token, "w")],
+        successes=[SuccessRequest(first.task_run_id, first.fencing_token, None)],
+        worker_lease_seconds=LEASE, dispatch_lease_seconds=LEASE, owner="w", claim=False)
+    assert results[0].accepted
+    assert 0.5 <= started[0].dispatch_latency_seconds < 2.5
+    OutboxMessage.objects.unscoped().filter(task_run_id=third.task_run_id).delete()
+    (c,) = start_all([third])
+    assert c is not None and c.dispatch_latency_seconds is None
