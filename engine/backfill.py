@@ -50,10 +50,10 @@ from django.utils import timezone
 from audit import services as audit
 from engine import dispatch, sql
 from engine.cron import start_for_instant
-from engine.models import PRIORITY_MAX, PRIORITY_MIN, ScheduledTrigger, TriggerBackfill, TriggerSource
+from engine.models import ScheduledTrigger, TriggerBackfill, TriggerSource
 from engine.repositories import runs
 from engine.services import WorkflowNotStartable
-from engine.states import BackfillState
+from engine.states import BackfillState, priority_problem
 from engine.triggers import TooManyInstants, instants_in_range, next_instant, run_schedule
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded
@@ -221,10 +221,8 @@ def _check_options(max_active_runs: Any, priority: Any) -> tuple[int, int | None
             or not 1 <= max_active_runs <= BACKFILL_MAX_ACTIVE_RUNS):
         raise BackfillError("max_active_runs", f"must be a whole number from 1 to {BACKFILL_MAX_ACTIVE_RUNS}, "
                             f"got {max_active_runs!r}")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                 or not PRIORITY_MIN <= priority <= PRIORITY_MAX):
-        raise BackfillError("priority", f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, "
-                            f"got {priority!r}")
+    if priority is not None and (problem := priority_problem(priority)) is not None:
+        raise BackfillError("priority", problem)
     return max_active_runs, priority
 
 

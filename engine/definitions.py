@@ -52,6 +52,11 @@ from engine.limit_keys import PLACEHOLDER_RE, normalize_placeholders
 from engine.limit_keys import RENDERED_KEY_MAX as RENDERED_KEY_MAX  # re-exported
 from engine.limit_keys import placeholders as placeholders  # re-exported
 from engine.limit_keys import render_concurrency_key as render_concurrency_key  # re-exported
+
+# Priorities of tasks and runs (the CHECK constraints' range), re-exported.
+from engine.states import PRIORITY_MAX as PRIORITY_MAX
+from engine.states import PRIORITY_MIN as PRIORITY_MIN
+from engine.states import priority_problem
 from flowforge.jsonb import strip_nul
 
 # Anchored with \Z, not $: "$" also matches before a final newline, so "etl\n" passed.
@@ -68,10 +73,7 @@ TASK_FIELDS = {
 TRIGGER_RULES = ("all_success", "all_failed", "all_done", "one_failed", "one_success", "none_failed", "always")
 DEFAULT_TRIGGER_RULE = "all_success"
 DOC_FIELDS = {"name", "description", "tasks", "timeout_seconds", "concurrency", "input_schema"}
-# Priorities of tasks and runs: engine.models.PRIORITY_MIN/MAX, the CHECK constraints'
-# range (tests/unit/test_scheduling_definitions.py checks they agree; this module is
-# imported without the app registry, by parse-only callers).
-PRIORITY_MIN, PRIORITY_MAX = -10, 10
+
 # Concurrency and rate-limit keys: the text outside placeholders, and the whole key as
 # written (Task.concurrency_key / rate_key hold 200 characters).
 LIMIT_KEY_CHARS_RE = re.compile(r"^[A-Za-z0-9_.:-]*\Z")
@@ -568,8 +570,10 @@ def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
                           maximum=MAX_RETRY_BACKOFF_SECONDS, unit=" (a day)")
         timeout = _number(errors, f"{where}.timeout_seconds", raw.get("timeout_seconds"), minimum=0.001, allow_none=True,
                           maximum=MAX_TASK_TIMEOUT_SECONDS, unit=" (30 days)")
-        priority = _number(errors, f"{where}.priority", raw.get("priority", 0), minimum=PRIORITY_MIN,
-                           integer=True, maximum=PRIORITY_MAX)
+        priority = raw.get("priority", 0)
+        if (problem := priority_problem(priority)) is not None:
+            errors.append({"path": f"{where}.priority", "message": problem})
+            priority = None
         concurrency = _task_concurrency(errors, where, raw.get("concurrency"))
         if concurrency is not None:
             first = concurrency_limits.setdefault(concurrency["key"], (key, concurrency["limit"]))

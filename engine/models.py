@@ -23,6 +23,8 @@ from django.db.models.lookups import Exact, LessThanOrEqual
 # The vocabulary lives in engine.states; these names are re-exported for the imports
 # that name engine.models.
 from engine.states import (  # noqa: F401
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     RUN_TERMINAL_STATES,
     TASK_TERMINAL_STATES,
     BackfillState,
@@ -59,8 +61,6 @@ class RunLimitPolicy(models.TextChoices):
     CANCEL_OLDEST = "cancel_oldest"
 
 
-#: Priorities (runs and tasks): higher is claimed first within an organization's share.
-PRIORITY_MIN, PRIORITY_MAX = -10, 10
 
 
 class TriggerSource(models.TextChoices):

@@ -21,8 +21,6 @@ from engine.db import retry_transient
 from engine.definitions import DEFAULT_TRIGGER_RULE, DefinitionError, validate_document
 from engine.limit_keys import render_definition_keys
 from engine.models import (
-    PRIORITY_MAX,
-    PRIORITY_MIN,
     RunLimitPolicy,
     Task,
     TaskDependency,
@@ -32,7 +30,7 @@ from engine.models import (
     WorkflowState,
 )
 from engine.repositories import driver, runs, task_runs
-from engine.states import RUN_OPEN_STATES, RunSchedule
+from engine.states import RUN_OPEN_STATES, RunSchedule, priority_problem
 from flowforge.jsonb import jsonb_safe, stored_bytes, strip_nul
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded, effective_limits
@@ -659,10 +657,8 @@ def _publish_roots(claimed: list, *, nudge: bool) -> None:
 def validate_priority(priority: Any, *, field: str = "priority") -> int:
     """``priority`` if it is a whole number from PRIORITY_MIN to PRIORITY_MAX (an int, not
     a bool or a float), else InvalidStart naming ``field``."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidStart(field, f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority!r}")
-    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-        raise InvalidStart(field, f"must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {priority}")
+    if (problem := priority_problem(priority)) is not None:
+        raise InvalidStart(field, problem)
     return priority
 
 

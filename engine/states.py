@@ -270,10 +270,27 @@ class DeliveryChannel(models.TextChoices):
 #: receiver's deliveries never stand in the task queue.
 NOTIFY_QUEUE = "flowforge.notifications"
 
+#: Priorities (runs and tasks): higher is claimed first within an organization's share;
+#: the range of the CHECK constraints on core_workflowrun, core_task and core_taskrun.
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
+
+
+def priority_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a priority, or None when it is one: a whole number
+    (an int: not a bool, not a float even when whole, not a string) from PRIORITY_MIN to
+    PRIORITY_MAX. One wording wherever a priority is given: a task's in a definition, a
+    run's at its start (API, UI), a trigger's and a backfill's."""
+    if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        return f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value!r}"
+    return None
+
+
 __all__ = [
     "CONTROL_QUEUE",
     "FAILURE_HANDLING_RULES",
     "NOTIFY_QUEUE",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
     "RUN_OPEN_STATES",
     "RUN_TERMINAL_STATES",
     "TASK_FIRST_QUEUE",
@@ -290,6 +307,7 @@ __all__ = [
     "SkipReason",
     "TaskRunState",
     "TriggerRule",
+    "priority_problem",
 ]
 
 

@@ -22,8 +22,8 @@ from django.utils import timezone
 from audit import services as audit
 from engine import input_schema
 from engine.limit_keys import render_definition_keys
-from engine.models import PRIORITY_MAX, PRIORITY_MIN, CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
-from engine.states import RunSchedule
+from engine.models import CatchUpPolicy, ScheduledTrigger, Workflow, WorkflowState
+from engine.states import RunSchedule, priority_problem
 from flowforge.jsonb import stored_bytes, strip_nul
 from tenancy.actors import Actor
 from tenancy.models import Membership
@@ -247,9 +247,8 @@ def _clean(actor: Actor, data: dict[str, Any], *, partial: bool, current: Schedu
         priority = data.get("priority", 0)
         if priority is None:
             priority = 0
-        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-            raise TriggerError("priority", f"must be a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, "
-                               f"got {priority!r}")
+        if (problem := priority_problem(priority)) is not None:
+            raise TriggerError("priority", problem)
         out["priority"] = priority
     if "enabled" in data or not partial:
         enabled = data.get("enabled", True)

@@ -50,11 +50,11 @@ def test_the_definitions_priority_range_and_policies_are_the_models():
 
 # (document, the path named, a part of its message)
 BAD = [
-    (doc(task(priority=11)), "tasks[charge].priority", "must be at most 10, got 11"),
-    (doc(task(priority=-11)), "tasks[charge].priority", "must be at least -10, got -11"),
-    (doc(task(priority=1.5)), "tasks[charge].priority", "must be a whole number, got 1.5"),
-    (doc(task(priority="3")), "tasks[charge].priority", "must be a whole number, got '3'"),
-    (doc(task(priority=True)), "tasks[charge].priority", "must be a whole number, got True"),
+    (doc(task(priority=11)), "tasks[charge].priority", "must be a whole number from -10 to 10, got 11"),
+    (doc(task(priority=-11)), "tasks[charge].priority", "must be a whole number from -10 to 10, got -11"),
+    (doc(task(priority=1.5)), "tasks[charge].priority", "must be a whole number from -10 to 10, got 1.5"),
+    (doc(task(priority="3")), "tasks[charge].priority", "must be a whole number from -10 to 10, got '3'"),
+    (doc(task(priority=True)), "tasks[charge].priority", "must be a whole number from -10 to 10, got True"),
     (doc(task(concurrency={"key": "stripe", "limit": 0})), "tasks[charge].concurrency.limit",
      "must be at least 1, got 0"),
     (doc(task(concurrency={"key": "stripe", "limit": -2})), "tasks[charge].concurrency.limit",
@@ -133,7 +133,7 @@ BAD = [
     ({"name": "nlname\n", "tasks": [task("a")]}, "name", "'nlname\\n': use 1-200 letters"),
     (doc(task("a\n")), "tasks[0].key", "'a\\n' is not a valid key"),
     # Whole numbers are JSON integers: 2.0 is refused like "2" and true.
-    (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number, got 2.0"),
+    (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number from -10 to 10, got 2.0"),
     (doc(task(concurrency={"key": "stripe", "limit": 2.0})), "tasks[charge].concurrency.limit",
      "must be a whole number, got 2.0"),
     (doc(task(rate_limit={"key": "github", "per_second": 3.0})), "tasks[charge].rate_limit.per_second",
@@ -442,7 +442,7 @@ def test_the_api_names_a_trailing_newline_or_a_float_in_a_400(api_factory):
         (doc(task("a\n")), "tasks[0].key", "'a\\n' is not a valid key: use 1-100 letters, digits, '_', '-' or '.'"),
         (doc(task(concurrency={"key": "k\n", "limit": 3})), "tasks[charge].concurrency.key",
          "'k\\n': '\\n' not allowed; use letters, digits, '_', '.', ':' or '-'"),
-        (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number, got 2.0"),
+        (doc(task(priority=2.0)), "tasks[charge].priority", "must be a whole number from -10 to 10, got 2.0"),
         (doc(task(), concurrency={"policy": "cancel_oldest"}), "concurrency.policy",
          "policy applies only with max_running_runs; 'cancel_oldest' without it would do nothing"),
     ]:

@@ -105,8 +105,8 @@ def test_roots_are_ready_from_the_start_and_the_rest_pending_without_ready_at(or
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("priority", "message"), [
-    (11, "must be from -10 to 10, got 11"),
-    (-11, "must be from -10 to 10, got -11"),
+    (11, "must be a whole number from -10 to 10, got 11"),
+    (-11, "must be a whole number from -10 to 10, got -11"),
     (1.0, "must be a whole number from -10 to 10, got 1.0"),
     ("3", "must be a whole number from -10 to 10, got '3'"),
     (True, "must be a whole number from -10 to 10, got True"),
