@@ -28,7 +28,8 @@ from engine.webhooks import MAX_URL_CHARS, event_body
 
 
 class EndpointSerializer(serializers.ModelSerializer):
-    """A webhook endpoint as the API shows it (no secret). Expects ``created_by`` selected."""
+    """A webhook endpoint as the API shows it (no secret). Expects ``created_by`` and
+    ``created_by_api_key`` selected."""
 
     event_types = serializers.ListField(child=serializers.ChoiceField(choices=NotificationType.choices),
                                         help_text="The notifications it receives.")
@@ -38,15 +39,20 @@ class EndpointSerializer(serializers.ModelSerializer):
         "`v1=` in the signature header); null when it no longer does.")
     created_by = serializers.SerializerMethodField(help_text="The email of the user who created it (null for an "
                                                    "API key or a removed user).")
+    created_by_api_key = serializers.SerializerMethodField(help_text="The public prefix of the API key that "
+                                                           "created it (null for a user, or a deleted key).")
 
     class Meta:
         model = WebhookEndpoint
         fields = ["id", "url", "description", "event_types", "workflow_name", "enabled", "secret_rotated_at",
-                  "previous_secret_expires_at", "created_by", "created_at", "updated_at"]
+                  "previous_secret_expires_at", "created_by", "created_by_api_key", "created_at", "updated_at"]
         read_only_fields = fields
 
     def get_created_by(self, endpoint) -> str | None:
         return endpoint.created_by.email if endpoint.created_by_id else None
+
+    def get_created_by_api_key(self, endpoint) -> str | None:
+        return endpoint.created_by_api_key.prefix if endpoint.created_by_api_key_id else None
 
     def to_representation(self, instance):
         data = super().to_representation(instance)

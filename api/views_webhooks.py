@@ -45,7 +45,7 @@ AT = "2026-01-15T09:30:00.000000Z"
 ENDPOINT_EXAMPLE = {
     "id": ENDPOINT_ID, "url": "https://hooks.example.com/flowforge", "description": "on-call pager",
     "event_types": ["run.failed", "task.failed"], "workflow_name": "", "enabled": True, "secret_rotated_at": None,
-    "previous_secret_expires_at": None, "created_by": "ada@example.com", "created_at": AT, "updated_at": AT,
+    "previous_secret_expires_at": None, "created_by": "ada@example.com", "created_by_api_key": None, "created_at": AT, "updated_at": AT,
 }
 SECRET_EXAMPLE = "whsec_3q2Jv9Yw0fK4pL7sT1xN8bR5cM2hD6gA0eU4iO9yZkE"
 WRITE_EXAMPLE = {"url": "https://hooks.example.com/flowforge", "event_types": ["run.failed", "task.failed"],
@@ -98,10 +98,10 @@ class _WebhookView(AdminAPIView):
     required_action = {}
 
     def get_scoped_queryset(self):
-        return notifications.endpoints_of(self.organization).select_related("created_by")
+        return notifications.endpoints_of(self.organization).select_related("created_by", "created_by_api_key")
 
     def endpoint(self, pk):
-        return access_endpoint(self.actor, pk, shape=lambda qs: qs.select_related("created_by"))
+        return access_endpoint(self.actor, pk, shape=lambda qs: qs.select_related("created_by", "created_by_api_key"))
 
     def shown(self, pk) -> dict:
         return EndpointSerializer(self.endpoint(pk)).data

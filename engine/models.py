@@ -113,6 +113,11 @@ class Workflow(models.Model):
     created_by = models.ForeignKey(
         "tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The API key that stored this version (created_by is then NULL): the version page says
+    # which key, as the audit log does, instead of no one.
+    created_by_api_key = models.ForeignKey(
+        "tenancy.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(db_default=Now())
 
     objects = OrganizationScopedManager()
@@ -1011,6 +1016,9 @@ class WebhookEndpoint(models.Model):
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     secret_rotated_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey("tenancy.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The API key that created it (created_by is then NULL).
+    created_by_api_key = models.ForeignKey("tenancy.ApiKey", null=True, blank=True, on_delete=models.SET_NULL,
+                                           related_name="+")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 

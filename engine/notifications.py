@@ -271,6 +271,7 @@ def create_endpoint(*, actor: Actor, url: Any, event_types: Any, workflow_name: 
         now = timezone.now()
         endpoint = WebhookEndpoint.objects.create(
             id=endpoint_id, organization_id=organization_id, created_by=actor.user,
+            created_by_api_key_id=actor.api_key.id if actor.api_key is not None else None,
             secret_ciphertext=encrypt_secret(organization_id, endpoint_id, secret), created_at=now, updated_at=now,
             **fields)
         audit.record("webhook.created", actor=actor, target=endpoint, metadata=_snapshot(endpoint))

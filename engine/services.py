@@ -292,6 +292,8 @@ def apply_definition(*, document: dict[str, Any], actor: Actor | None = None, or
             # Its input schema as written (key order kept: the start form follows it).
             input_schema_json=input_schema_json,
             created_by=created_by,
+            # A key's version names the key (not its creator: the key did it).
+            created_by_api_key_id=actor.api_key.id if created_by is None and actor.api_key is not None else None,
         )
         workflow.unchanged = False
         tasks = Task.objects.bulk_create(

@@ -74,7 +74,7 @@ def _workflow_or_404(request: HttpRequest, workflow_id: uuid.UUID) -> Workflow:
     """The active organization's workflow version, with its author (engine.access: a 404
     for a missing or foreign id)."""
     return access_workflow(request.membership.organization, workflow_id,
-                           shape=lambda qs: qs.select_related("created_by"))
+                           shape=lambda qs: qs.select_related("created_by", "created_by_api_key"))
 
 
 # --- list ---------------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def _render_detail(
     versions = list(
         Workflow.objects.for_organization(org)
         .filter(name=workflow.name)
-        .select_related("created_by")
+        .select_related("created_by", "created_by_api_key")
         .order_by("-version")
     )
     compare, diff, diff_truncated = None, None, False

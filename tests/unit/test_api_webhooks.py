@@ -204,3 +204,40 @@ def test_a_replay_is_accepted_once_and_a_second_is_a_409(make_org):
     # A delivery of another endpoint of the organization is not this endpoint's.
     other = create(client).json()["id"]
     assert_problem(client.post(f"/api/v1/webhooks/{other}/deliveries/{dead.pk}/replay/"), 404)
+
+
+def test_what_an_api_key_creates_names_the_key_in_the_api_and_on_the_pages(make_org):
+    """A webhook endpoint and a workflow version made with an API key show the key's
+    prefix where a person's email would be (they showed no one: 'by —')."""
+    from django.contrib.auth import get_user_model
+
+    from tenancy.models import Membership
+
+    org = make_org()
+    key_row, full = create_api_key(actor=actor_for(org), name="ci", role=Role.ADMIN)
+    client = Client(headers=bearer(full))
+    resp = create(client)
+    assert resp.status_code == 201, resp.content
+    assert (resp.json()["created_by"], resp.json()["created_by_api_key"]) == (None, key_row.prefix)
+    endpoint_id = resp.json()["id"]
+    read = client.get(f"/api/v1/webhooks/{endpoint_id}/").json()
+    assert (read["created_by"], read["created_by_api_key"]) == (None, key_row.prefix)
+    listed = client.get("/api/v1/webhooks/").json()["results"]
+    assert [e["created_by_api_key"] for e in listed] == [key_row.prefix]
+    applied = client.post("/api/v1/workflows/", {"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]},
+                          content_type="application/json")
+    assert applied.status_code == 201, applied.content
+    # A person's own work still names the person, and no key.
+    by_person = create(client_with(org))  # another key: its own prefix
+    assert by_person.json()["created_by_api_key"] not in (None, key_row.prefix)
+
+    owner = Membership.objects.for_organization(org).get(role=Role.OWNER)
+    web = Client()
+    web.force_login(get_user_model().objects.get(pk=owner.user_id))
+    versions = web.get(f"/workflows/{applied.json()['id']}/")
+    assert versions.status_code == 200
+    assert f"by key <code>ffk_{key_row.prefix}_…</code>" in versions.content.decode()  # the page's header
+    assert f"key <code>ffk_{key_row.prefix}_…</code></td>" in versions.content.decode()  # the versions table
+    page = web.get(f"/webhooks/{endpoint_id}/")
+    assert page.status_code == 200 and f"by key <code>ffk_{key_row.prefix}_…</code>" in page.content.decode()
+    assert f"key ffk_{key_row.prefix}_…" in web.get("/webhooks/").content.decode()
