@@ -21,7 +21,7 @@ from django.db import connection, transaction
 
 from bench import actors
 from engine.services import apply_definition, start_run
-from flowforge.stack import wait_until, worker_child_pids
+from flowforge.stack import proc_stats, wait_until, worker_child_pids
 
 TERMINAL_RUN = ("succeeded", "failed", "cancelled")
 
@@ -115,8 +115,7 @@ def cpu_seconds(workers: dict[str, int] | None) -> dict[str, float] | None:
     the code (the engine's path is bound by CPU, the baseline's mostly by its polls)."""
     if workers is None:
         return None
-    proc = Path("/proc")
-    if not proc.is_dir():
+    if not Path("/proc").is_dir():
         return None
     tick = os.sysconf("SC_CLK_TCK")
     owner = {}
@@ -124,19 +123,10 @@ def cpu_seconds(workers: dict[str, int] | None) -> dict[str, float] | None:
         for pid in (master, *worker_child_pids(master)):
             owner[pid] = name
     out = dict.fromkeys(("postgres", "redis", *workers), 0.0)
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1: stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        group = owner.get(int(entry.name)) or {"postgres": "postgres", "redis-server": "redis"}.get(comm)
+    for pid, name, fields in proc_stats():
+        group = owner.get(pid) or {"postgres": "postgres", "redis-server": "redis"}.get(name)
         if group is not None:
-            out[group] += seconds
+            out[group] += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,9 +145,11 @@ class Stack:
                 print("\n".join(proc.log_path.read_text(errors="replace").splitlines()[-lines:]))
 
 
-def worker_child_pids(master_pid: int) -> list[int]:
-    """Pids of the worker processes a ``dramatiq`` master forked (read from /proc)."""
-    children = []
+def proc_stats() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the fields after the name) of each process in /proc (Linux):
+    ``/proc/<pid>/stat`` split after its parenthesised name, which may hold spaces, so the
+    fields count from the state (0), ppid (1) ... utime (11), stime (12). A process that
+    ends while it is read is left out."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -154,11 +157,12 @@ def worker_child_pids(master_pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # The ppid is the 2nd field after the parenthesised command name.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == master_pid:
-            children.append(int(entry.name))
-    return sorted(children)
+        yield int(entry.name), stat[stat.index("(") + 1: stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+
+
+def worker_child_pids(master_pid: int) -> list[int]:
+    """Pids of the worker processes a ``dramatiq`` master forked (read from /proc)."""
+    return sorted(pid for pid, _name, fields in proc_stats() if int(fields[1]) == master_pid)
 
 
 def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = "condition"):
