@@ -50,12 +50,13 @@ def test_bench_smoke_mode_produces_every_figure(stack, org):
         assert t["baseline"]["messages"] == t["engine"]["tasks"]
         assert positive(t["ratio"])
         assert len(t["rounds"]) == cfg["throughput_rounds"] and t["ratio"] in t["rounds"]
-        # CPU per task by group: the engine's own workers and PostgreSQL worked for the
-        # engine's tasks; the baseline's messages cost its own workers CPU.
+        # CPU per task by group. /proc counts in clock ticks (10 ms): the baseline's 30 smoke
+        # messages cost about 10 ms and may read as 0 (a CI run saw it), so only the engine's
+        # round, about 60 ms of CPU in all, is held to more than nothing.
         cpu_e, cpu_b = t["engine"]["cpu_ms_per_task"], t["baseline"]["cpu_ms_per_message"]
         assert set(cpu_e) == set(cpu_b) == {"postgres", "redis", "engine workers", "baseline workers"}
-        assert positive(cpu_e["engine workers"]) and positive(cpu_e["postgres"])
-        assert positive(cpu_b["baseline workers"])
+        assert all(v >= 0 for v in (*cpu_e.values(), *cpu_b.values())), (cpu_e, cpu_b)
+        assert positive(cpu_e["engine workers"] + cpu_e["postgres"]), cpu_e
 
     hop = results["hop_latency"]
     for side in ("engine", "baseline"):
