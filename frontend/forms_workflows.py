@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from engine.definitions import DefinitionError, parse_document
 from engine.models import CatchUpPolicy, WorkflowState
+from engine.states import PRIORITY_MAX, PRIORITY_MIN, priority_problem
 from tenancy.models import KEY_ROLE_RANK, ROLE_RANK, KeyRole, Role
 
 # Largest definition file accepted from the upload field, in bytes.
@@ -154,12 +155,38 @@ class WholeNumberField(forms.IntegerField):
         return super().to_python(value)
 
 
+class PriorityField(WholeNumberField):
+    """A run's or a trigger's priority: blank for 0, else a whole number from PRIORITY_MIN
+    to PRIORITY_MAX, refused in ``engine.states.priority_problem``'s words (the API's, a
+    definition's), e.g. "Must be a whole number from -10 to 10, got 11." The input box
+    carries the range as its min and max."""
+
+    def __init__(self, *, help_text: str, **kwargs: Any) -> None:
+        super().__init__(initial=0, required=False, label="Priority", help_text=help_text, **kwargs)
+
+    def widget_attrs(self, widget: forms.Widget) -> dict[str, Any]:
+        return {**super().widget_attrs(widget), "min": PRIORITY_MIN, "max": PRIORITY_MAX}
+
+    def to_python(self, value: Any) -> int | None:
+        try:
+            return super().to_python(value)
+        except forms.ValidationError:
+            raise forms.ValidationError(self._problem(value), code="invalid") from None
+
+    def validate(self, value: Any) -> None:
+        super().validate(value)
+        if value is not None and priority_problem(value) is not None:
+            raise forms.ValidationError(self._problem(value), code="out_of_range")
+
+    @staticmethod
+    def _problem(value: Any) -> str:
+        problem = priority_problem(value.strip() if isinstance(value, str) else value) or ""
+        return problem[:1].upper() + problem[1:] + "."
+
+
 class StartRunForm(forms.Form):
     input = JsonObjectField(label="Run input (JSON object)", what="Run input", initial="{}")
-    priority = WholeNumberField(
-        min_value=-10, max_value=10, initial=0, required=False, label="Priority",
-        help_text="-10 to 10: higher runs first within the organization's share.",
-    )
+    priority = PriorityField(help_text="-10 to 10: higher runs first within the organization's share.")
 
 
 class ArchiveForm(forms.Form):
@@ -209,8 +236,7 @@ class TriggerForm(forms.Form):
         help_text="What happens to firings missed while the scheduler was down.",
     )
     enabled = forms.BooleanField(required=False, initial=True, label="Enabled")
-    priority = WholeNumberField(
-        min_value=-10, max_value=10, initial=0, required=False, label="Priority",
+    priority = PriorityField(
         help_text="Of the runs it starts, -10 to 10: higher runs first within the organization's share.",
     )
 

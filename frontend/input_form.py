@@ -39,7 +39,7 @@ from django import forms
 
 from engine import input_schema
 from engine.models import Workflow
-from frontend.forms_workflows import StartRunForm, WholeNumberField
+from frontend.forms_workflows import PriorityField, StartRunForm
 
 # Nested objects laid out as fieldsets, and fields in one form; past either, the whole
 # input is a JSON textarea.
@@ -135,10 +135,7 @@ class SchemaStartForm(forms.Form):
     shows a start's refusal next to the fields.
     """
 
-    priority = WholeNumberField(
-        min_value=-10, max_value=10, initial=0, required=False, label="Priority",
-        help_text="-10 to 10: higher runs first within the organization's share.",
-    )
+    priority = PriorityField(help_text="-10 to 10: higher runs first within the organization's share.")
 
     def __init__(self, data=None, *, schema: input_schema.InputSchema, layout: list[InputNode]):
         super().__init__(data)

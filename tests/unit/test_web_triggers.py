@@ -191,6 +191,10 @@ def test_creating_a_trigger_stores_it_and_records_it(team, workflow):
         ({"input": "{oops"}, "input", "Run input is not valid JSON"),
         ({"workflow_name": "nope"}, "workflow_name", "Select a valid choice"),
         ({"name": ""}, "name", "This field is required."),
+        # The API's and a definition's wording (engine.states.priority_problem).
+        ({"priority": "11"}, "priority", "Must be a whole number from -10 to 10, got 11."),
+        ({"priority": "-11"}, "priority", "Must be a whole number from -10 to 10, got -11."),
+        ({"priority": "2.5"}, "priority", "Must be a whole number from -10 to 10, got '2.5'."),
     ],
 )
 def test_create_errors_are_shown_next_to_their_field_and_nothing_is_stored(

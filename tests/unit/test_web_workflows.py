@@ -568,6 +568,37 @@ def test_start_run_refuses_input_that_is_not_a_json_object(team, raw, message):
     assert not WorkflowRun.objects.for_organization(org).exists()
 
 
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("11", "Must be a whole number from -10 to 10, got 11."),
+        ("-11", "Must be a whole number from -10 to 10, got -11."),
+        ("1.0", "Must be a whole number from -10 to 10, got '1.0'."),
+        ("high", "Must be a whole number from -10 to 10, got 'high'."),
+    ],
+)
+def test_start_run_refuses_a_priority_out_of_range_in_the_apis_words(team, raw, message):
+    org = team["org"]
+    wf = apply_definition(organization=org, document=DIAMOND)
+    client = client_for(team["member"])
+    page = text(client.get(f"/workflows/{wf.pk}/"))
+    assert '<input type="number" name="priority" value="0" min="-10" max="10"' in page  # the browser's own check
+    resp = client.post(f"/workflows/{wf.pk}/start/", {"input": "{}", "priority": raw})
+    assert resp.status_code == 400
+    body = text(resp)
+    error = body[body.index('id="id_priority_errors"') :]
+    assert message in error[: error.index("</ul>")]
+    assert not WorkflowRun.objects.for_organization(org).exists()
+
+
+def test_start_run_with_a_priority_in_range_stores_it(team):
+    org = team["org"]
+    wf = apply_definition(organization=org, document=DIAMOND)
+    resp = client_for(team["member"]).post(f"/workflows/{wf.pk}/start/", {"input": "{}", "priority": " -10 "})
+    assert resp.status_code == 302
+    assert WorkflowRun.objects.for_organization(org).get().priority == -10
+
+
 def test_an_archived_version_cannot_start_runs(team):
     org = team["org"]
     wf = apply_definition(organization=org, document=DIAMOND)
