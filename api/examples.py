@@ -31,6 +31,7 @@ DEFINITION_EXAMPLE = {
 WORKFLOW_EXAMPLE = {
     "id": "0b7c1f43-5a4e-4f7e-9a51-6f1b2f7f3d10", "name": "etl", "version": 2, "state": "active",
     "description": "Nightly extract and load.", "created_at": "2026-01-05T09:30:00.123456Z",
+    "created_by": "ada@example.com", "created_by_api_key": None,
     "concurrency": {"max_running_tasks": 4, "max_running_runs": None, "policy": "queue"},
     "input_schema": DEFINITION_EXAMPLE["input_schema"],
     "tasks": [
@@ -47,7 +48,8 @@ WORKFLOW_EXAMPLE = {
     "edges": [{"from": "extract", "to": "load", "label": "rows"}],
 }
 WORKFLOW_SUMMARY_EXAMPLE = {k: WORKFLOW_EXAMPLE[k] for k in ("id", "name", "version", "state", "description")}
-WORKFLOW_SUMMARY_EXAMPLE |= {"task_count": 2, "created_at": WORKFLOW_EXAMPLE["created_at"]}
+WORKFLOW_SUMMARY_EXAMPLE |= {"task_count": 2, **{k: WORKFLOW_EXAMPLE[k] for k in ("created_at", "created_by",
+                                                                                    "created_by_api_key")}}
 RUN_SUMMARY_EXAMPLE = {
     "id": "3f2a8c1e-7b6d-4e5f-9a0b-1c2d3e4f5a6b",
     "workflow": {"id": WORKFLOW_EXAMPLE["id"], "name": "etl", "version": 2},

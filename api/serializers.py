@@ -100,14 +100,33 @@ class RejectUnknownFields:
         return super().to_internal_value(data)
 
 
-class WorkflowListSerializer(serializers.ModelSerializer):
-    """One workflow version in a list (``task_count`` is annotated by the view)."""
+class VersionCreatorFields(serializers.Serializer):
+    """Who stored a workflow version: a user's email, or the public prefix of the API key
+    that stored it (the other null; both null for a removed user or a revoked and deleted
+    key). Expects ``created_by`` and ``created_by_api_key`` selected (no query per row)."""
+
+    created_by = serializers.SerializerMethodField(help_text="The email of the user who stored this version "
+                                                   "(null when an API key did, or the user was removed).")
+    created_by_api_key = serializers.SerializerMethodField(help_text="The public prefix of the API key that "
+                                                           "stored this version, if one did.")
+
+    def get_created_by(self, workflow) -> str | None:
+        return workflow.created_by.email if workflow.created_by_id else None
+
+    def get_created_by_api_key(self, workflow) -> str | None:
+        return workflow.created_by_api_key.prefix if workflow.created_by_api_key_id else None
+
+
+class WorkflowListSerializer(VersionCreatorFields, serializers.ModelSerializer):
+    """One workflow version in a list (``task_count`` is annotated by the view; expects
+    ``created_by`` and ``created_by_api_key`` selected)."""
 
     task_count = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "version", "state", "description", "task_count", "created_at"]
+        fields = ["id", "name", "version", "state", "description", "task_count", "created_at", "created_by",
+                  "created_by_api_key"]
         read_only_fields = fields
 
 
@@ -235,10 +254,11 @@ class EdgeSerializer(serializers.Serializer):
         return {"from": edge.depends_on.key, "to": edge.task.key, "label": edge.label}
 
 
-class WorkflowDetailSerializer(serializers.ModelSerializer):
+class WorkflowDetailSerializer(VersionCreatorFields, serializers.ModelSerializer):
     """One workflow version with its tasks and its labelled edges.
 
-    Expects ``tasks`` and ``dependencies`` (with ``task`` and ``depends_on``) prefetched.
+    Expects ``tasks`` and ``dependencies`` (with ``task`` and ``depends_on``) prefetched,
+    and ``created_by`` and ``created_by_api_key`` selected.
     """
 
     concurrency = serializers.SerializerMethodField()
@@ -250,8 +270,8 @@ class WorkflowDetailSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Workflow
-        fields = ["id", "name", "version", "state", "description", "created_at", "concurrency", "input_schema",
-                  "tasks", "edges"]
+        fields = ["id", "name", "version", "state", "description", "created_at", "created_by", "created_by_api_key",
+                  "concurrency", "input_schema", "tasks", "edges"]
         read_only_fields = fields
 
     @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})

@@ -84,7 +84,8 @@ def _workflow_detail(organization, pk):
     """The version ``pk`` with what WorkflowDetailSerializer reads prefetched: three
     queries, whatever the number of tasks and edges; ObjectNotFound (a 404) otherwise."""
     organization = organization_id_of(organization)  # an Actor, an Organization or its id
-    return access_workflow(organization, pk, shape=lambda qs: qs.prefetch_related(
+    return access_workflow(organization, pk, shape=lambda qs: qs.select_related(
+        "created_by", "created_by_api_key").prefetch_related(
         Prefetch("tasks", queryset=Task.objects.for_organization(organization)),
         Prefetch(
             "dependencies",
@@ -94,7 +95,8 @@ def _workflow_detail(organization, pk):
 
 
 def _with_task_counts(queryset, organization):
-    return queryset.annotate(task_count=task_count(organization))
+    """The rows WorkflowListSerializer reads: each version's task count, and who stored it."""
+    return queryset.annotate(task_count=task_count(organization)).select_related("created_by", "created_by_api_key")
 
 
 class WorkflowListView(OrganizationAPIView):

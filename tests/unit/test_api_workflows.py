@@ -342,6 +342,28 @@ def test_workflow_lists_and_detail_take_a_constant_number_of_queries(api):
         f"/api/v1/workflows/{first.pk}/versions/"] == 3
 
 
+def test_a_version_names_who_stored_it_a_key_or_a_person(api):
+    """created_by / created_by_api_key in the detail, the list and the versions: the key's
+    public prefix for a version stored through the API, a person's email for one stored
+    in the UI (apply_definition with an actor), never both."""
+    stored = api.post("/api/v1/workflows/", DIAMOND, role=Role.MEMBER)
+    assert stored.status_code == 201, stored.content
+    member_prefix = api.keys[Role.MEMBER].split("_")[1]
+    assert (stored.json()["created_by"], stored.json()["created_by_api_key"]) == (None, member_prefix)
+    owner = Membership.objects.for_organization(api.org).select_related("user").get(role=Role.OWNER)
+    by_person = apply_definition(organization=api.org, document={**DIAMOND, "description": "v2"},
+                                 actor=actor_of(owner))
+    detail = api.get(f"/api/v1/workflows/{by_person.pk}/").json()
+    assert (detail["created_by"], detail["created_by_api_key"]) == (owner.user.email, None)
+    first = api.get(f"/api/v1/workflows/{stored.json()['id']}/").json()
+    assert (first["created_by"], first["created_by_api_key"]) == (None, member_prefix)
+    [latest] = api.get("/api/v1/workflows/").json()["results"]
+    assert (latest["version"], latest["created_by"], latest["created_by_api_key"]) == (2, owner.user.email, None)
+    versions = api.get(f"/api/v1/workflows/{by_person.pk}/versions/").json()["results"]
+    assert [(v["version"], v["created_by"], v["created_by_api_key"]) for v in versions] == [
+        (2, owner.user.email, None), (1, None, member_prefix)]
+
+
 # --- archive and restore --------------------------------------------------------------------------
 
 
