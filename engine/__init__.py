@@ -95,7 +95,7 @@ below); a failure or a skip settles the dependents the same way
 ``reaper`` and ``sweeper`` take back what a crash left behind. docs/scheduling.md tells
 how organizations share the workers. A run's end and a task run's failure are also
 recorded as notifications, in the same transaction, by a trigger on the run's history
-(migration 0023), and sent by ``notifier`` (docs/notifications.md).
+(migration 0028), and sent by ``notifier`` (docs/notifications.md).
 
 Glossary
 --------

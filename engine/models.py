@@ -1038,7 +1038,7 @@ class WebhookEndpoint(models.Model):
         ]
         indexes = [
             # The notification trigger's probe, once per finished run or failed task run:
-            # WHERE organization_id = $1 AND enabled (migration 0023); also the list page.
+            # WHERE organization_id = $1 AND enabled (migration 0028); also the list page.
             models.Index(fields=["organization", "created_at"], name="idx_webhook_org_enabled",
                          condition=Q(enabled=True)),
             models.Index(fields=["organization", "created_at"], name="idx_webhook_org_created"),
@@ -1076,7 +1076,7 @@ class FailureSubscription(models.Model):
 
 class NotificationEvent(models.Model):
     """One notification, recorded in the transaction of the transition that caused it (the
-    ``ff_notification_record`` trigger on core_taskrunevent, migration 0023) and only when
+    ``ff_notification_record`` trigger on core_taskrunevent, migration 0028) and only when
     the organization has an enabled endpoint subscribed to its type or, for ``run.failed``,
     a member subscribed to the workflow's failures. ``id`` is the stable event id receivers
     deduplicate by (every attempt and replay of it carries the same id and body);

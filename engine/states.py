@@ -231,7 +231,7 @@ TASK_BULK_PRIORITY = 10
 class NotificationType(models.TextChoices):
     """What a notification tells (issue 19): a webhook endpoint subscribes to some of these
     (``webhook_event_types_valid``); a failure email is sent for ``run.failed``. Recorded
-    from the run's history by the ``ff_notification_record`` trigger (migration 0023)."""
+    from the run's history by the ``ff_notification_record`` trigger (migration 0028)."""
 
     #: The run finished and every task run succeeded (a 'run_finished' event, to_state succeeded).
     RUN_SUCCEEDED = "run.succeeded"

@@ -1,7 +1,7 @@
 """Writes of the notifications' outbox (core_notificationdelivery and its attempts, issue 19):
 claim, record, give back, expire. Statements: ``engine/sql/notifications.sql``.
 
-The rows are written by the ``ff_notification_record`` trigger (migration 0023) in the
+The rows are written by the ``ff_notification_record`` trigger (migration 0028) in the
 transaction of the transition that caused them. A claim moves a delivery pending -> sending
 with a lease and a bumped ``claim_token``; every later write of that attempt matches the
 token, so a worker that outlived its lease (the attempt was expired and maybe claimed again)

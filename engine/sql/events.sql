@@ -1,7 +1,7 @@
 -- Statements that append to a run's history (core_taskrunevent) and nothing else.
 -- Two triggers act on each row appended (whichever statement appends it): ff_taskrunevent_notify
 -- (NOTIFY for live listeners, migrations 0006-0007) and ff_notification_record (a run's
--- 'run_finished' and a task run's move into 'failed' recorded as notifications, migration 0023).
+-- 'run_finished' and a task run's move into 'failed' recorded as notifications, migration 0028).
 -- Parameters are psycopg's: %(name)s.
 
 

@@ -1,7 +1,7 @@
 -- Statements of the notifications' outbox (issue 19): core_notificationdelivery (one row per
 -- notification and target: a webhook endpoint or a member's email) and its attempts
 -- (core_notificationattempt). Rows are written by the ff_notification_record trigger
--- (migration 0023) in the transaction of the transition that caused them; these statements
+-- (migration 0028) in the transaction of the transition that caused them; these statements
 -- claim, record, give back and expire them (engine.repositories.notifications).
 -- A target is coalesce(endpoint_id, recipient_id): the endpoint, or the email's recipient.
 -- Parameters are psycopg's: %(name)s.
