@@ -127,10 +127,20 @@ class Stack:
             env=env,
         )
 
-    def stop_all(self, *, timeout: float = 15.0) -> None:
+    def stop_all(self, *, timeout: float = 15.0, graceful: bool = True) -> None:
         """SIGTERM every process at once, then wait for each (SIGKILL for the groups still up
         ``timeout`` seconds after): they stop side by side, not one after another (a
-        test's teardown took 4-6 s of graceful stops in a row)."""
+        test's teardown took 4-6 s of graceful stops in a row).
+
+        ``graceful=False`` SIGKILLs every group at once instead (a test's teardown, once
+        the test has asserted what it needed): a Dramatiq worker's graceful stop takes 2-3 s
+        of one-second sleeps in its main loop, and no test after it looks at what an
+        in-flight task of a finished test would have done. What a kill leaves behind is
+        what a crash leaves: the next test flushes the broker's keys and the database."""
+        if not graceful:
+            for proc in reversed(self.procs):
+                proc.kill()  # the group: also children a dead leader left behind
+            return
         for proc in reversed(self.procs):
             proc.terminate()
         deadline = time.monotonic() + timeout

@@ -86,7 +86,7 @@ def e2e_stack(live_server, tmp_path, request):
     stack.start_worker(processes=1, threads=8)
     stack.start_clock()
     yield stack
-    stack.stop_all()
+    stack.stop_all(graceful=False)  # the test is over: a graceful stop only costs its 2-3 s
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         stack.print_logs()

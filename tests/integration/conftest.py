@@ -84,7 +84,7 @@ def stack(stack_env, tmp_path, request):
     flush_broker()
     s = Stack(env=stack_env, log_dir=Path(tmp_path) / "logs")
     yield s
-    s.stop_all()
+    s.stop_all(graceful=False)  # the test is over: a graceful stop only costs its 2-3 s
     rep = getattr(request.node, "rep_call", None)
     if rep is not None and rep.failed:
         s.print_logs()
