@@ -31,7 +31,7 @@ DEFINITION_EXAMPLE = {
 WORKFLOW_EXAMPLE = {
     "id": "0b7c1f43-5a4e-4f7e-9a51-6f1b2f7f3d10", "name": "etl", "version": 2, "state": "active",
     "description": "Nightly extract and load.", "created_at": "2026-01-05T09:30:00.123456Z",
-    "created_by": "ada@example.com", "created_by_api_key": None,
+    "created_by": None, "created_by_api_key": "k3x9p2q7m4ta",
     "concurrency": {"max_running_tasks": 4, "max_running_runs": None, "policy": "queue"},
     "input_schema": DEFINITION_EXAMPLE["input_schema"],
     "tasks": [

@@ -28,6 +28,7 @@ from engine.models import (
     WorkflowState,
 )
 from engine.outputs import output_or_summary
+from engine.states import PRIORITY_MAX, PRIORITY_MIN, priority_problem
 from flowforge.instants import InstantError, storable_instant
 from tenancy.apikeys import NAME_MAX_LENGTH
 from tenancy.models import ApiKey, KeyRole, Role
@@ -102,11 +103,14 @@ class RejectUnknownFields:
 
 class VersionCreatorFields(serializers.Serializer):
     """Who stored a workflow version: a user's email, or the public prefix of the API key
-    that stored it (the other null; both null for a removed user or a revoked and deleted
-    key). Expects ``created_by`` and ``created_by_api_key`` selected (no query per row)."""
+    that stored it, the other null; both null for a version the system stored (a
+    management command) or whose user account was deleted. A former member's email and a
+    revoked key's prefix still show. Expects ``created_by`` and ``created_by_api_key``
+    selected (no query per row)."""
 
-    created_by = serializers.SerializerMethodField(help_text="The email of the user who stored this version "
-                                                   "(null when an API key did, or the user was removed).")
+    created_by = serializers.SerializerMethodField(help_text="The email of the user who stored this version in "
+                                                   "the UI (null when an API key or the system did, or the user "
+                                                   "account was deleted).")
     created_by_api_key = serializers.SerializerMethodField(help_text="The public prefix of the API key that "
                                                            "stored this version, if one did.")
 
@@ -485,14 +489,18 @@ class RunSerializer(_RunFieldsMixin, serializers.ModelSerializer):
 
 
 class StrictPriorityField(serializers.IntegerField):
-    """A priority: a JSON integer from -10 to 10 (not a string, a boolean or a float)."""
+    """A priority: a JSON integer from PRIORITY_MIN to PRIORITY_MAX (not a string, a boolean
+    or a float), refused in ``engine.states.priority_problem``'s words whatever is wrong
+    with it (the UI's and a definition's: "must be a whole number from -10 to 10, got 11").
+    The bounds stay on the field for the OpenAPI schema."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(min_value=-10, max_value=10, **kwargs)
+        super().__init__(min_value=PRIORITY_MIN, max_value=PRIORITY_MAX, **kwargs)
 
     def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise serializers.ValidationError(f"must be a whole number from -10 to 10, got {data!r}")
+        problem = priority_problem(data)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
         return super().to_internal_value(data)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.serializers import RejectUnknownFields, page_of
+from api.serializers import RejectUnknownFields, StrictPriorityField, page_of
 from api.serializers_org import TextField
 from engine.backfill import BACKFILL_MAX_ACTIVE_RUNS, DEFAULT_MAX_ACTIVE_RUNS, PREVIEW_SAMPLE
 from engine.models import TriggerBackfill
@@ -61,8 +61,8 @@ class BackfillCreateSerializer(RejectUnknownFields, BackfillRangeSerializer):
         required=False, min_value=1, max_value=BACKFILL_MAX_ACTIVE_RUNS,
         help_text=f"How many of its runs may be going at once, 1 to {BACKFILL_MAX_ACTIVE_RUNS} (default "
         f"{DEFAULT_MAX_ACTIVE_RUNS}; 1 runs the instants strictly one after the other).")
-    priority = StrictIntegerField(required=False, min_value=-10, max_value=10,
-                                  help_text="Its runs' priority, -10 to 10 (default: the trigger's).")
+    priority = StrictPriorityField(required=False,
+                                   help_text="Its runs' priority, -10 to 10 (default: the trigger's).")
     expect_runs = StrictIntegerField(
         required=False, min_value=0,
         help_text="The run count a preview showed: the backfill is refused (409) if the range now has another.")

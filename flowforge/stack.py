@@ -62,12 +62,16 @@ class Proc:
                 self.kill()
         return self.popen.poll()
 
-    def kill(self) -> None:
-        """SIGKILL the whole process group at once."""
+    def signal_group(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group (gone already: nothing)."""
         try:
-            os.killpg(self.popen.pid, signal.SIGKILL)
+            os.killpg(self.popen.pid, sig)
         except ProcessLookupError:
             pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, and wait for its leader (10 s at most)."""
+        self.signal_group(signal.SIGKILL)
         try:
             self.popen.wait(10)
         except subprocess.TimeoutExpired:
@@ -139,7 +143,9 @@ class Stack:
         what a crash leaves: the next test flushes the broker's keys and the database."""
         if not graceful:
             for proc in reversed(self.procs):
-                proc.kill()  # the group: also children a dead leader left behind
+                proc.signal_group(signal.SIGKILL)  # the group: also children a dead leader left behind
+            for proc in reversed(self.procs):
+                proc.kill()  # (already sent: waits for it)
             return
         for proc in reversed(self.procs):
             proc.terminate()

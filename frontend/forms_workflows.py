@@ -168,6 +168,8 @@ class PriorityField(WholeNumberField):
         return {**super().widget_attrs(widget), "min": PRIORITY_MIN, "max": PRIORITY_MAX}
 
     def to_python(self, value: Any) -> int | None:
+        if isinstance(value, str) and not value.strip():
+            return None  # blank, spaces too: 0
         try:
             return super().to_python(value)
         except forms.ValidationError:
@@ -180,7 +182,10 @@ class PriorityField(WholeNumberField):
 
     @staticmethod
     def _problem(value: Any) -> str:
-        problem = priority_problem(value.strip() if isinstance(value, str) else value) or ""
+        if isinstance(value, str):
+            value = value.strip()
+            value = value if len(value) <= 20 else value[:20] + "…"  # echoed: a field may hold anything
+        problem = priority_problem(value) or ""
         return problem[:1].upper() + problem[1:] + "."
 
 

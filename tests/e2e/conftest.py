@@ -86,8 +86,10 @@ def e2e_stack(live_server, tmp_path, request):
     stack.start_worker(processes=1, threads=8)
     stack.start_clock()
     yield stack
-    stack.stop_all(graceful=False)  # the test is over: a graceful stop only costs its 2-3 s
     rep = getattr(request.node, "rep_call", None)
+    # The test is over: a graceful stop only costs its 2-3 s, except for a failed test, whose
+    # report prints the logs (a killed worker's last lines may still be in its pipe).
+    stack.stop_all(graceful=rep is not None and rep.failed)
     if rep is not None and rep.failed:
         stack.print_logs()
     flush_broker()

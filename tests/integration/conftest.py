@@ -84,8 +84,10 @@ def stack(stack_env, tmp_path, request):
     flush_broker()
     s = Stack(env=stack_env, log_dir=Path(tmp_path) / "logs")
     yield s
-    s.stop_all(graceful=False)  # the test is over: a graceful stop only costs its 2-3 s
     rep = getattr(request.node, "rep_call", None)
+    # The test is over: a graceful stop only costs its 2-3 s, except for a failed test, whose
+    # report prints the logs (a killed worker's last lines may still be in its pipe).
+    s.stop_all(graceful=rep is not None and rep.failed)
     if rep is not None and rep.failed:
         s.print_logs()
     flush_broker()

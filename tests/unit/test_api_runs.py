@@ -415,6 +415,15 @@ def test_a_ready_task_run_and_a_queued_run_say_why_they_wait(api, wf):
     assert listed == {str(run.pk): "waiting: workflow run limit 1/2", str(holder.pk): None}
 
 
+@pytest.mark.parametrize("priority", [11, -11, 2.5, "3", True])
+def test_a_start_with_a_bad_priority_is_a_400_in_the_words_of_every_other_priority_check(api, priority):
+    apply_definition(organization=api.org, document={"name": "p", "tasks": [{"key": "a", "type": "noop"}]})
+    response = start(api, {"workflow": "p", "priority": priority})
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {"priority": [f"must be a whole number from -10 to 10, got {priority!r}"]}
+    assert not WorkflowRun.objects.for_organization(api.org).exists()
+
+
 def test_a_run_shows_its_priority_and_each_task_run_its_priority_and_rendered_concurrency_key(api):
     apply_definition(organization=api.org, document={"name": "charges", "tasks": [
         {"key": "charge", "type": "noop", "priority": 3,

@@ -573,6 +573,10 @@ def test_the_api_names_the_field_of_a_refused_backfill(client, acme):  # noqa: F
     body = assert_problem(client.post(base, {"start": MARCH[0], "end": MARCH[1], "max_active_runs": "3"},
                                       content_type="application/json", headers=acme.as_(Role.MEMBER)), 400)
     assert "max_active_runs" in body["errors"]
+    for priority in (11, "3"):  # the words of every other priority check (engine.states.priority_problem)
+        body = assert_problem(client.post(base, {"start": MARCH[0], "end": MARCH[1], "priority": priority},
+                                          content_type="application/json", headers=acme.as_(Role.MEMBER)), 400)
+        assert body["errors"] == {"priority": [f"must be a whole number from -10 to 10, got {priority!r}"]}
     body = assert_problem(client.post(base, {"start": MARCH[0], "end": MARCH[1], "expect_runs": 5},
                                       content_type="application/json", headers=acme.as_(Role.MEMBER)), 409)
     assert body["errors"] == {"expect_runs": ["the range now has 31 runs to start, not 5; preview it again"]}

@@ -306,9 +306,10 @@ def test_the_web_start_form_takes_a_priority_and_shows_a_refusal(org):
     assert WorkflowRun.objects.for_organization(org).get().priority == 4
     response = client.post(url, {"input": "{}", "priority": "12"})
     assert response.status_code == 400
+    assert "Must be a whole number from -10 to 10, got 12." in response.content.decode()
     response = client.post(url, {"input": "{}", "priority": "2.0"})  # Django's IntegerField took it as 2
     assert response.status_code == 400
-    assert "Enter a whole number (no decimal point)." in response.content.decode()
+    assert "Must be a whole number from -10 to 10, got &#x27;2.0&#x27;." in response.content.decode()
     set_quota(org, max_runs_per_minute_override=1)
     response = client.post(url, {"input": "{}", "priority": "0"})
     assert response.status_code == 400

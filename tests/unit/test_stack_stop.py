@@ -41,8 +41,11 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     # A killed child of a dead parent is reaped by init; a zombie still answers kill(0).
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ")[1][0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:  # reaped in between
+        return False
 
 
 def test_a_non_graceful_stop_kills_each_group_at_once_children_included(tmp_path):
@@ -62,9 +65,11 @@ def test_a_non_graceful_stop_kills_each_group_at_once_children_included(tmp_path
 def test_a_graceful_stop_lets_the_process_handle_sigterm(tmp_path):
     stack = Stack(env=dict(os.environ), log_dir=tmp_path)
     proc = stack.start("polite", [sys.executable, "-c", POLITE])
-    for _ in range(100):
+    for _ in range(200):
         if proc.log_path.read_text().strip() == "ready":
             break
         time.sleep(0.05)
+    else:
+        raise AssertionError("the process never installed its SIGTERM handler")
     stack.stop_all()
     assert proc.popen.returncode == 3

@@ -591,12 +591,21 @@ def test_start_run_refuses_a_priority_out_of_range_in_the_apis_words(team, raw, 
     assert not WorkflowRun.objects.for_organization(org).exists()
 
 
-def test_start_run_with_a_priority_in_range_stores_it(team):
+@pytest.mark.parametrize(("raw", "stored"), [(" -10 ", -10), ("+10", 10), ("", 0), ("   ", 0)])
+def test_start_run_with_a_priority_in_range_or_blank_stores_it(team, raw, stored):
     org = team["org"]
     wf = apply_definition(organization=org, document=DIAMOND)
-    resp = client_for(team["member"]).post(f"/workflows/{wf.pk}/start/", {"input": "{}", "priority": " -10 "})
+    resp = client_for(team["member"]).post(f"/workflows/{wf.pk}/start/", {"input": "{}", "priority": raw})
     assert resp.status_code == 302
-    assert WorkflowRun.objects.for_organization(org).get().priority == -10
+    assert WorkflowRun.objects.for_organization(org).get().priority == stored
+
+
+def test_a_long_bad_priority_is_echoed_cut(team):
+    wf = apply_definition(organization=team["org"], document=DIAMOND)
+    resp = client_for(team["member"]).post(f"/workflows/{wf.pk}/start/", {"input": "{}", "priority": "9" * 5000})
+    assert resp.status_code == 400
+    assert f"Must be a whole number from -10 to 10, got '{'9' * 20}…'." in text(resp)
+    assert "9" * 21 not in text(resp).replace('value="' + "9" * 5000, "")  # only the field keeps it whole
 
 
 def test_an_archived_version_cannot_start_runs(team):
