@@ -98,10 +98,12 @@ class _WebhookView(AdminAPIView):
     required_action = {}
 
     def get_scoped_queryset(self):
-        return notifications.endpoints_of(self.organization).select_related("created_by", "created_by_api_key")
+        return notifications.endpoints_of(self.organization).select_related(
+            "created_by", "created_by_api_key").defer("created_by__password", "created_by_api_key__hashed_key")
 
     def endpoint(self, pk):
-        return access_endpoint(self.actor, pk, shape=lambda qs: qs.select_related("created_by", "created_by_api_key"))
+        return access_endpoint(self.actor, pk, shape=lambda qs: qs.select_related(
+            "created_by", "created_by_api_key").defer("created_by__password", "created_by_api_key__hashed_key"))
 
     def shown(self, pk) -> dict:
         return EndpointSerializer(self.endpoint(pk)).data

@@ -84,8 +84,7 @@ def _workflow_detail(organization, pk):
     """The version ``pk`` with what WorkflowDetailSerializer reads prefetched: three
     queries, whatever the number of tasks and edges; ObjectNotFound (a 404) otherwise."""
     organization = organization_id_of(organization)  # an Actor, an Organization or its id
-    return access_workflow(organization, pk, shape=lambda qs: qs.select_related(
-        "created_by", "created_by_api_key").prefetch_related(
+    return access_workflow(organization, pk, shape=lambda qs: _with_creator(qs).prefetch_related(
         Prefetch("tasks", queryset=Task.objects.for_organization(organization)),
         Prefetch(
             "dependencies",
@@ -94,9 +93,17 @@ def _workflow_detail(organization, pk):
     ))
 
 
+def _with_creator(queryset):
+    """Who stored each version (VersionCreatorFields), read with the rows: the user and the
+    API key joined, without the user's password hash or the key's hash (never needed to
+    show who it was)."""
+    return queryset.select_related("created_by", "created_by_api_key").defer(
+        "created_by__password", "created_by_api_key__hashed_key")
+
+
 def _with_task_counts(queryset, organization):
     """The rows WorkflowListSerializer reads: each version's task count, and who stored it."""
-    return queryset.annotate(task_count=task_count(organization)).select_related("created_by", "created_by_api_key")
+    return _with_creator(queryset.annotate(task_count=task_count(organization)))
 
 
 class WorkflowListView(OrganizationAPIView):

@@ -222,8 +222,14 @@ def test_what_an_api_key_creates_names_the_key_in_the_api_and_on_the_pages(make_
     endpoint_id = resp.json()["id"]
     read = client.get(f"/api/v1/webhooks/{endpoint_id}/").json()
     assert (read["created_by"], read["created_by_api_key"]) == (None, key_row.prefix)
-    listed = client.get("/api/v1/webhooks/").json()["results"]
+    with CaptureQueriesContext(connection) as queries:
+        listed = client.get("/api/v1/webhooks/").json()["results"]
+        client.get(f"/api/v1/webhooks/{endpoint_id}/")
     assert [e["created_by_api_key"] for e in listed] == [key_row.prefix]
+    # Who made it is read without the key's hash or a person's password hash.
+    assert not any("hashed_key" in q["sql"] or '"password"' in q["sql"] for q in queries.captured_queries
+                   if "core_webhookendpoint" in q["sql"])
+    assert any("core_webhookendpoint" in q["sql"] and "core_apikey" in q["sql"] for q in queries.captured_queries)
     applied = client.post("/api/v1/workflows/", {"name": "nightly", "tasks": [{"key": "a", "type": "noop"}]},
                           content_type="application/json")
     assert applied.status_code == 201, applied.content

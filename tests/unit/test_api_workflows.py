@@ -365,6 +365,14 @@ def test_a_version_names_who_stored_it_a_key_or_a_person(api):
     versions = api.get(f"/api/v1/workflows/{by_person.pk}/versions/").json()["results"]
     assert [(v["version"], v["created_by"], v["created_by_api_key"]) for v in versions] == [
         (2, owner.user.email, None), (1, None, member_prefix)]
+    # Neither the person's password hash nor the key's hash is read to say who it was.
+    for path in ("/api/v1/workflows/", f"/api/v1/workflows/{by_person.pk}/",
+                 f"/api/v1/workflows/{by_person.pk}/versions/"):
+        with CaptureQueriesContext(connection) as queries:
+            assert api.get(path).status_code == 200
+        reads = [q for q in data_queries(queries) if '"core_workflow"' in q]  # not the key's own check
+        assert any("core_apikey" in q and "prefix" in q for q in reads), reads
+        assert not any("hashed_key" in q or '"password"' in q for q in reads), reads
 
 
 # --- archive and restore --------------------------------------------------------------------------
