@@ -133,7 +133,7 @@ browser-large: install browser
 faults: install
 	$(PY) -m tests.faults.run --runs $${FAULT_RUNS:-500}
 
-# The API fuzzed harder than make test does (50 examples per operation and phase there).
+# The API fuzzed harder than make test does (30 examples per operation and phase there).
 fuzz: install
 	@$(TEST_ENV) $(PY) -m flowforge.services_check --server-only
 	$(TEST_ENV) SCHEMATHESIS_EXAMPLES=$${SCHEMATHESIS_EXAMPLES:-300} $(VENV)/bin/pytest -s \

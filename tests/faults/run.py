@@ -312,7 +312,9 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
     except Exception as exc:  # a scenario that crashes is a failed scenario, with its reason
         result.problems.append(f"{type(exc).__name__}: {exc}")
     finally:
-        stack.stop_all()
+        # Its checks are done: killed at once (a graceful stop of the workers costs 2-3 s),
+        # unless something failed, where the logs printed below should be whole.
+        stack.stop_all(graceful=bool(result.problems))
         if result.problems:
             for proc in stack.procs:
                 if proc.log_path and proc.log_path.exists():

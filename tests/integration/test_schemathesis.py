@@ -59,9 +59,9 @@ from tenancy.services import create_organization, invite_member
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 SEED = 20260115
-# Per operation, in each of the coverage and fuzzing phases: 50 in make test (its time
+# Per operation, in each of the coverage and fuzzing phases: 30 in make test (its time
 # budget), more with `make fuzz` (SCHEMATHESIS_EXAMPLES, 300 there).
-MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "50"))
+MAX_EXAMPLES = int(os.environ.get("SCHEMATHESIS_EXAMPLES", "30"))
 PHASES = "examples,coverage,fuzzing"
 CHECKS = "not_a_server_error,response_schema_conformance"
 EXCLUDED_OPERATIONS = {

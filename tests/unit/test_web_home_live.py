@@ -171,7 +171,17 @@ def test_org_stream_announces_a_failed_run_within_a_second_and_not_another_orgs(
     assert resp.status_code == 200 and resp["Content-Type"].startswith("text/event-stream")
     stream = iter(resp.streaming_content)
     received: list[tuple[float, bytes]] = []
-    reader = threading.Thread(target=lambda: received.extend((time.monotonic(), c) for c in stream), daemon=True)
+    stop = threading.Event()
+    old_heartbeat = live_org.HEARTBEAT_SECONDS
+    live_org.HEARTBEAT_SECONDS = 0.5  # a keep-alive soon after the test is done lets the reader stop
+
+    def read():
+        for chunk in stream:
+            received.append((time.monotonic(), chunk))
+            if stop.is_set():
+                return  # the generator stays suspended at a yield: resp.close() below ends it
+
+    reader = threading.Thread(target=read, daemon=True)
     try:
         assert next(stream).startswith(b"retry:")
         reader.start()
@@ -190,8 +200,11 @@ def test_org_stream_announces_a_failed_run_within_a_second_and_not_another_orgs(
         assert changes, "no change announced"
         assert changes[-1] - committed < 1.0
     finally:
-        resp.close()
-        reader.join(timeout=20)
+        stop.set()
+        reader.join(timeout=10)
+        live_org.HEARTBEAT_SECONDS = old_heartbeat
+        assert not reader.is_alive()
+        resp.close()  # closes the stream's generator: its hub wait is released
 
 
 def test_org_stream_is_refused_past_the_stream_limits(org, settings):
