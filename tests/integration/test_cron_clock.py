@@ -61,7 +61,7 @@ def test_an_expression_edited_to_an_equivalent_one_around_an_instant_fires_it_ex
     stack.env["FLOWFORGE_CLOCK_TRIGGER_SECONDS"] = "1"
     stack.start_worker(processes=1, threads=4)
     stack.start_clock()
-    instant = next_boundary(at_least_seconds=10)
+    instant = next_boundary(at_least_seconds=5)  # room for the edit 3 s before it
 
     # Three seconds before the instant: an equivalent expression.
     sleep_until(instant - dt.timedelta(seconds=3))
