@@ -41,6 +41,7 @@ from engine.backfill import (
     preview_backfill,
 )
 from engine.models import TriggerBackfill
+from tenancy.models import without_credentials
 from tenancy.permissions import Action
 
 BACKFILL_ID = "6a7b8c9d-0e1f-4a2b-8c3d-4e5f6a7b8c9d"
@@ -82,10 +83,10 @@ def _refusal(exc: BackfillError) -> Exception:
 
 class _BackfillView(AdminAPIView):
     def get_scoped_queryset(self):
-        return TriggerBackfill.objects.for_organization(self.organization).select_related("created_by")
+        return without_credentials(TriggerBackfill.objects.for_organization(self.organization), "created_by")
 
     def backfill(self, trigger_pk, pk) -> TriggerBackfill:
-        return access_backfill(self.actor, trigger_pk, pk, shape=lambda qs: qs.select_related("created_by"))
+        return access_backfill(self.actor, trigger_pk, pk, shape=lambda qs: without_credentials(qs, "created_by"))
 
 
 class BackfillPreviewView(_BackfillView):

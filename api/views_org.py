@@ -57,7 +57,7 @@ from engine.reporting import quota_report
 from tenancy.access import access_api_key, access_invitation, access_membership
 from tenancy.apikeys import create_api_key, revoke_api_key
 from tenancy.mail import send_invitation_email
-from tenancy.models import ApiKey, Invitation, Membership
+from tenancy.models import ApiKey, Invitation, Membership, without_credentials
 from tenancy.permissions import Action
 from tenancy.services import TenancyError, change_role, invite_member, remove_member, revoke_invitation
 
@@ -137,10 +137,10 @@ class AdminAPIView(OrganizationAPIView):
 
 class _TriggerView(AdminAPIView):
     def get_scoped_queryset(self):
-        return ScheduledTrigger.objects.for_organization(self.organization).select_related("created_by")
+        return without_credentials(ScheduledTrigger.objects.for_organization(self.organization), "created_by")
 
     def trigger(self, pk) -> ScheduledTrigger:
-        return access_trigger(self.actor, pk, shape=lambda qs: qs.select_related("created_by"))
+        return access_trigger(self.actor, pk, shape=lambda qs: without_credentials(qs, "created_by"))
 
     def trigger_response(self, trigger, *, status_code: int = status.HTTP_200_OK) -> Response:
         fresh = self.trigger(trigger.pk)
@@ -292,7 +292,7 @@ class TriggerResumeView(_TriggerSwitchView):
 
 class _MemberView(AdminAPIView):
     def get_scoped_queryset(self):
-        return Membership.objects.for_organization(self.organization).select_related("user")
+        return without_credentials(Membership.objects.for_organization(self.organization), "user")
 
 
 class MemberListView(_MemberView):
@@ -376,12 +376,12 @@ def _invitation_field(exc: TenancyError) -> str:
 
 def _invitation(actor, pk) -> Invitation:
     """The invitation with what InvitationSerializer reads (tenancy.access: a 404 otherwise)."""
-    return access_invitation(actor, pk, shape=lambda qs: qs.select_related("invited_by", "organization"))
+    return access_invitation(actor, pk, shape=lambda qs: without_credentials(qs, "invited_by", "organization"))
 
 
 class _InvitationView(AdminAPIView):
     def get_scoped_queryset(self):
-        return Invitation.objects.for_organization(self.organization).select_related("invited_by", "organization")
+        return without_credentials(Invitation.objects.for_organization(self.organization), "invited_by", "organization")
 
 
 class InvitationListView(_InvitationView):
@@ -480,7 +480,7 @@ class ApiKeyListView(AdminAPIView):
     required_action = {"GET": Action.APIKEY_MANAGE, "POST": Action.APIKEY_MANAGE}
 
     def get_scoped_queryset(self):
-        return ApiKey.objects.for_organization(self.organization).select_related("created_by").order_by(
+        return without_credentials(ApiKey.objects.for_organization(self.organization), "created_by").order_by(
             "-created_at", "id"
         )
 
@@ -524,7 +524,7 @@ class ApiKeyRevokeView(AdminAPIView):
     required_action = {"POST": Action.APIKEY_MANAGE}
 
     def get_scoped_queryset(self):
-        return ApiKey.objects.for_organization(self.organization).select_related("created_by")
+        return without_credentials(ApiKey.objects.for_organization(self.organization), "created_by")
 
     @extend_schema(operation_id="api_keys_revoke", summary="Revoke an API key", request=None,
                    responses={200: ApiKeySerializer, **NOT_FOUND},

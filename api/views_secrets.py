@@ -25,7 +25,7 @@ from api.serializers_secrets import SecretPageSerializer, SecretSerializer, Secr
 from api.views_org import AdminAPIView
 from tenancy import vault
 from tenancy.access import ObjectNotFound
-from tenancy.models import Secret
+from tenancy.models import Secret, without_credentials
 from tenancy.permissions import Action
 
 SECRET_EXAMPLE = {"name": "API_TOKEN", "version": 2, "created_at": "2026-01-15T09:30:00.000000Z",
@@ -43,7 +43,7 @@ def _shown(organization, name: str) -> Secret:
     """The secret with what SecretSerializer reads (one query; ObjectNotFound otherwise)."""
     row = None
     if vault.is_name(name):
-        row = vault.secrets_of(organization).select_related(*SHAPE).filter(name=name).first()
+        row = without_credentials(vault.secrets_of(organization), *SHAPE).filter(name=name).first()
     if row is None:
         raise ObjectNotFound("No such secret.")
     return row
@@ -53,7 +53,7 @@ class _SecretView(AdminAPIView):
     schema = ProblemAutoSchema()
 
     def get_scoped_queryset(self):
-        return vault.secrets_of(self.organization).select_related(*SHAPE)
+        return without_credentials(vault.secrets_of(self.organization), *SHAPE)
 
 
 class SecretListView(_SecretView):

@@ -35,6 +35,7 @@ from api.serializers_webhooks import (
 from api.views_org import AdminAPIView
 from engine import notifications
 from engine.access import access_delivery, access_endpoint
+from tenancy.models import without_credentials
 from tenancy.permissions import Action
 
 ENDPOINT_ID = "6a7b8c9d-0e1f-4a2b-8c3d-4e5f6a7b8c9d"
@@ -98,12 +99,10 @@ class _WebhookView(AdminAPIView):
     required_action = {}
 
     def get_scoped_queryset(self):
-        return notifications.endpoints_of(self.organization).select_related(
-            "created_by", "created_by_api_key").defer("created_by__password", "created_by_api_key__hashed_key")
+        return without_credentials(notifications.endpoints_of(self.organization), "created_by", "created_by_api_key")
 
     def endpoint(self, pk):
-        return access_endpoint(self.actor, pk, shape=lambda qs: qs.select_related(
-            "created_by", "created_by_api_key").defer("created_by__password", "created_by_api_key__hashed_key"))
+        return access_endpoint(self.actor, pk, shape=lambda qs: without_credentials(qs, "created_by", "created_by_api_key"))
 
     def shown(self, pk) -> dict:
         return EndpointSerializer(self.endpoint(pk)).data

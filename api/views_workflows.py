@@ -53,6 +53,7 @@ from engine.services import (
     restore_workflow,
 )
 from tenancy.access import organization_id_of
+from tenancy.models import without_credentials
 from tenancy.permissions import Action
 
 
@@ -97,8 +98,7 @@ def _with_creator(queryset):
     """Who stored each version (VersionCreatorFields), read with the rows: the user and the
     API key joined, without the user's password hash or the key's hash (never needed to
     show who it was)."""
-    return queryset.select_related("created_by", "created_by_api_key").defer(
-        "created_by__password", "created_by_api_key__hashed_key")
+    return without_credentials(queryset, "created_by", "created_by_api_key")
 
 
 def _with_task_counts(queryset, organization):

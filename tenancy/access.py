@@ -23,7 +23,7 @@ from typing import Any
 from django.db.models import Model, QuerySet
 from django.http import Http404
 
-from tenancy.models import ApiKey, Invitation, Membership
+from tenancy.models import ApiKey, Invitation, Membership, without_credentials
 
 # Adds joins, prefetches or column choices to a scoped queryset; must not widen it.
 Shape = Callable[[QuerySet], QuerySet]
@@ -76,7 +76,7 @@ def access_by_id[M: Model](model: type[M], actor_or_org: Any, object_id: Any, *,
 def access_membership(actor_or_org: Any, membership_id: Any, *, shape: Shape | None = None) -> Membership:
     """The membership ``membership_id`` of the organization, with its user; ObjectNotFound otherwise."""
     return access_by_id(Membership, actor_or_org, membership_id, what="member",
-                        shape=lambda qs: (shape(qs) if shape else qs).select_related("user"))
+                        shape=lambda qs: without_credentials(shape(qs) if shape else qs, "user"))
 
 
 def access_invitation(actor_or_org: Any, invitation_id: Any, *, shape: Shape | None = None) -> Invitation:
@@ -88,4 +88,4 @@ def access_api_key(actor_or_org: Any, api_key_id: Any, *, shape: Shape | None = 
     """The API key ``api_key_id`` of the organization (active or not), with its creator;
     ObjectNotFound otherwise."""
     return access_by_id(ApiKey, actor_or_org, api_key_id, what="API key",
-                        shape=lambda qs: (shape(qs) if shape else qs).select_related("created_by"))
+                        shape=lambda qs: without_credentials(shape(qs) if shape else qs, "created_by"))

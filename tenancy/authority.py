@@ -13,7 +13,7 @@ import dataclasses
 
 from django.db.models import Exists
 
-from tenancy.models import ApiKey, KeyRole, Membership
+from tenancy.models import ApiKey, KeyRole, Membership, without_credentials
 from tenancy.permissions import Action, can, min_role
 
 
@@ -43,7 +43,7 @@ def cap_to_grantor(role: str, *, organization_id, grantor_id, lock: bool = False
     """
     if grantor_id is None:
         return None
-    memberships = Membership.objects.for_organization(organization_id).select_related("organization", "user")
+    memberships = without_credentials(Membership.objects.for_organization(organization_id), "organization", "user")
     if unrevoked_key_id is not None:
         memberships = memberships.annotate(key_unrevoked=Exists(
             ApiKey.objects.unscoped().filter(pk=unrevoked_key_id, revoked_at__isnull=True)))

@@ -16,7 +16,7 @@ import uuid
 from django.db.models import Q
 
 from tenancy.actors import Actor
-from tenancy.models import Membership
+from tenancy.models import Membership, without_credentials
 
 SESSION_KEY = "flowforge_organization_id"
 HEADER = "X-Organization"
@@ -45,7 +45,7 @@ def resolve_membership(request, user) -> Membership:
     memberships (or none) and did not choose.
     """
     # A user's own memberships: scoped by the user, across the organizations they belong to.
-    mine = Membership.objects.unscoped().filter(user=user).select_related("organization", "user")
+    mine = without_credentials(Membership.objects.unscoped().filter(user=user), "organization", "user")
     header = (request.headers.get(HEADER) or "").strip()
     if header:
         found = mine.filter(_membership_q(header)).first()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import PermissionsMixin
@@ -321,3 +322,31 @@ class Secret(models.Model):
 
     def __str__(self) -> str:
         return f"secret {self.name} of {self.organization_id} (v{self.version})"
+
+
+# The columns of a joined row that hold a credential, never needed to show who did what:
+# a user's password hash and an API key's hash.
+CREDENTIAL_FIELDS: dict[type[models.Model], str] = {User: "password", ApiKey: "hashed_key"}
+
+
+def without_credentials(queryset: models.QuerySet, *relations: str) -> models.QuerySet:
+    """``queryset.select_related(*relations)`` with the password hash of each user and the
+    hash of each API key it reads left out of the SELECT (``defer``), the rows' own (a list
+    of keys) and the joined ones' (a creator, a member, the key that started a run): a page
+    or an API answer that names them never reads a credential into memory. Authentication
+    reads them with queries of its own.
+
+    ``relations`` are select_related paths (``"created_by"``, ``"trigger__created_by"``);
+    a path whose last model is neither a user nor an API key is joined as it is. Raises
+    FieldDoesNotExist for a path that does not name a relation of ``queryset``'s model.
+    """
+    own = CREDENTIAL_FIELDS.get(queryset.model)
+    deferred: list[str] = [own] if own is not None else []
+    for path in relations:
+        model: Any = queryset.model
+        for part in path.split("__"):
+            model = model._meta.get_field(part).related_model
+        field = CREDENTIAL_FIELDS.get(model)
+        if field is not None:
+            deferred.append(f"{path}__{field}")
+    return queryset.select_related(*relations).defer(*deferred)

@@ -49,7 +49,7 @@ from flowforge.crypto import DecryptionError
 from tenancy.access import ObjectNotFound
 from tenancy.actors import Actor
 from tenancy.limits import QuotaExceeded
-from tenancy.models import SECRET_NAME_PATTERN, Secret
+from tenancy.models import SECRET_NAME_PATTERN, Secret, without_credentials
 from tenancy.permissions import Action, require
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ def get_secret(organization: Any, name: str) -> Secret:
     (a 404) when it has none of that name, whatever the name looks like."""
     row = None
     if is_name(name):
-        row = secrets_of(organization).filter(name=name).select_related("updated_by", "created_by").first()
+        row = without_credentials(secrets_of(organization).filter(name=name), "updated_by", "created_by").first()
     if row is None:
         raise ObjectNotFound("No such secret.")
     return row

@@ -23,6 +23,7 @@ from engine.models import ScheduledTrigger, WorkflowRun
 from engine.repositories import worker_queues as worker_rows
 from frontend.presenters.run_list import Progress, progress_by_run
 from frontend.presenters.text import human_duration, run_duration
+from tenancy.models import without_credentials
 
 #: Rows of each run section, of the trigger section and of the queue section.
 RUNS_SHOWN = 10
@@ -85,8 +86,7 @@ class HomeSections:
 
 
 def _runs(org) -> QuerySet:
-    return (WorkflowRun.objects.for_organization(org)
-            .select_related("workflow", "triggered_by", "trigger", "api_key")
+    return (without_credentials(WorkflowRun.objects.for_organization(org), "workflow", "triggered_by", "trigger", "api_key")
             # A run's input and a workflow's document can be large and are not shown.
             .defer("input", "workflow__definition", "workflow__description", "trigger__input"))
 

@@ -22,7 +22,7 @@ from frontend.organization import organization_required
 from frontend.views.workflows import authorize
 from tenancy.access import access_api_key
 from tenancy.apikeys import create_api_key, revoke_api_key
-from tenancy.models import ApiKey
+from tenancy.models import ApiKey, without_credentials
 from tenancy.permissions import Action, Forbidden
 from tenancy.services import TenancyError
 
@@ -58,8 +58,7 @@ def _use_form_token(request: HttpRequest) -> bool:
 def _render_list(request: HttpRequest, form: ApiKeyForm, *, status: int = 200) -> HttpResponse:
     org = request.membership.organization
     keys = list(
-        ApiKey.objects.for_organization(org)
-        .select_related("created_by", "revoked_by")
+        without_credentials(ApiKey.objects.for_organization(org), "created_by", "revoked_by")
         .order_by("-created_at")
     )
     context = {

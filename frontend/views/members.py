@@ -22,7 +22,7 @@ from frontend.forms import InviteForm, RoleForm, offered_roles
 from frontend.organization import organization_required
 from tenancy.access import access_invitation, access_membership
 from tenancy.mail import send_invitation_email
-from tenancy.models import Invitation, Membership, Role
+from tenancy.models import Invitation, Membership, Role, without_credentials
 from tenancy.permissions import Action, Forbidden, can, require
 from tenancy.services import TenancyError, change_role, invite_member, remove_member, revoke_invitation
 
@@ -58,7 +58,7 @@ def _render_members(
     manage = can(me.role, Action.MEMBER_MANAGE)
     owner = me.role == Role.OWNER
     rows = []
-    for m in Membership.objects.for_organization(org).select_related("user").order_by("user__email"):
+    for m in without_credentials(Membership.objects.for_organization(org), "user").order_by("user__email"):
         # Only an owner touches an owner's membership (tenancy.services enforces it too).
         reachable = manage and (m.role != Role.OWNER or owner)
         rows.append(
@@ -70,9 +70,8 @@ def _render_members(
             )
         )
     invitations = list(
-        Invitation.objects.for_organization(org)
-        .filter(accepted_at__isnull=True, revoked_at__isnull=True)
-        .select_related("invited_by")
+        without_credentials(Invitation.objects.for_organization(org)
+                            .filter(accepted_at__isnull=True, revoked_at__isnull=True), "invited_by")
         .order_by("-created_at")
     )
     if manage and invite_form is None:

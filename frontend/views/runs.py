@@ -58,6 +58,7 @@ from frontend.presenters.task_panel import JSON_PREVIEW_CHARS, run_input
 from frontend.presenters.text import run_duration
 from frontend.views.home import org_live_urls
 from tenancy.limits import QuotaExceeded
+from tenancy.models import without_credentials
 from tenancy.permissions import Action, Forbidden, require
 
 # Runs per page of the run list.
@@ -151,7 +152,7 @@ def _list_fragment_url(request: HttpRequest) -> str:
 
 def _run_queryset(qs: QuerySet) -> QuerySet:
     """The run with what the page's header shows (not its input or the workflow's document)."""
-    return qs.select_related("workflow", "triggered_by", "trigger").defer(
+    return without_credentials(qs, "workflow", "triggered_by", "trigger").defer(
         "input", "workflow__definition", "trigger__input")
 
 

@@ -22,7 +22,7 @@ from frontend.organization import organization_required
 from frontend.views.workflows import authorize
 from tenancy import vault
 from tenancy.limits import QuotaExceeded
-from tenancy.models import Secret
+from tenancy.models import Secret, without_credentials
 from tenancy.permissions import Action, Forbidden, can
 
 SHAPE = ("created_by", "updated_by", "created_by_api_key", "updated_by_api_key")
@@ -35,7 +35,7 @@ def _secret_or_404(request: HttpRequest, name: str) -> Secret:
 
 def _render_list(request: HttpRequest, form: SecretCreateForm | None, *, status: int = 200) -> HttpResponse:
     org = request.membership.organization
-    rows = list(vault.secrets_of(org).select_related(*SHAPE))
+    rows = list(without_credentials(vault.secrets_of(org), *SHAPE))
     context = {
         "organization": org,
         "secrets": rows,

@@ -30,6 +30,7 @@ from frontend.forms_workflows import BackfillForm
 from frontend.organization import organization_required
 from frontend.views.triggers import when_text
 from frontend.views.workflows import authorize
+from tenancy.models import without_credentials
 from tenancy.permissions import Action, Forbidden, can
 
 # How many of the trigger's firings and backfills its page lists (the most recent).
@@ -100,8 +101,8 @@ def _page(request: HttpRequest, trigger: ScheduledTrigger, *, form: BackfillForm
     backfills = [
         BackfillRow(backfill=b, done=b.created_runs,
                     range_text=f"{_local_text(b.range_start, zone)} – {_local_text(b.range_end, zone)}")
-        for b in TriggerBackfill.objects.for_organization(org).filter(trigger=trigger)
-        .select_related("created_by").order_by("-created_at")[:RECENT_BACKFILLS]
+        for b in without_credentials(TriggerBackfill.objects.for_organization(org).filter(trigger=trigger), "created_by")
+        .order_by("-created_at")[:RECENT_BACKFILLS]
     ]
     workflow_id = (Workflow.objects.for_organization(org).filter(name=trigger.workflow_name)
                    .order_by("-version").values_list("id", flat=True).first())
@@ -136,8 +137,7 @@ def _show_refusal(form: BackfillForm, exc: BackfillError) -> None:
 @organization_required
 def trigger_detail(request: HttpRequest, trigger_id: uuid.UUID) -> HttpResponse:
     """The trigger's page; with ``start`` and ``end`` in the query, the preview of that backfill."""
-    trigger = access_trigger(request.membership.organization, trigger_id, shape=lambda qs: qs.select_related(
-        "created_by"))
+    trigger = access_trigger(request.membership.organization, trigger_id, shape=lambda qs: without_credentials(qs, "created_by"))
     if not {"start", "end"} & set(request.GET):
         return _page(request, trigger, form=BackfillForm(initial={"max_active_runs": 10}))
     form = BackfillForm(request.GET)

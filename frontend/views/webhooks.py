@@ -33,6 +33,7 @@ from frontend.organization import organization_required
 from frontend.paging import BadCursor, newest_first_page, page_links
 from frontend.views.workflows import authorize
 from tenancy.limits import QuotaExceeded
+from tenancy.models import without_credentials
 from tenancy.permissions import Action, Forbidden
 
 # Deliveries per page of an endpoint's log.
@@ -60,8 +61,8 @@ def _use_form_token(request: HttpRequest) -> bool:
 
 def _endpoint_or_404(request: HttpRequest, endpoint_id: uuid.UUID) -> WebhookEndpoint:
     return access_endpoint(request.membership.organization, endpoint_id,
-                           shape=lambda qs: qs.defer("secret_ciphertext", "previous_secret_ciphertext")
-                           .select_related("created_by", "created_by_api_key"))
+                           shape=lambda qs: without_credentials(qs.defer("secret_ciphertext", "previous_secret_ciphertext"),
+                                                                 "created_by", "created_by_api_key"))
 
 
 def _apply_error(form, exc: Exception) -> None:
@@ -98,7 +99,7 @@ def _render_list(request: HttpRequest, form: WebhookForm, *, status: int = 200) 
     context = {
         "workflow_names": _offer_workflow_names(form, org),
         "organization": org,
-        "endpoints": list(notifications.endpoints_of(org).select_related("created_by", "created_by_api_key")),
+        "endpoints": list(without_credentials(notifications.endpoints_of(org), "created_by", "created_by_api_key")),
         "form": form,
         "form_token": _issue_form_token(request),
     }

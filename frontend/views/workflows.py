@@ -46,6 +46,7 @@ from frontend.forms_workflows import ArchiveForm, DefinitionForm
 from frontend.organization import organization_required
 from frontend.presenters.scheduling import task_settings, workflow_settings
 from tenancy.limits import QuotaExceeded
+from tenancy.models import without_credentials
 from tenancy.permissions import Action, Forbidden, can, require
 
 # Lines of a version diff shown before it is cut (a 5000-task definition is long).
@@ -74,7 +75,7 @@ def _workflow_or_404(request: HttpRequest, workflow_id: uuid.UUID) -> Workflow:
     """The active organization's workflow version, with its author (engine.access: a 404
     for a missing or foreign id)."""
     return access_workflow(request.membership.organization, workflow_id,
-                           shape=lambda qs: qs.select_related("created_by", "created_by_api_key"))
+                           shape=lambda qs: without_credentials(qs, "created_by", "created_by_api_key"))
 
 
 # --- list ---------------------------------------------------------------------------------------
@@ -254,9 +255,8 @@ def _render_detail(
     for t in tasks:
         t["scheduling"] = task_settings(t)
     versions = list(
-        Workflow.objects.for_organization(org)
-        .filter(name=workflow.name)
-        .select_related("created_by", "created_by_api_key")
+        without_credentials(Workflow.objects.for_organization(org).filter(name=workflow.name),
+                            "created_by", "created_by_api_key")
         .order_by("-version")
     )
     compare, diff, diff_truncated = None, None, False
@@ -273,9 +273,7 @@ def _render_detail(
         older, newer = sorted((compare, workflow), key=lambda w: w.version)
         diff, diff_truncated = definition_diff(older, newer)
     recent_runs = list(
-        WorkflowRun.objects.for_organization(org)
-        .filter(workflow=workflow)
-        .select_related("triggered_by")
+        without_credentials(WorkflowRun.objects.for_organization(org).filter(workflow=workflow), "triggered_by")
         .order_by("-created_at")[:RECENT_RUNS]
     )
     can_run = can(role, Action.RUN_OPERATE)

@@ -19,7 +19,9 @@ import uuid
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
@@ -395,3 +397,42 @@ def test_lists_and_pages_never_mention_another_organizations_objects(tenants):
         if scope == "any":
             assert "iso-a-worker-name" in client.get("/workers/").content.decode()
     assert a_values
+
+
+# A joined row's credential columns, as Django's SQL names them.
+CREDENTIAL_COLUMNS = ('"core_user"."password"', '"core_apikey"."hashed_key"')
+
+
+@pytest.mark.django_db
+def test_no_page_or_answer_reads_a_joined_users_password_hash_or_a_keys_hash(tenants):
+    """Who made, holds or started something is shown by name or prefix: no GET of any pattern
+    (A's own ids; as a signed-in owner and as an API key) selects the password hash of a
+    user or the hash of an API key it joins (tenancy.models.without_credentials). The
+    requester's own sign-in and key check read them unjoined, and are not what is asked."""
+    a, _b = tenants
+    ids = a.ids()
+    kinds_of = {**OBJECT_KINDS, "api:secret-detail": {"name": "secret"}}
+    joined: set[str] = set()
+    for name, regex, _ in tenant_patterns():
+        kinds = kinds_of.get(name, {})
+        if "stream" in name or set(params_of(regex)) - set(kinds):
+            continue  # a stream never ends; a parameter that names no object of A's
+        path = build_path(regex, {param: ids[kind] for param, kind in kinds.items()})
+        for label, client, scope in clients(a):
+            if not _asks(name, scope) or scope == "worker":
+                continue
+            headers = {"X-Organization": a.org.slug} if name.startswith("api:") and label == "session" else {}
+            with CaptureQueriesContext(connection) as captured:
+                client.get(path, headers=headers)
+            for query in captured.captured_queries:
+                sql = query["sql"]
+                if 'JOIN "core_user"' in sql or 'JOIN "core_apikey"' in sql:
+                    joined.add(name)
+                    assert not any(column in sql for column in CREDENTIAL_COLUMNS), (name, label, sql)
+    # The joins are really there (the members, keys, triggers, backfills, workflows, runs and
+    # webhooks lists and pages name people and keys), so the check above is not vacuous.
+    for name in ("api:member-list", "api:apikey-list", "api:trigger-list", "api:trigger-backfill-list",
+                 "api:invitation-list", "frontend:members", "frontend:apikeys", "frontend:trigger_detail",
+                 "frontend:workflow_detail", "frontend:run_list", "frontend:run_detail", "frontend:webhooks",
+                 "frontend:secrets", "api:secret-list", "api:run-list"):
+        assert name in joined, (name, " ".join(sorted(joined)))
