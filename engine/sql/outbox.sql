@@ -33,9 +33,13 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: outbox_stamp_published
 -- Stamp the outbox rows in ok as published (the broker accepted them); core_outboxmessage_pkey.
+-- "Not yet published" is written COALESCE(published_at, 'infinity') = 'infinity' in the
+-- stamps: as "published_at IS NULL" it matched idx_outbox_pending's predicate, and with
+-- statistics that saw few pending rows the plan read the whole pending index (every row of
+-- a backlog, and every entry an earlier stamp left dead) to stamp a few rows by id.
 UPDATE core_outboxmessage
 SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
-WHERE id = ANY(%(ok)s) AND published_at IS NULL;
+WHERE id = ANY(%(ok)s) AND COALESCE(published_at, 'infinity') = 'infinity';
 
 
 -- name: outbox_stamp_failed
@@ -79,7 +83,7 @@ FOR UPDATE SKIP LOCKED;
 -- outbox_stamp_published, then COMMIT the relay's transaction; core_outboxmessage_pkey.
 UPDATE core_outboxmessage
 SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
-WHERE id = ANY(%(ok)s) AND published_at IS NULL;
+WHERE id = ANY(%(ok)s) AND COALESCE(published_at, 'infinity') = 'infinity';
 COMMIT;
 
 
@@ -102,7 +106,7 @@ BEGIN;
 SET LOCAL synchronous_commit = off;
 UPDATE core_outboxmessage
 SET published_at = clock_timestamp(), publish_attempts = publish_attempts + 1, next_attempt_at = NULL
-WHERE id = ANY(%(ok)s) AND published_at IS NULL;
+WHERE id = ANY(%(ok)s) AND COALESCE(published_at, 'infinity') = 'infinity';
 COMMIT;
 
 

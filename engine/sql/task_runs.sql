@@ -329,7 +329,11 @@ WITH sreq AS (
     UPDATE core_outboxmessage o
     SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1, next_attempt_at = NULL
     FROM started s
-    WHERE o.id = s.outbox_id AND o.published_at IS NULL
+    -- By primary key: "published_at IS NULL" written plainly matches idx_outbox_pending's
+    -- predicate, and the generic plan read every pending row, and every index entry an
+    -- earlier stamp left dead, once per batch, a continuation in it or not (EXPLAIN
+    -- ANALYZE: 7.7 of a batch's 9.4 ms beside 4,000 pending rows).
+    WHERE o.id = s.outbox_id AND COALESCE(o.published_at, 'infinity') = 'infinity'
 ), tr AS (
     SELECT s.id, s.workflow_run_id, s.organization_id, s.attempt, s.fencing_token, 1 AS ev_ord,
            'started'::text AS ev_kind, 'running'::text AS ev_from, 'running'::text AS ev_to,
@@ -459,7 +463,11 @@ WITH sreq AS (
     UPDATE core_outboxmessage o
     SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1, next_attempt_at = NULL
     FROM started s
-    WHERE o.id = s.outbox_id AND o.published_at IS NULL
+    -- By primary key: "published_at IS NULL" written plainly matches idx_outbox_pending's
+    -- predicate, and the generic plan read every pending row, and every index entry an
+    -- earlier stamp left dead, once per batch, a continuation in it or not (EXPLAIN
+    -- ANALYZE: 7.7 of a batch's 9.4 ms beside 4,000 pending rows).
+    WHERE o.id = s.outbox_id AND COALESCE(o.published_at, 'infinity') = 'infinity'
 ), creq AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(tokens)s::bigint[], %(outputs)s::text[]) AS a(id, token, output)
 ), done AS (
