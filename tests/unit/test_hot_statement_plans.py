@@ -267,6 +267,24 @@ def test_a_failure_skips_a_wide_fan_out_one_probe_per_dependency_edge(seeded, or
         assert node == "Index Scan" and (rows <= 1 or loops == 1), plan
 
 
+def unseen_outbox_backlog(org, make_workflow) -> list:
+    """Claims of a run of 300 tasks (as many as the organization has room for, at least 50)
+    whose outbox rows are unpublished, behind statistics gathered while every outbox row was
+    published: what a drained deployment's plans expect (next to nothing in
+    idx_outbox_pending) against a backlog they have not seen. Returns the Dispatches."""
+    run = start_run(workflow=make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(300)],
+                                           name="backlog"), claim_roots=False)
+    claimed = task_runs.claim_ready_many(limit=300, lease_seconds=60, owner="test", task_run_ids=list(
+        TaskRun.objects.unscoped().filter(workflow_run=run).values_list("id", flat=True)))
+    assert len(claimed) >= 50
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_outboxmessage SET published_at = clock_timestamp() WHERE published_at IS NULL")
+        cur.execute("ANALYZE core_outboxmessage")
+        cur.execute("UPDATE core_outboxmessage SET published_at = NULL WHERE task_run_id = ANY(%s)",
+                    [[d.task_run_id for d in claimed]])
+    return claimed
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("name", ["task_run_start_many", "task_run_start_and_succeed_many"])
 def test_a_start_stamps_a_continuations_outbox_row_by_primary_key_past_a_pending_backlog(seeded, org,
@@ -276,19 +294,7 @@ def test_a_start_stamps_a_continuations_outbox_row_by_primary_key_past_a_pending
     predicate, and the generic plan read every unpublished row (and every index entry a
     stamp had left dead) once per worker batch, whether the batch held a continuation or
     not: EXPLAIN ANALYZE, 7.7 of a batch's 9.4 ms beside 4,000 pending rows."""
-    run = start_run(workflow=make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(300)],
-                                           name="backlog"), claim_roots=False)
-    claimed = task_runs.claim_ready_many(limit=300, lease_seconds=60, owner="test", task_run_ids=list(
-        TaskRun.objects.unscoped().filter(workflow_run=run).values_list("id", flat=True)))
-    assert len(claimed) >= 50  # that many unpublished outbox rows (what the organization has room for)
-    # Statistics as a drained deployment's (every outbox row published: the plan expects the
-    # pending index to hold next to nothing), then a backlog the statistics have not seen.
-    backlog = [d.task_run_id for d in claimed]
-    with connection.cursor() as cur:
-        cur.execute("UPDATE core_outboxmessage SET published_at = clock_timestamp() WHERE published_at IS NULL")
-        cur.execute("ANALYZE core_outboxmessage")
-        cur.execute("UPDATE core_outboxmessage SET published_at = NULL WHERE task_run_id = ANY(%s)", [backlog])
-    first = claimed[0]
+    first = unseen_outbox_backlog(org, make_workflow)[0]
     params = _params_for(name, seeded)
     params.update(start_ids=[first.task_run_id], start_tokens=[first.fencing_token], owners=["w"],
                   start_outbox=[first.outbox_id])
@@ -309,17 +315,7 @@ def test_a_publish_stamp_reaches_its_rows_by_primary_key_past_a_pending_backlog(
     primary key, as its comment says, and not by reading the pending index: with statistics
     that saw no pending row, its ``published_at IS NULL`` had the planner read every
     unpublished row (3,000: 1.5 ms per stamp of 27 rows, 2,973 rows filtered out)."""
-    run = start_run(workflow=make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(300)],
-                                           name="backlog"), claim_roots=False)
-    claimed = task_runs.claim_ready_many(limit=300, lease_seconds=60, owner="test", task_run_ids=list(
-        TaskRun.objects.unscoped().filter(workflow_run=run).values_list("id", flat=True)))
-    assert len(claimed) >= 50
-    with connection.cursor() as cur:
-        cur.execute("UPDATE core_outboxmessage SET published_at = clock_timestamp() WHERE published_at IS NULL")
-        cur.execute("ANALYZE core_outboxmessage")
-        cur.execute("UPDATE core_outboxmessage SET published_at = NULL WHERE task_run_id = ANY(%s)",
-                    [[d.task_run_id for d in claimed]])
-    ok = [d.outbox_id for d in claimed[:5]]
+    ok = [d.outbox_id for d in unseen_outbox_backlog(org, make_workflow)[:5]]
     # The UPDATE of the statement (its BEGIN, SET LOCAL and COMMIT around it are not planned).
     update = next(part for part in queries[name].split(";") if "UPDATE core_outboxmessage" in part)
     with transaction.atomic():
