@@ -257,31 +257,56 @@ def revoke_api_key(*, actor: Actor, api_key: ApiKey) -> ApiKey:
     the actor's organization's.
     """
     require(actor.role, Action.APIKEY_MANAGE)
-    revoker = actor.user if actor.user is not None else getattr(actor.api_key, "created_by", None)
     with transaction.atomic():
         row = ApiKey.objects.for_organization(actor.organization).select_for_update().get(pk=api_key.pk)
-        if row.revoked_at is not None:
-            return row
-        try:
-            _write_tombstone(row.prefix)
-        except Exception:
-            log.warning("could not write the revocation tombstone of key %s before commit", row.prefix, exc_info=True)
-        row.revoked_at = timezone.now()
-        row.revoked_by = revoker
-        row.save(update_fields=["revoked_at", "revoked_by"])
-        audit.record("api_key.revoked", actor=actor, target=row, metadata={"name": row.name, "prefix": row.prefix})
-        # Invitations it sent leave with it: a leaked key must not keep minting members.
-        pending = Invitation.objects.for_organization(actor.organization).select_for_update().filter(
-            invited_by_api_key=row, accepted_at__isnull=True, revoked_at__isnull=True).order_by("created_at", "id")
-        for inv in pending:
-            inv.revoked_at = row.revoked_at
-            inv.save(update_fields=["revoked_at"])
-            audit.record("invitation.revoked", actor=actor, target=inv,
-                         metadata={"email": inv.email, "role": inv.role, "reason": "api_key_revoked",
-                                   "key_prefix": row.prefix})
-        prefix = row.prefix
-        transaction.on_commit(lambda: _forget(prefix), robust=True)
+        if row.revoked_at is None:
+            _revoke_locked(actor=actor, row=row)
     return row
+
+
+def revoke_keys_of_departing_member(*, actor: Actor, membership, reason: str) -> int:
+    """Revoke every unrevoked API key ``membership``'s user created in its organization,
+    as ``revoke_api_key`` does (each with an ``api_key.revoked`` record naming ``reason``:
+    ``creator_removed`` or ``creator_left``). Returns how many. Called inside the removal's
+    transaction (``tenancy.services.remove_member``), which has checked the actor's right
+    to remove. A key already refuses requests once its creator is no longer a member
+    (``cap_to_grantor``); revoking it too means the list says so and a re-invited creator
+    does not bring it back."""
+    rows = ApiKey.objects.for_organization(membership.organization_id).select_for_update().filter(
+        created_by_id=membership.user_id, revoked_at__isnull=True).order_by("created_at", "id")
+    revoked = 0
+    for row in rows:
+        _revoke_locked(actor=actor, row=row, reason=reason)
+        revoked += 1
+    return revoked
+
+
+def _revoke_locked(*, actor: Actor, row: ApiKey, reason: str | None = None) -> None:
+    """Revoke ``row`` (locked by the caller's transaction, not yet revoked): the tombstone
+    before the commit and again with the cached entry's removal on commit, ``revoked_at``
+    and ``revoked_by`` (the acting user, or for an API key its creator), an
+    ``api_key.revoked`` record (with ``reason`` when given), and the key's pending
+    invitations (``invitation.revoked``, reason ``api_key_revoked``)."""
+    try:
+        _write_tombstone(row.prefix)
+    except Exception:
+        log.warning("could not write the revocation tombstone of key %s before commit", row.prefix, exc_info=True)
+    row.revoked_at = timezone.now()
+    row.revoked_by = actor.user if actor.user is not None else getattr(actor.api_key, "created_by", None)
+    row.save(update_fields=["revoked_at", "revoked_by"])
+    audit.record("api_key.revoked", actor=actor, target=row, metadata={
+        "name": row.name, "prefix": row.prefix, **({"reason": reason} if reason else {})})
+    # Invitations it sent leave with it: a leaked key must not keep minting members.
+    pending = Invitation.objects.for_organization(row.organization_id).select_for_update().filter(
+        invited_by_api_key=row, accepted_at__isnull=True, revoked_at__isnull=True).order_by("created_at", "id")
+    for inv in pending:
+        inv.revoked_at = row.revoked_at
+        inv.save(update_fields=["revoked_at"])
+        audit.record("invitation.revoked", actor=actor, target=inv,
+                     metadata={"email": inv.email, "role": inv.role, "reason": "api_key_revoked",
+                               "key_prefix": row.prefix})
+    prefix = row.prefix
+    transaction.on_commit(lambda: _forget(prefix), robust=True)
 
 
 # --- authentication ------------------------------------------------------------------------------

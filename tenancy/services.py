@@ -137,8 +137,10 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
 
     In the same transaction: the member's pending invitations in the organization are
     revoked (``invitation.revoked``, reason ``sender_removed``/``sender_left``, actor =
-    ``actor``), and ``tenancy.signals.member_departed`` is sent (the engine pauses the
-    member's cron triggers)."""
+    ``actor``), so are the API keys they created there (``api_key.revoked``, reason
+    ``creator_removed``/``creator_left``: a re-invited member does not get them back), and
+    ``tenancy.signals.member_departed`` is sent (the engine pauses the member's cron
+    triggers)."""
     leaving = actor.user is not None and membership.user_id == actor.user.pk
     if not leaving:
         require(actor.role, Action.MEMBER_MANAGE)
@@ -156,9 +158,14 @@ def remove_member(*, actor: Actor, membership: Membership) -> None:
                 )
         audit.record("member.left" if leaving else "member.removed", actor=actor, target=current,
                      metadata={"user": current.user.email, "role": current.role})
-        # The authority the member delegated leaves with them (issue 14, finding 4).
+        # The authority the member delegated leaves with them (issue 14, finding 4): their
+        # pending invitations, then their API keys (which a re-invitation must not revive).
         _revoke_invitations_sent_by(actor=actor, membership=current,
                                     reason="sender_left" if leaving else "sender_removed")
+        from tenancy.apikeys import revoke_keys_of_departing_member  # (tenancy.apikeys imports this module)
+
+        revoke_keys_of_departing_member(actor=actor, membership=current,
+                                        reason="creator_left" if leaving else "creator_removed")
         current.delete()
         member_departed.send(sender=Membership, actor=actor, membership=current,
                              reason="left" if leaving else "removed")

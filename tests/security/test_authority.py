@@ -168,6 +168,51 @@ def test_an_invitation_from_an_admin_who_left_is_revoked(org):
     assert_refused_everywhere(org, token, invitee, WITHDRAWN)
 
 
+
+def test_a_removed_members_api_keys_are_revoked_and_a_reinvitation_does_not_revive_them(org, keys):
+    """An admin's key stops answering when the admin is removed, the key list says it is
+    revoked (not "active"), and inviting the same person back does not make it work again."""
+    owner = owner_of(org)
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    admin_key = keys(admin, Role.ADMIN)
+    assert Client().get("/api/v1/runs/", headers=admin_key).status_code == 200
+    row = ApiKey.objects.for_organization(org).get(created_by=admin.user)
+
+    resp = Client().delete(f"/api/v1/members/{admin.pk}/", headers=keys(owner, Role.OWNER))
+    assert resp.status_code == 204, resp.content
+    row.refresh_from_db()
+    assert row.revoked_at is not None and row.revoked_by_id == owner.user_id
+    (record,) = AuditLog.objects.for_organization(org).filter(action="api_key.revoked", target_id=str(row.pk))
+    assert record.metadata == {"name": row.name, "prefix": row.prefix, "reason": "creator_removed"}
+    listed = Client().get("/api/v1/api-keys/", headers=keys(owner, Role.OWNER)).json()
+    assert next(k for k in listed if k["prefix"] == row.prefix)["revoked_at"] is not None
+    assert Client().get("/api/v1/runs/", headers=admin_key).status_code == 401
+
+    # Invited back (as a member) and accepted: the old key stays revoked.
+    token = invite_on_the_page(owner, admin.user.email, Role.MEMBER)
+    accept_invitation(token=token, user=admin.user)
+    assert Membership.objects.for_organization(org).filter(user=admin.user, role=Role.MEMBER).exists()
+    assert Client().get("/api/v1/runs/", headers=admin_key).status_code == 401
+    assert Client().post("/api/v1/runs/", {"workflow": "none"}, content_type="application/json",
+                         headers=admin_key).status_code == 401
+
+
+def test_a_member_who_leaves_has_their_api_keys_revoked_and_others_keep_theirs(org, keys):
+    owner = owner_of(org)
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    leaving_key, owner_key = keys(admin, Role.MEMBER), keys(owner, Role.OWNER)
+
+    resp = browser(admin.user).post("/members/leave/")
+    assert resp.status_code == 302
+    row = ApiKey.objects.for_organization(org).get(created_by=admin.user)
+    assert (row.revoked_at is not None, row.revoked_by_id) == (True, admin.user_id)
+    (record,) = AuditLog.objects.for_organization(org).filter(action="api_key.revoked", target_id=str(row.pk))
+    assert record.metadata["reason"] == "creator_left"
+    assert Client().get("/api/v1/runs/", headers=leaving_key).status_code == 401
+    # The owner's own key is untouched.
+    assert Client().get("/api/v1/runs/", headers=owner_key).status_code == 200
+    assert ApiKey.objects.for_organization(org).get(created_by=owner.user).revoked_at is None
+
 def test_an_invitation_sent_with_an_admins_api_key_is_revoked_when_the_admin_is_removed(
         org, keys, django_capture_on_commit_callbacks):
     owner = owner_of(org)
