@@ -213,6 +213,33 @@ def test_a_member_who_leaves_has_their_api_keys_revoked_and_others_keep_theirs(o
     assert Client().get("/api/v1/runs/", headers=owner_key).status_code == 200
     assert ApiKey.objects.for_organization(org).get(created_by=owner.user).revoked_at is None
 
+
+def test_keys_of_members_removed_before_this_release_are_revoked_by_a_migration(org, keys):
+    """Migration tenancy 0009: a key whose creator had already left its organization (removed
+    before keys were revoked with their creator) is revoked; a current member's key is not."""
+    import importlib
+
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    owner = owner_of(org)
+    admin = member_of(org, Role.ADMIN, "admin-a")
+    gone_key, owner_key = keys(admin, Role.ADMIN), keys(owner, Role.OWNER)
+    Membership.objects.for_organization(org).filter(pk=admin.pk).delete()  # as an earlier release removed
+    gone = ApiKey.objects.for_organization(org).get(created_by=admin.user)
+    assert gone.revoked_at is None
+
+    name = "0009_revoke_keys_of_former_members"
+    state = MigrationExecutor(connection).loader.project_state(("tenancy", name), at_end=True)
+    importlib.import_module(f"tenancy.migrations.{name}").revoke_keys_of_former_members(state.apps, None)
+    gone.refresh_from_db()
+    assert gone.revoked_at is not None and gone.revoked_by_id is None
+    assert ApiKey.objects.for_organization(org).get(created_by=owner.user).revoked_at is None
+    assert Client().get("/api/v1/runs/", headers=owner_key).status_code == 200
+    # Invited back, the creator does not revive it.
+    accept_invitation(token=invite_on_the_page(owner, admin.user.email, Role.ADMIN), user=admin.user)
+    assert Client().get("/api/v1/runs/", headers=gone_key).status_code == 401
+
 def test_an_invitation_sent_with_an_admins_api_key_is_revoked_when_the_admin_is_removed(
         org, keys, django_capture_on_commit_callbacks):
     owner = owner_of(org)
