@@ -89,8 +89,9 @@ def apikey_list(request: HttpRequest) -> HttpResponse:
     if not _use_form_token(request):
         messages.info(
             request,
-            "That form was already sent; the key it created is listed here. "
-            "Its secret was shown once and cannot be shown again.",
+            # A token never issued (a forged or stale form) reads the same as a used one.
+            "That form was already sent or is no longer valid, so no key was created now. A key "
+            "it created before is listed here; its secret was shown once and cannot be shown again.",
         )
         return redirect("frontend:apikeys")
     form = ApiKeyForm(request.POST, actor_role=actor.role)

@@ -116,8 +116,9 @@ def webhook_list(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _render_list(request, WebhookForm())
     if not _use_form_token(request):
-        messages.info(request, "That form was already sent; the endpoint it created is listed here. Its secret "
-                      "was shown once: rotate it to get a new one.")
+        messages.info(request, "That form was already sent or is no longer valid, so no endpoint was created now. "
+                      "An endpoint it created before is listed here; its secret was shown once: rotate it to "
+                      "get a new one.")
         return redirect("frontend:webhooks")
     form = WebhookForm(request.POST)
     if form.is_valid():
@@ -195,7 +196,8 @@ def webhook_rotate(request: HttpRequest, endpoint_id: uuid.UUID) -> HttpResponse
     form = RotateSecretForm(request.POST if request.method == "POST" else None)
     if request.method == "POST":
         if not _use_form_token(request):
-            messages.info(request, "That form was already sent: the secret was rotated then and shown once.")
+            messages.info(request, "That form was already sent or is no longer valid, so the secret was not "
+                          "rotated now. A rotation it made before showed the new secret once.")
             return redirect("frontend:webhook_detail", endpoint_id=endpoint.pk)
         if form.is_valid():
             try:

@@ -142,8 +142,14 @@ def test_sending_the_same_form_twice_creates_one_key(team):
     assert client.post("/api-keys/", data).status_code == 201
     again = client.post("/api-keys/", data)  # a reload of the page that showed the key
     assert again.status_code == 302 and again["Location"] == "/api-keys/"
-    assert "That form was already sent" in text(client.get("/api-keys/"))
+    assert "That form was already sent or is no longer valid, so no key was created now." in text(
+        client.get("/api-keys/"))
     assert client.post("/api-keys/", {"name": "CI", "role": Role.MEMBER}).status_code == 302  # no token
+    # A token that was never issued does not claim a key was made from it.
+    forged = client.post("/api-keys/", {"name": "CI", "role": Role.MEMBER, "form_token": "bogus"})
+    assert forged.status_code == 302
+    shown = text(client.get("/api-keys/"))
+    assert "no key was created now" in shown and "the key it created is listed here" not in shown
     assert ApiKey.objects.for_organization(org).count() == 1
     # A form sent back with an error gets a fresh token, so fixing it works.
     bad = post_form(client, {"name": "", "role": Role.MEMBER})
