@@ -31,7 +31,7 @@ from django.utils.safestring import SafeString
 
 from audit.models import AuditLog
 from engine import offload, trigger_rules, worker_queues
-from engine.models import TaskDependency, TaskRun, TaskRunEvent, WorkflowRun
+from engine.models import TaskDependency, TaskRun, TaskRunEvent, TriggerSource, WorkflowRun
 from engine.outputs import output_bytes_expression
 from engine.repositories import waiting
 from engine.repositories import worker_queues as worker_rows
@@ -669,10 +669,18 @@ def log_blocks(org_id: uuid.UUID, run: WorkflowRun, rows: Sequence[TaskRow],
 
 def started_by(org, run: WorkflowRun) -> str:
     """Who started ``run``: a person's email, an API key's name and prefix, a cron trigger,
-    or the system. A run an API key started names the key (``run.api_key``, one query);
-    runs from before that column fall back to the audit entry's prefix."""
+    a backfill of one and the person who made it, or the system. A run an API key started
+    names the key (``run.api_key``, one query); runs from before that column fall back to
+    the audit entry's prefix."""
+    if run.trigger_source == TriggerSource.BACKFILL:
+        # Its trigger may be gone (deleted since); whoever made the backfill is kept.
+        trigger = f"cron trigger {run.trigger.name}" if run.trigger_id and run.trigger else "a deleted cron trigger"
+        by = run.triggered_by.email if run.triggered_by_id and run.triggered_by else ""
+        return f"backfill of {trigger}" + (f" by {by}" if by else "")
     if run.trigger_id:
         return f"cron trigger {run.trigger.name}" if run.trigger else "a cron trigger"
+    if run.trigger_source == TriggerSource.CRON:
+        return "a deleted cron trigger"
     if run.api_key_id:
         key = ApiKey.objects.for_organization(org).filter(pk=run.api_key_id).values_list("name", "prefix").first()
         if key is not None:

@@ -296,3 +296,34 @@ def test_a_superuser_made_with_createsuperuser_signs_in_to_the_admin_without_ver
     User.objects.create_user(email=other, password=PASSWORD)
     resp = fresh_client().post("/accounts/login/", {"login": other, "password": PASSWORD})
     assert resp.status_code == 302 and resp["Location"] == "/accounts/confirm-email/"
+
+
+# --- who started a backfill's run (a fresh review) ---------------------------------------------------
+
+
+def test_a_backfills_run_page_names_the_backfill_and_who_made_it_also_after_its_trigger_is_deleted(org, make_workflow):
+    """The run page said "cron trigger nightly" for a backfill's run while the trigger
+    existed, and "FlowForge (system)" once it was deleted; the API and the runs list name
+    the backfill's maker."""
+    from engine.backfill import advance_backfill, create_backfill
+    from engine.models import ScheduledTrigger
+    from engine.triggers import create_trigger, delete_trigger
+
+    make_workflow(org, [{"key": "a", "type": "noop"}], name="nightly-flow")
+    owner = owner_of(org)
+    actor = actor_for(org)
+    trigger = create_trigger(actor=actor, data={"name": "nightly", "workflow_name": "nightly-flow",
+                                                "cron_expression": "0 2 * * *", "timezone": "UTC"})
+    backfill = create_backfill(actor=actor, trigger=trigger, start="2026-03-01", end="2026-03-02")
+    advance_backfill(backfill.pk)
+    run = WorkflowRun.objects.for_organization(org).filter(trigger_source="backfill").first()
+    assert run is not None and run.triggered_by_id == owner.pk
+    client = client_for(owner)
+
+    def shown() -> str:
+        page = text(client.get(f"/runs/{run.pk}/"))
+        return re.search(r"<dt>Started by</dt><dd>(.*?)</dd>", page, re.S).group(1)
+
+    assert shown() == f"backfill of cron trigger nightly by {owner.email}"
+    delete_trigger(actor=actor, trigger=ScheduledTrigger.objects.for_organization(org).get(pk=trigger.pk))
+    assert shown() == f"backfill of a deleted cron trigger by {owner.email}"
