@@ -54,7 +54,7 @@ RUN_SUMMARY_EXAMPLE = {
     "id": "3f2a8c1e-7b6d-4e5f-9a0b-1c2d3e4f5a6b",
     "workflow": {"id": WORKFLOW_EXAMPLE["id"], "name": "etl", "version": 2},
     "state": "succeeded", "priority": 0, "trigger_source": "api", "trigger": None, "scheduled_for": None,
-    "data_interval_start": None, "data_interval_end": None, "triggered_by": None, "retry_of": None,
+    "data_interval_start": None, "data_interval_end": None, "triggered_by": None, "started_by_api_key": None, "retry_of": None,
     "error": "", "created_at": "2026-01-05T10:00:00.000001Z", "started_at": "2026-01-05T10:00:00.000001Z",
     "finished_at": "2026-01-05T10:00:03.250000Z", "resumed_at": None, "waiting_reason": None,
 }

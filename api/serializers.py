@@ -390,6 +390,9 @@ class _RunFieldsMixin(_WaitingReasonMixin):
     priority = serializers.IntegerField(read_only=True, help_text="-10 to 10, set at start (a retry keeps the "
                                         "original's); each task run's is this plus its task's.")
     triggered_by = serializers.SerializerMethodField()
+    started_by_api_key = serializers.SerializerMethodField(
+        help_text="The public prefix of the API key that started the run (`ffk_<prefix>_…`); null for a run a "
+        "person, a trigger or the system started.")
     scheduled_for = serializers.DateTimeField(
         read_only=True, allow_null=True,
         help_text="The cron instant the run is for (a trigger's or a backfill's run, and their retries); null for "
@@ -408,14 +411,19 @@ class _RunFieldsMixin(_WaitingReasonMixin):
     def get_triggered_by(self, run) -> str | None:
         return run.triggered_by.email if run.triggered_by_id else None
 
+    def get_started_by_api_key(self, run) -> str | None:
+        # A key row is never deleted apart from its organization (revoked keys stay).
+        return run.api_key.prefix if run.api_key_id and run.api_key else None
+
 
 RUN_FIELDS = ["id", "workflow", "state", "priority", "trigger_source", "trigger", "scheduled_for",
-              "data_interval_start", "data_interval_end", "triggered_by", "retry_of", "error", "created_at",
+              "data_interval_start", "data_interval_end", "triggered_by", "started_by_api_key", "retry_of", "error",
+              "created_at",
               "started_at", "finished_at", "resumed_at", "waiting_reason"]
 
 
 class RunListSerializer(_RunFieldsMixin, serializers.ModelSerializer):
-    """A run in a list (no input, no task runs). Expects ``workflow`` and ``triggered_by`` selected."""
+    """A run in a list (no input, no task runs). Expects ``workflow``, ``triggered_by`` and ``api_key`` selected."""
 
     class Meta:
         model = WorkflowRun

@@ -76,7 +76,7 @@ def _run_detail(organization, pk) -> WorkflowRun:
     outputs are not loaded: their sizes are, and the outputs small enough to inline
     (engine.outputs.with_output_sizes)."""
     organization = organization_id_of(organization)  # an Actor, an Organization or its id
-    run = access_run(organization, pk, shape=lambda qs: without_credentials(qs, "workflow", "triggered_by").prefetch_related(
+    run = access_run(organization, pk, shape=lambda qs: without_credentials(qs, "workflow", "triggered_by", "api_key").prefetch_related(
         Prefetch(
             "task_runs",
             queryset=with_output_sizes(
@@ -124,7 +124,8 @@ class RunListView(OwnTransactions, OrganizationAPIView):
     required_action = {"GET": Action.READ, "POST": Action.RUN_OPERATE}
 
     def get_scoped_queryset(self):
-        return without_credentials(WorkflowRun.objects.for_organization(self.organization), "workflow", "triggered_by")
+        return without_credentials(WorkflowRun.objects.for_organization(self.organization), "workflow", "triggered_by",
+                                   "api_key")
 
     @extend_schema(
         operation_id="runs_list",

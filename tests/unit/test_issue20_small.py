@@ -57,6 +57,16 @@ def test_a_run_started_with_an_api_key_is_labelled_with_the_keys_name(api):
     page = text(client.get(f"/runs/{person_run.pk}/"))
     assert re.search(r"<dt>Started by</dt><dd>(.*?)</dd>", page, re.S).group(1) == owner_of(org).email
 
+    # The API says so too (the page did and the API did not: a fresh review), in the start's
+    # answer, the run and the list; a person's run has no key.
+    assert resp.json()["started_by_api_key"] == key_prefix and resp.json()["triggered_by"] is None
+    detail = api.get(f"/api/v1/runs/{run.pk}/", role=Role.VIEWER).json()
+    assert (detail["started_by_api_key"], detail["triggered_by"]) == (key_prefix, None)
+    person = api.get(f"/api/v1/runs/{person_run.pk}/", role=Role.VIEWER).json()
+    assert (person["started_by_api_key"], person["triggered_by"]) == (None, owner_of(org).email)
+    listed = {r["id"]: r["started_by_api_key"] for r in api.get("/api/v1/runs/", role=Role.VIEWER).json()["results"]}
+    assert listed == {str(run.pk): key_prefix, str(person_run.pk): None}
+
 
 # --- "retrying at" ---------------------------------------------------------------------------------
 

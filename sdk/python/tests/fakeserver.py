@@ -608,7 +608,7 @@ class FakeFlowForge:
         run = {"id": run_id, "workflow": {"id": workflow["id"], "name": workflow["name"],
                                           "version": workflow["version"]},
                "state": "running", "priority": body.get("priority", 0), "input": body.get("input", {}),
-               "trigger_source": "api", "trigger": None, "triggered_by": None, "retry_of": None, "error": None,
+               "trigger_source": "api", "trigger": None, "triggered_by": None, "started_by_api_key": None, "retry_of": None, "error": None,
                "created_at": now_iso(), "started_at": now_iso(), "finished_at": None, "waiting_reason": None,
                "task_runs": [{"id": str(uuid.uuid4()), "key": t.get("key"), "state": "ready", "attempt": 0,
                               "output": None, "error": None} for t in workflow["tasks"]]}
