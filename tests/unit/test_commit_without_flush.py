@@ -100,3 +100,25 @@ def test_a_claim_and_a_workers_batches_ask_for_no_flush(org, make_workflow, monk
         types.SuccessRequest(a.task_run_id, a.fencing_token, {}, False), run.pk, False)], claim=False)
     assert result.accepted and result.run_state == "succeeded"
     assert flushes == [False, False, False]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_setting_on_the_hot_transactions_wait_for_the_flush(org, make_workflow, monkeypatch, settings):
+    settings.FLOWFORGE_CLAIM_ON_START = False
+    settings.FLOWFORGE_HOT_PATH_WAL_FLUSH = True
+    flushes: list[bool] = []
+    real = driver.run_prepared
+
+    def spy(statements, params, *, flush=True):
+        flushes.append(flush)
+        return real(statements, params, flush=flush)
+
+    monkeypatch.setattr(task_runs, "run_prepared", spy)
+    from engine.services import start_run
+
+    wf = make_workflow(org, [{"key": "a", "type": "noop"}])
+    start_run(workflow=wf)
+    (a,) = task_runs.claim_ready_many(limit=10, lease_seconds=60, owner="t")
+    (started,) = batching.record_batch([batching.Start(types.StartRequest(a.task_run_id, a.fencing_token, "w"))],
+                                       claim=False)
+    assert started is not None and flushes == [True, True]
