@@ -14,8 +14,14 @@ injects its fault in the middle of the load, and then proves:
   gaps) and it has exactly one ``run.started`` audit record.
 
 Dead worker commands are restarted, as a process supervisor would. Scenarios:
-kill_worker, kill_pool, redis_outage, postgres_restart, duplicate_delivery, two_clocks,
-self_killing_task. Exit status 0 only if every scenario held every invariant.
+kill_worker, kill_pool, redis_outage, postgres_restart, postgres_crash, duplicate_delivery,
+two_clocks, self_killing_task. Exit status 0 only if every scenario held every invariant.
+
+postgres_crash stops every PostgreSQL process at once (``pg_ctl stop -m immediate``) and
+starts the server again through crash recovery, with the server's commits waiting for the
+WAL write as a deployment's do: what the hot path committed without waiting
+(FLOWFORGE_HOT_PATH_WAL_FLUSH off, README "How a task runs") can be lost, and the leases must
+take it back with no generation started twice.
 
 kill_pool (issue 22) SIGKILLs the whole pool (both worker commands, masters and worker
 processes) three times during the load, with the deployment's 300 s dispatch lease, and
@@ -47,8 +53,8 @@ from audit.keys import generate_key_spec
 from flowforge.stack import BASE_DIR, Stack, worker_child_pids
 from tests.faults.servers import PrivatePostgres, PrivateRedis, free_port
 
-SCENARIOS = ("kill_worker", "kill_pool", "redis_outage", "postgres_restart", "duplicate_delivery", "two_clocks",
-             "self_killing_task")
+SCENARIOS = ("kill_worker", "kill_pool", "redis_outage", "postgres_restart", "postgres_crash", "duplicate_delivery",
+             "two_clocks", "self_killing_task")
 
 LOAD_WORKFLOW = {
     "name": "fault-load",
@@ -79,6 +85,8 @@ class Result:
     missing_audit_records: int = 0
     drain_seconds: float | None = None
     recovery: dict = field(default_factory=dict)
+    # Events of generations the leases took back or whose completion was refused (kind -> count).
+    taken_back: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -191,7 +199,7 @@ def _supervise(stack: Stack, names: set[str]) -> None:
 
 def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Result:
     result = Result(scenario=name)
-    pg, rds = PrivatePostgres.create(), PrivateRedis.create()
+    pg, rds = PrivatePostgres.create(synchronous_commit=name == "postgres_crash"), PrivateRedis.create()
     workdir = Path(pg.root)
     dbname = "faults"
     _sql(f"{pg.url_base}/postgres", "SELECT 1")
@@ -221,8 +229,11 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
         load = Load(f"http://127.0.0.1:{port}", key, runs, killer_every=25 if name == "self_killing_task" else None,
                     pace=0.2 if name == "kill_pool" else 0.01)
         load.thread.start()
-        # The fault, once a good part of the load is in flight.
-        while len(load.started) < runs // 3 and load.thread.is_alive():
+        # The fault, once a good part of the load is in flight; a crash once every start has
+        # been answered (a start's commit, which waits for the WAL, writes every commit before
+        # it too: the crash then finds the most hot transactions not yet written).
+        target = runs if name == "postgres_crash" else runs // 3
+        while len(load.started) < target and load.thread.is_alive():
             time.sleep(0.1)
             _supervise(stack, supervised)
         if name == "kill_worker":
@@ -248,6 +259,8 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
             rds.start()
         elif name == "postgres_restart":
             pg.restart()
+        elif name == "postgres_crash":
+            pg.crash()
         fault_ended = time.monotonic()
         # Drain: every run started and terminal.
         deadline = fault_ended + drain_timeout
@@ -308,6 +321,15 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
                 result.problems.append(f"{failed} load run(s) did not succeed")
         if name == "kill_pool":
             _check_recovery(result, dsn, kills, lease=float(env["FLOWFORGE_LEASE_SECONDS"]))
+        result.taken_back = {kind: int(n) for kind, n in _sql(dsn, """
+            SELECT kind, count(*) FROM core_taskrunevent
+            WHERE kind IN ('dispatch_expired', 'lease_expired', 'stale_completion_rejected',
+                           'stale_dispatch_ignored', 'duplicate_delivery_ignored')
+            GROUP BY kind""")}
+        if name == "postgres_crash":
+            server_log = (Path(pg.root) / "server.log").read_text(errors="replace")
+            if "not properly shut down" not in server_log:  # else the check above proved nothing
+                result.problems.append("the server did not go through crash recovery")
         _manage(env, "audit_verify")
     except Exception as exc:  # a scenario that crashes is a failed scenario, with its reason
         result.problems.append(f"{type(exc).__name__}: {exc}")
@@ -368,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(f"{r.scenario:<20} {r.runs_started:>7} {r.runs_finished:>8} {r.duplicate_executions:>8} "
               f"{r.drain_seconds if r.drain_seconds is not None else '-':>8}  "
-              f"{'ok' if r.ok else 'FAILED: ' + '; '.join(r.problems)}", flush=True)
+              f"{'ok' if r.ok else 'FAILED: ' + '; '.join(r.problems)}"
+              + (f"  (taken back: {r.taken_back})" if r.taken_back else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([r.__dict__ | {"ok": r.ok} for r in results], indent=2))
     return 0 if all(r.ok for r in results) else 1

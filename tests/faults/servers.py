@@ -53,13 +53,18 @@ def _wait_port(port: int, timeout: float, what: str) -> None:
 
 @dataclass
 class PrivatePostgres:
-    """A PostgreSQL cluster of our own (trust auth, user postgres)."""
+    """A PostgreSQL cluster of our own (trust auth, user postgres). Its commits wait for the
+    WAL write only with ``synchronous_commit`` (the server default, kept for a crash: what the
+    API acknowledged must survive it); otherwise they do not (faster, and a fast restart
+    writes everything first). fsync is off: the operating system keeps what was written,
+    and only the server process is ever made to fail here."""
 
     root: Path
     port: int
+    synchronous_commit: bool = False
 
     @classmethod
-    def create(cls) -> PrivatePostgres:
+    def create(cls, *, synchronous_commit: bool = False) -> PrivatePostgres:
         root = Path(tempfile.mkdtemp(prefix="ff-faults-pg-"))
         os.chmod(root, 0o777)
         data = root / "data"
@@ -70,7 +75,7 @@ class PrivatePostgres:
             _as_postgres([_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"]),
             check=True, capture_output=True,
         )
-        pg = cls(root=root, port=port)
+        pg = cls(root=root, port=port, synchronous_commit=synchronous_commit)
         pg.start()
         return pg
 
@@ -79,7 +84,9 @@ class PrivatePostgres:
         return f"postgres://postgres@127.0.0.1:{self.port}"
 
     def _ctl(self, *args: str, check: bool = True) -> None:
-        opts = f"-p {self.port} -k {self.root} -c fsync=off -c synchronous_commit=off -c max_connections=200"
+        opts = f"-p {self.port} -k {self.root} -c fsync=off -c max_connections=200"
+        if not self.synchronous_commit:
+            opts += " -c synchronous_commit=off"
         subprocess.run(
             _as_postgres([_pg_bin("pg_ctl"), "-D", str(self.root / "data"), "-o", opts,
                           "-l", str(self.root / "server.log"), "-w", "-t", "60", *args]),
@@ -94,6 +101,12 @@ class PrivatePostgres:
         """A fast restart: every connection is cut, then the server comes back."""
         self._ctl("restart", "-m", "fast")
         _wait_port(self.port, 30, "PostgreSQL")
+
+    def crash(self) -> None:
+        """A crash: every server process is stopped at once (``-m immediate``: no checkpoint,
+        the WAL not yet written is lost), then the server comes back through crash recovery."""
+        self._ctl("stop", "-m", "immediate")
+        self.start()
 
     def stop(self) -> None:
         self._ctl("stop", "-m", "fast", check=False)
