@@ -352,12 +352,6 @@ FLOWFORGE_LEASE_SECONDS = env_float("FLOWFORGE_LEASE_SECONDS", 30.0)
 # the reaper assumes the message was lost and dispatches a new generation. Longer than
 # the run lease, so a queue backlog is not mistaken for a lost message.
 FLOWFORGE_DISPATCH_LEASE_SECONDS = env_float("FLOWFORGE_DISPATCH_LEASE_SECONDS", 300.0)
-# Whether the hot path's transactions (a worker's batch of starts and successes, every
-# claim) wait for the WAL flush at commit. Off (the default): they do not, and a crash of
-# the PostgreSQL server can lose the last of them, which the leases take back (a lost start
-# waits out FLOWFORGE_DISPATCH_LEASE_SECONDS); a run's end and everything else always wait
-# (README "How a task runs"). On: every transaction waits for the flush.
-FLOWFORGE_HOT_PATH_WAL_FLUSH = env_bool("FLOWFORGE_HOT_PATH_WAL_FLUSH", False)
 # Seconds between heartbeats of a running task (defaults to a third of the lease).
 FLOWFORGE_HEARTBEAT_SECONDS = env_float("FLOWFORGE_HEARTBEAT_SECONDS", FLOWFORGE_LEASE_SECONDS / 3)
 # --- the organizations' own workers (issue 18, docs/workers.md) ---

@@ -53,7 +53,6 @@ def compact(sql: str) -> str:
 # caller's transaction the settings' configured values are restored afterwards.
 INDEX_PROBES_ONLY = compact(queries["planner_index_probes_only"])
 PLANNER_DEFAULTS = compact(queries["planner_defaults"])
-COMMIT_WITHOUT_WAL_FLUSH = compact(queries["commit_without_wal_flush"])
 
 # The names of the statements this module has prepared (SQL PREPARE) on each connection.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
@@ -123,18 +122,9 @@ def _literal(value: Any, cursor: Any) -> str:
     return cursor.mogrify("%s", [value])
 
 
-def run_prepared(statements: Sequence[str], params: dict[str, Any], *, flush: bool = True) -> list[list[tuple]]:
+def run_prepared(statements: Sequence[str], params: dict[str, Any]) -> list[list[tuple]]:
     """Run ``statements`` (each given the named ``params`` it uses) as one transaction in
     one message to the server, as prepared statements; returns each one's rows.
-
-    With ``flush`` False, its own transaction commits without waiting for the WAL flush
-    (``commit_without_wal_flush``): the commit is visible at once, its row locks are
-    released before the disk write, and a crash of the server (not a restart, which
-    flushes) can lose it along with the last moments of such commits. Only for
-    transitions whose loss the leases repair as they repair a worker's death (the hot
-    path's claims, starts and successes: docs/recovery.md); a statement in it can ask for
-    the flush again (``set_config('synchronous_commit', 'on', true)``, as a run's end
-    does). Inside a caller's transaction it changes nothing: the caller's commit decides.
 
     The whole transaction goes as one simple-protocol query string: ``BEGIN`` (in
     autocommit mode), the planner settings (``INDEX_PROBES_ONLY``), ``EXECUTE name(...)``
@@ -157,8 +147,6 @@ def run_prepared(statements: Sequence[str], params: dict[str, Any], *, flush: bo
         # The fast renderer's quoting (doubled quotes only) is right only with standard strings.
         fast = pg.info.parameter_status("standard_conforming_strings") == "on"
         parts = ["BEGIN"] if own else []
-        if own and not flush:
-            parts.append(COMMIT_WITHOUT_WAL_FLUSH)
         parts.append(INDEX_PROBES_ONLY)
         wanted: list[int] = []
         for sql in statements:

@@ -179,8 +179,7 @@ def claim_ready_many(
     # snapshot, so the claim counts after the locks are granted).
     params.update(lock[1])
     return in_own_transaction(
-        lambda: _dispatches(run_prepared([lock[0], queries["task_run_claim_fair"]], params,
-                                  flush=settings.FLOWFORGE_HOT_PATH_WAL_FLUSH)[1]), 0)
+        lambda: _dispatches(run_prepared([lock[0], queries["task_run_claim_fair"]], params)[1]), 0)
 
 
 def lock_organization_claims(organization_ids: Sequence[uuid.UUID]) -> None:
@@ -315,12 +314,7 @@ def start_and_complete_many(
     if successes:
         statements.append(queries["run_finish_if_done_many"])
 
-    # No wait for the WAL flush (run_prepared's flush; FLOWFORGE_HOT_PATH_WAL_FLUSH): a batch
-    # lost with a crashed server is repaired by the leases; a run's end asks for the flush again
-    # (run_finish_if_done_many). Measured (make bench's throughput scenario, 2 x 8 threads):
-    # each batch held its runs' rows through the flush, and the next batch waited for it.
-    out = in_own_transaction(lambda: run_prepared(statements, params, flush=settings.FLOWFORGE_HOT_PATH_WAL_FLUSH),
-                             connection_attempts)
+    out = in_own_transaction(lambda: run_prepared(statements, params), connection_attempts)
     claimed = list((out[-2] if successes else out[-1]) if claim else [])
     finished = list(out[-1] if successes else [])
     if promote_at is not None and out[promote_at][0][0]:

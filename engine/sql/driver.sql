@@ -11,11 +11,6 @@ SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 
        set_config('enable_mergejoin', 'off', true), set_config('jit', 'off', true);
 
 
--- name: commit_without_wal_flush
--- For this transaction only: its COMMIT returns once the commit record is in the WAL buffers, not after the flush (a statement in it may turn the flush back on: run_finish_if_done_many).
-SET LOCAL synchronous_commit = off
-
-
 -- name: planner_defaults
 -- Restore the configured planner settings for the rest of a caller's transaction (after planner_index_probes_only); reads pg_settings.
 SELECT set_config(name, reset_val, true) FROM pg_settings WHERE name IN ('enable_seqscan', 'enable_hashjoin', 'enable_mergejoin', 'jit');

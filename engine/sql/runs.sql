@@ -212,11 +212,7 @@ WITH runs AS (
         error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending') AND c.failed = 0
-    -- A run's end is flushed before its commit returns, even in a transaction that began
-    -- without the flush (engine.repositories.driver.run_prepared's flush): what the API,
-    -- the notifications and the webhooks say of a finished run survives a server crash.
-    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at,
-              set_config('synchronous_commit', 'on', true) AS flushed
+    RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at
 ), ev AS (
     INSERT INTO core_taskrunevent
         (id, organization_id, workflow_run_id, task_run_id, seq, kind, from_state, to_state,

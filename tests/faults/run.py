@@ -17,11 +17,11 @@ Dead worker commands are restarted, as a process supervisor would. Scenarios:
 kill_worker, kill_pool, redis_outage, postgres_restart, postgres_crash, duplicate_delivery,
 two_clocks, self_killing_task. Exit status 0 only if every scenario held every invariant.
 
-postgres_crash stops every PostgreSQL process at once (``pg_ctl stop -m immediate``) and
-starts the server again through crash recovery, with the server's commits waiting for the
-WAL write as a deployment's do: what the hot path committed without waiting
-(FLOWFORGE_HOT_PATH_WAL_FLUSH off, README "How a task runs") can be lost, and the leases must
-take it back with no generation started twice.
+postgres_crash stops every PostgreSQL process at once (``pg_ctl stop -m immediate``: no
+checkpoint, every connection cut mid-transaction) and starts the server again through crash
+recovery, with the server's commits waiting for the WAL write as a deployment's do (what
+was acknowledged must survive; the relay's publish stamps, which do not wait, may be lost,
+and a message published again is refused by its fencing token).
 
 kill_pool (issue 22) SIGKILLs the whole pool (both worker commands, masters and worker
 processes) three times during the load, with the deployment's 300 s dispatch lease, and
@@ -85,7 +85,9 @@ class Result:
     missing_audit_records: int = 0
     drain_seconds: float | None = None
     recovery: dict = field(default_factory=dict)
-    # Events of generations the leases took back or whose completion was refused (kind -> count).
+    # Events of generations the leases took back, or whose start or completion was refused
+    # (kind -> count): what the fault cost, for the table (a connection cut mid-commit also
+    # leads to some).
     taken_back: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -230,8 +232,7 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
                     pace=0.2 if name == "kill_pool" else 0.01)
         load.thread.start()
         # The fault, once a good part of the load is in flight; a crash once every start has
-        # been answered (a start's commit, which waits for the WAL, writes every commit before
-        # it too: the crash then finds the most hot transactions not yet written).
+        # been answered, so that it falls among the workers' transactions alone.
         target = runs if name == "postgres_crash" else runs // 3
         while len(load.started) < target and load.thread.is_alive():
             time.sleep(0.1)
@@ -326,9 +327,9 @@ def run_scenario(name: str, *, runs: int, drain_timeout: float = 180.0) -> Resul
             WHERE kind IN ('dispatch_expired', 'lease_expired', 'stale_completion_rejected',
                            'stale_dispatch_ignored', 'duplicate_delivery_ignored')
             GROUP BY kind""")}
-        if name == "postgres_crash":
+        if name == "postgres_crash":  # the server's messages are in English (lc_messages=C)
             server_log = (Path(pg.root) / "server.log").read_text(errors="replace")
-            if "not properly shut down" not in server_log:  # else the check above proved nothing
+            if "not properly shut down" not in server_log:  # it was stopped cleanly: no crash was tested
                 result.problems.append("the server did not go through crash recovery")
         _manage(env, "audit_verify")
     except Exception as exc:  # a scenario that crashes is a failed scenario, with its reason

@@ -84,7 +84,7 @@ class PrivatePostgres:
         return f"postgres://postgres@127.0.0.1:{self.port}"
 
     def _ctl(self, *args: str, check: bool = True) -> None:
-        opts = f"-p {self.port} -k {self.root} -c fsync=off -c max_connections=200"
+        opts = f"-p {self.port} -k {self.root} -c fsync=off -c max_connections=200 -c lc_messages=C"
         if not self.synchronous_commit:
             opts += " -c synchronous_commit=off"
         subprocess.run(

@@ -4,9 +4,9 @@ Each scenario runs on a private PostgreSQL cluster and Redis server, so stopping
 restarting them here never disturbs anything else. ``make faults`` runs every scenario with
 a bigger load (500 runs each); this test runs, with 200 runs each, the scenarios no other
 test of ``make test`` covers with real processes (FAULT_SCENARIOS=all runs them all):
-Redis down, PostgreSQL crashed (every server process stopped at once, then crash recovery:
-the hot path's commits that did not wait for the WAL can be lost) and two clocks; a clean
-restart (postgres_restart, ``make faults``) cuts the same connections and loses nothing.
+Redis down, PostgreSQL crashed (every server process stopped at once, every connection cut
+mid-transaction, then crash recovery) and two clocks; a clean restart (postgres_restart,
+``make faults``) cuts the same connections without the crash recovery.
 The others have their own integration tests:
 a SIGKILLed worker (test_faults), the whole pool SIGKILLed (test_pool_recovery), every
 delivery duplicated (test_dispatch) and a task that kills its worker
