@@ -110,6 +110,7 @@ NOT_FOUND = problem(404, "No such object in the caller's organization (another o
 TriggerPageSerializer = page_of(TriggerSerializer, "TriggerPageSerializer")
 MemberPageSerializer = page_of(MemberSerializer, "MemberPageSerializer")
 InvitationPageSerializer = page_of(InvitationSerializer, "InvitationPageSerializer")
+ApiKeyPageSerializer = page_of(ApiKeySerializer, "ApiKeyPageSerializer")
 PAGE_INVALID = invalid("The cursor or the page size is malformed; `errors` names it.",
                        {"page_size": [f"must be a whole number from 1 to {MAX_PAGE_SIZE}"]})
 
@@ -474,20 +475,23 @@ class InvitationRevokeView(_InvitationView):
 
 
 class ApiKeyListView(AdminAPIView):
-    """GET /api-keys/ — the organization's keys, newest first (revoked ones included).
+    """GET /api-keys/ — the organization's keys (revoked ones included), newest first,
+    keyset-paginated over (created_at, id): keys created in the same instant are ordered by
+    id, so none is skipped or repeated across pages.
     POST /api-keys/ — create one; the response holds the full key, shown this once."""
 
     required_action = {"GET": Action.APIKEY_MANAGE, "POST": Action.APIKEY_MANAGE}
 
     def get_scoped_queryset(self):
-        return without_credentials(ApiKey.objects.for_organization(self.organization), "created_by").order_by(
-            "-created_at", "id"
-        )
+        return without_credentials(ApiKey.objects.for_organization(self.organization), "created_by")
 
     @extend_schema(operation_id="api_keys_list", summary="List API keys",
-                   responses={200: ApiKeySerializer(many=True)}, examples=[_example("keys", [API_KEY_EXAMPLE])])
+                   parameters=page_parameters("the creation time and id of the previous page's last key"),
+                   responses={200: ApiKeyPageSerializer, **PAGE_INVALID},
+                   examples=[_example("keys", {"results": [API_KEY_EXAMPLE], "next": None})])
     def get(self, request):
-        return Response(ApiKeySerializer(self.get_queryset(), many=True).data)
+        rows, next_url = paginate_newest_first(self.get_queryset(), request)
+        return Response(page(ApiKeySerializer(rows, many=True).data, next_url))
 
     @extend_schema(
         operation_id="api_keys_create",

@@ -184,7 +184,7 @@ def test_a_removed_members_api_keys_are_revoked_and_a_reinvitation_does_not_revi
     assert row.revoked_at is not None and row.revoked_by_id == owner.user_id
     (record,) = AuditLog.objects.for_organization(org).filter(action="api_key.revoked", target_id=str(row.pk))
     assert record.metadata == {"name": row.name, "prefix": row.prefix, "reason": "creator_removed"}
-    listed = Client().get("/api/v1/api-keys/", headers=keys(owner, Role.OWNER)).json()
+    listed = Client().get("/api/v1/api-keys/", headers=keys(owner, Role.OWNER)).json()["results"]
     assert next(k for k in listed if k["prefix"] == row.prefix)["revoked_at"] is not None
     assert Client().get("/api/v1/runs/", headers=admin_key).status_code == 401
 

@@ -364,7 +364,7 @@ def test_roles_across_the_endpoints_with_a_session(tenant, role):
         assert body["key"].startswith(f"ffk_{body['prefix']}_")
         assert body["created_by"] == tenant.members[role].user.email
         assert client.get(url("workflows"), headers=bearer(body["key"])).status_code == 200
-        listed = client.get(url("keys")).json()
+        listed = client.get(url("keys")).json()["results"]
         assert body["prefix"] in [k["prefix"] for k in listed]
         assert all("key" not in k and "hashed_key" not in k for k in listed)
         assert body["key"] not in client.get(url("keys")).content.decode()
@@ -425,7 +425,7 @@ def assert_isolated(client: Client, headers: dict, tenant: Tenant, other: Tenant
         assert response.content == getattr(client, method)(missing, headers=headers).content, path
     names = [w["name"] for w in client.get(url("workflows"), headers=headers).json()["results"]]
     assert names == ["pipeline"]
-    keys = client.get(url("keys"), headers=headers).json()
+    keys = client.get(url("keys"), headers=headers).json()["results"]
     assert {k["prefix"] for k in keys} == {r.prefix for r in tenant.key_rows.values()}
     # Nothing of the other tenant changed.
     assert WorkflowRun.objects.for_organization(other.org).get(pk=other.run.pk).state != RunState.CANCELLED
@@ -570,7 +570,7 @@ def test_lists_take_a_constant_number_of_queries(client, tenant, make_workflow):
     assert count_queries(client, url("workflows"), key) == workflows_before
     assert len(client.get(url("workflows"), headers=key).json()["results"]) == 7
     assert count_queries(client, url("keys"), key) == keys_before
-    assert len(client.get(url("keys"), headers=key).json()) == 9
+    assert len(client.get(url("keys"), headers=key).json()["results"]) == 9
     assert count_queries(client, url("run", big_run.pk), key) == run_before
     assert count_queries(client, url("workflow", big.pk), key) == 4  # membership, workflow, tasks, edges
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import re
 import secrets
 import uuid
@@ -20,6 +21,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from api.pagination import encode_cursor
 from audit import services as audit
 from audit.models import AuditLog
 from engine.models import ScheduledTrigger
@@ -503,7 +505,7 @@ def test_a_created_key_is_shown_once_and_listed_by_prefix(acme):
     created = response.json()
     assert re.fullmatch(r"ffk_[a-z0-9]{12}_[A-Za-z0-9_-]{43}", created["key"])
     assert created["key"].startswith(f"ffk_{created['prefix']}_")
-    listed = session.get("/api/v1/api-keys/").json()
+    listed = session.get("/api/v1/api-keys/").json()["results"]
     row = next(k for k in listed if k["id"] == created["id"])
     assert (row["prefix"], row["name"], row["role"], row["last_used_at"]) == (created["prefix"], "deploy", "member",
                                                                                None)
@@ -513,7 +515,7 @@ def test_a_created_key_is_shown_once_and_listed_by_prefix(acme):
     assert "key" not in row and secret not in session.get("/api/v1/api-keys/").content.decode()
     # Used once, the key shows when.
     assert Client().get("/api/v1/members/", headers=bearer(created["key"])).status_code == 200
-    row = next(k for k in session.get("/api/v1/api-keys/").json() if k["id"] == created["id"])
+    row = next(k for k in session.get("/api/v1/api-keys/").json()["results"] if k["id"] == created["id"])
     assert row["last_used_at"] is not None
 
 
@@ -535,6 +537,95 @@ def test_a_key_name_that_postgres_cannot_store_is_a_400(acme):
     raw = b'{"name": "half a pair \\ud800"}'
     response = session.post("/api/v1/api-keys/", raw, content_type="application/json")
     assert list(assert_problem(response, 400)["errors"]) == ["name"]
+
+
+API_KEY_FIELDS = {"id", "prefix", "name", "role", "created_by", "created_at", "last_used_at", "expires_at",
+                  "revoked_at"}
+
+
+def test_the_api_key_list_answers_one_page_envelope_newest_first(client, acme):
+    response = client.get("/api/v1/api-keys/", headers=acme.as_(Role.ADMIN))
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"results", "next"}
+    assert body["next"] is None
+    assert [set(row) for row in body["results"]] == [API_KEY_FIELDS] * 4
+    assert {row["id"] for row in body["results"]} == {str(r.pk) for r in acme.key_rows.values()}
+    order = [(row["created_at"], row["id"]) for row in body["results"]]
+    assert order == sorted(order, reverse=True)
+
+
+def test_api_key_paging_returns_every_key_once_even_when_created_at_ties(client, acme):
+    actor = acme.actor(Role.ADMIN)
+    made = [create_api_key(actor=actor, name=f"tie-{i}", role=Role.VIEWER)[0] for i in range(9)]
+    create_api_key(actor=actor, name="newest", role=Role.VIEWER)
+    # Nine keys in one microsecond, between the fixture's four and the newest: every page
+    # boundary of page_size=2 but one falls inside the tie, where only the id orders them.
+    tie = timezone.now() - dt.timedelta(minutes=1)
+    ApiKey.objects.for_organization(acme.org).filter(pk__in=[k.pk for k in made]).update(created_at=tie)
+    ApiKey.objects.for_organization(acme.org).filter(pk__in=[r.pk for r in acme.key_rows.values()]).update(
+        created_at=tie - dt.timedelta(minutes=1))
+    key = acme.as_(Role.ADMIN)
+    first = client.get("/api/v1/api-keys/?page_size=2", headers=key).json()
+    assert len(first["results"]) == 2 and first["next"].startswith("http://testserver/api/v1/api-keys/?")
+    assert "page_size=2" in first["next"] and "cursor=" in first["next"]
+    rows = fetch_all(client, "/api/v1/api-keys/", key, page_size=2)
+    ids = [row["id"] for row in rows]
+    expected = {str(pk) for pk in ApiKey.objects.for_organization(acme.org).values_list("pk", flat=True)}
+    assert len(ids) == len(set(ids)) == len(expected) == 14 and set(ids) == expected
+    assert rows[0]["name"] == "newest"
+    assert [row["id"] for row in rows[1:10]] == sorted((str(k.pk) for k in made), reverse=True)
+    assert {row["name"] for row in rows[10:]} == {f"{role} key" for role in ROLES}
+    order = [(row["created_at"], uuid.UUID(row["id"])) for row in rows]
+    assert order == sorted(order, reverse=True)
+    # One page holding them all agrees with the pages.
+    whole = client.get("/api/v1/api-keys/?page_size=500", headers=key).json()
+    assert [row["id"] for row in whole["results"]] == ids and whole["next"] is None
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("page_size=abc", "page_size"),
+    ("page_size=0", "page_size"),
+    ("page_size=501", "page_size"),
+    ("page_size=-1", "page_size"),
+    ("page_size=2.5", "page_size"),
+    ("cursor=not-a-cursor", "cursor"),
+    ("cursor=eyJ0IjoiMjAyNi0wMS0xNSJ9", "cursor"),  # {"t": "2026-01-15"}: no id
+])
+def test_a_bad_api_key_page_parameter_is_a_400_naming_it_as_on_other_lists(client, acme, query, field):
+    key = acme.as_(Role.ADMIN)
+    body = assert_problem(client.get(f"/api/v1/api-keys/?{query}", headers=key), 400)
+    assert list(body["errors"]) == [field] and body["code"] == "invalid"
+    if field == "page_size":
+        assert body["errors"] == {"page_size": ["must be a whole number from 1 to 500"]}
+    members = assert_problem(client.get(f"/api/v1/members/?{query}", headers=key), 400)
+    assert body["errors"] == members["errors"]
+
+
+def test_the_api_key_list_shows_only_the_organizations_keys_and_never_a_hash_or_secret(client, acme, other):
+    create_api_key(actor=other.actor(), name="theirs", role=Role.MEMBER)
+    key = acme.as_(Role.OWNER)
+    pages, url = [], "/api/v1/api-keys/?page_size=1"
+    while url:
+        response = client.get(url, headers=key)
+        assert response.status_code == 200, response.content
+        pages.append(response.content.decode())
+        url = response.json()["next"]
+    ids = [row["id"] for text in pages for row in json.loads(text)["results"]]
+    assert sorted(ids) == sorted(str(r.pk) for r in acme.key_rows.values())
+    everything = "".join(pages)
+    for theirs in ApiKey.objects.for_organization(other.org):
+        assert str(theirs.pk) not in everything and theirs.prefix not in everything
+    for mine in ApiKey.objects.for_organization(acme.org):
+        assert mine.hashed_key not in everything
+    for full_key in acme.keys.values():
+        assert full_key.split("_", 2)[2] not in everything
+    assert "hashed_key" not in everything and "$argon2" not in everything
+    # A cursor made from another organization's key pages this organization's keys only.
+    theirs = ApiKey.objects.for_organization(other.org).order_by("-created_at").first()
+    cursor = encode_cursor(theirs.created_at + dt.timedelta(days=1), theirs.pk)
+    listed = client.get(f"/api/v1/api-keys/?cursor={cursor}", headers=key).json()
+    assert sorted(r["id"] for r in listed["results"]) == sorted(str(r.pk) for r in acme.key_rows.values())
 
 
 # --- audit events ----------------------------------------------------------------------------------
@@ -640,6 +731,6 @@ def test_lists_take_a_constant_number_of_queries(client, acme, org_factory):
     assert len(sizes["/api/v1/triggers/"]["results"]) == 7
     assert len(sizes["/api/v1/members/"]["results"]) == 10
     assert len(sizes["/api/v1/invitations/"]["results"]) == 7
-    assert len(sizes["/api/v1/api-keys/"]) == 10
+    assert len(sizes["/api/v1/api-keys/"]["results"]) == 10
     assert len(sizes["/api/v1/audit-events/"]["results"]) > 20
     assert ApiKey.objects.for_organization(acme.org).count() == 10

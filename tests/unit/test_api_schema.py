@@ -126,6 +126,65 @@ def test_every_operation_documents_its_success_with_a_schema_and_an_example(sche
     assert checked >= 18
 
 
+LIST_OPERATIONS = {
+    "api_keys_list", "audit_events_list", "invitations_list", "members_list", "queues_list", "runs_list",
+    "runs_events", "runs_task_logs", "secrets_list", "triggers_list", "trigger_backfills_list", "webhooks_list",
+    "webhooks_deliveries_list", "workers_list", "workflows_list", "workflows_versions",
+}
+
+
+def _component(schema: dict, ref: str) -> dict:
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def test_every_list_documents_one_page_envelope_with_its_parameters_and_examples(schema):
+    """No list answers a bare array (GET /api-keys/ did, with its example wrapped in a
+    second array): each documents {"results": [...], "next"}, the page parameters, the
+    400 naming them, and examples holding one envelope of objects."""
+    lists = set()
+    for path, method, op in operations(schema):
+        if method != "get":
+            continue
+        body = op["responses"]["200"]["content"].get("application/json")
+        if body is None:  # the event stream
+            continue
+        assert body["schema"].get("type") != "array", (path, "a list answers {results, next}, not an array")
+        page = _component(schema, body["schema"]["$ref"]) if "$ref" in body["schema"] else body["schema"]
+        if "results" not in page.get("properties", {}):
+            continue
+        lists.add(op["operationId"])
+        assert set(page["properties"]) == {"results", "next"}, path
+        results = page["properties"]["results"]
+        assert results["type"] == "array" and "$ref" in results["items"], path
+        item_fields = set(_component(schema, results["items"]["$ref"])["properties"])
+        names = {p["name"] for p in op["parameters"]}
+        assert "page_size" in names and names & {"cursor", "after", "before"}, (path, names)
+        assert "400" in op["responses"], path
+        assert body["examples"], path
+        for name, example in body["examples"].items():
+            value = example["value"]
+            assert isinstance(value, dict) and set(value) == {"results", "next"}, (path, name, value)
+            assert value["results"], (path, name)
+            for row in value["results"]:
+                assert isinstance(row, dict) and set(row) <= item_fields, (path, name, row)
+    assert lists == LIST_OPERATIONS
+
+
+def test_the_api_key_list_documents_its_page(schema):
+    op = schema["paths"]["/api/v1/api-keys/"]["get"]
+    body = op["responses"]["200"]["content"]["application/json"]
+    assert _component(schema, body["schema"]["$ref"])["properties"]["results"]["items"] == {
+        "$ref": "#/components/schemas/ApiKey"}
+    params = {p["name"]: p for p in op["parameters"]}
+    assert (params["page_size"]["schema"]["minimum"], params["page_size"]["schema"]["maximum"]) == (1, 500)
+    assert params["cursor"]["in"] == "query"
+    (example,) = body["examples"].values()
+    assert set(example["value"]["results"][0]) == set(_component(schema, "#/components/schemas/ApiKey")[
+        "properties"])
+    invalid = op["responses"]["400"]["content"][PROBLEM]["examples"]
+    assert any("page_size" in e["value"].get("errors", {}) for e in invalid.values())
+
+
 # ProblemAutoSchema is the default schema class, so every operation documents its problems.
 PROBLEM_PATHS = None
 
