@@ -369,23 +369,29 @@ def test_models_read_times_with_z_and_any_fraction() -> None:
     assert parse_time("garbage") is None and parse_time(None) is None
 
 
-def test_api_keys_are_listed_from_a_plain_list_and_revoked() -> None:
-    seen: list[tuple[str, str]] = []
+def test_api_keys_are_listed_page_by_page_and_revoked() -> None:
+    seen: list[tuple[str, str, str]] = []
     key = {"id": "k1", "prefix": "ab12", "name": "ci", "role": "worker", "created_by": "a@b.c",
            "created_at": "2026-01-05T10:00:00Z", "last_used_at": None, "expires_at": None, "revoked_at": None}
+    older = {**key, "id": "k0", "prefix": "cd34", "name": "old", "role": "viewer", "created_at": "2026-01-04T10:00:00Z"}
 
     def handler(request: httpx.Request) -> httpx.Response:
-        seen.append((request.method, request.url.path))
+        seen.append((request.method, request.url.path, request.url.query.decode()))
+        if request.method == "GET" and "cursor" not in request.url.params:
+            # /api-keys/ pages like every list: {"results": [...], "next": url | null}
+            return httpx.Response(200, json={"results": [key], "next": "https://elsewhere.test/api/v1/api-keys/"
+                                                                      "?page_size=1&cursor=c2"})
         if request.method == "GET":
-            return httpx.Response(200, json=[key])  # /api-keys/ is not paginated
+            return httpx.Response(200, json={"results": [older], "next": None})
         return httpx.Response(200, json={**key, "revoked_at": "2026-01-05T11:00:00Z"})
 
     with Client("http://flowforge.test", MEMBER_KEY, transport=httpx.MockTransport(handler)) as c:
-        (listed,) = c.api_keys.list()
+        listed = list(c.api_keys.list(page_size=1))
         revoked = c.api_keys.revoke("k1")
-    assert (listed.id, listed.role, listed.revoked_at) == ("k1", "worker", None)
+    assert [(k.id, k.role, k.revoked_at) for k in listed] == [("k1", "worker", None), ("k0", "viewer", None)]
     assert revoked.revoked_at is not None and revoked.revoked_at.hour == 11
-    assert seen == [("GET", "/api/v1/api-keys/"), ("POST", "/api/v1/api-keys/k1/revoke/")]
+    assert seen == [("GET", "/api/v1/api-keys/", "page_size=1"), ("GET", "/api/v1/api-keys/", "page_size=1&cursor=c2"),
+                    ("POST", "/api/v1/api-keys/k1/revoke/", "")]
 
 
 def test_backoff_grows_to_its_cap_with_jitter_and_never_overflows() -> None:

@@ -174,15 +174,12 @@ class HttpTransport:
 
     def pages(self, path: str, *, params: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Each item of a paginated list (``{"results": [...], "next": url | null}``),
-        following ``next`` until it is null (or of a plain JSON list). Only the query string of ``next`` is used,
+        following ``next`` until it is null. Only the query string of ``next`` is used,
         against this client's own base URL, so the key is never sent to another host
         (and a proxy that rewrites the scheme or host does not break paging)."""
         query: dict[str, Any] = dict(params or {})
         while True:
             page = self.json("GET", path, params=query)
-            if isinstance(page, list):  # a list the API does not paginate (/api-keys/)
-                yield from page
-                return
             yield from page.get("results", [])
             following = page.get("next")
             if not following:

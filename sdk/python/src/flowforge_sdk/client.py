@@ -393,9 +393,9 @@ class ApiKeysAPI:
     def __init__(self, http: HttpTransport) -> None:
         self._http = http
 
-    def list(self) -> Iterator[ApiKey]:
-        """Every key of the organization, newest first (revoked ones included)."""
-        for item in self._http.pages("api-keys/"):
+    def list(self, *, page_size: int | None = None) -> Iterator[ApiKey]:
+        """Every key of the organization, newest first (revoked ones included), by page."""
+        for item in self._http.pages("api-keys/", params={"page_size": page_size}):
             yield ApiKey.from_api(item)
 
     def revoke(self, key_id: str) -> ApiKey:
