@@ -41,6 +41,15 @@ class Navigation:
         """Every membership of the signed-in user (empty when signed out)."""
         return [] if self._user is None else list(my_memberships(self._user))
 
+    @cached_property
+    def can(self) -> dict[str, bool]:
+        """What the active membership's role may do, by action (tenancy.permissions.Action's
+        member names in lower case): ``{% if nav.can.audit_read %}``. All False without an
+        active membership. The header shows a section's link only where its page would open:
+        the pages still check the permission themselves."""
+        role = self.membership.role if self.membership is not None else None
+        return {action.name.lower(): can(role, action) for action in Action}
+
     @property
     def can_manage_members(self) -> bool:
         return self.membership is not None and can(self.membership.role, Action.MEMBER_MANAGE)

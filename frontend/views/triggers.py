@@ -38,6 +38,8 @@ from frontend.views.workflows import authorize
 from tenancy.permissions import Action, Forbidden, can
 
 PREVIEW_COUNT = 5
+# What the preview says instead of the schedule's error when that error is shown under its field.
+SCHEDULE_ERROR_HINT = "Correct the schedule (see the form) to see when it fires."
 
 
 def _trigger_or_404(request: HttpRequest, trigger_id: uuid.UUID) -> ScheduledTrigger:
@@ -116,7 +118,8 @@ def _preview_context(cron_expression: str, timezone_name: str) -> dict:
     """What the preview fragment shows: the description and next firings, or the error."""
     expression = " ".join((cron_expression or "").split())
     zone = timezone_name or "UTC"
-    context: dict = {"expression": expression, "zone": zone, "times": [], "error": None, "description": ""}
+    context: dict = {"expression": expression, "zone": zone, "times": [], "error": None, "description": "",
+                     "pending": ""}
     if not expression:
         context["error"] = "Type a cron expression to see when it fires."
         return context
@@ -146,11 +149,21 @@ def _form_page(
     workflow_names: list[str],
     status: int = 200,
 ) -> HttpResponse:
+    preview = _preview_context(form["cron_expression"].value() or "", form["timezone"].value() or "UTC")
+    field = preview.get("error_field")
+    if form.is_bound and preview["error"] and field in form.fields:
+        # A submitted schedule's error is shown once, under the field it concerns: there
+        # already when the service refused it (the rest of the form was valid), added here
+        # when another field's error kept the service from seeing it. The preview beside
+        # the form then points to the field instead of repeating the message.
+        if not form.errors.get(field):
+            form.add_error(field, preview["error"])
+        preview = {**preview, "error": None, "pending": SCHEDULE_ERROR_HINT}
     context = {
         "form": form,
         "trigger": trigger,
         "has_workflows": bool(workflow_names),
-        "preview": _preview_context(form["cron_expression"].value() or "", form["timezone"].value() or "UTC"),
+        "preview": preview,
     }
     return render(request, "frontend/triggers/form.html", context, status=status)
 

@@ -1,8 +1,8 @@
 """The organization's webhook endpoints (issue 19): list and create, one endpoint's settings and
 delivery log (each attempt's status, latency, error and the start of the answer), a
 delivery's detail with the body it sends, replay, secret rotation and deletion. Owners and
-admins only (webhook.manage: a 403 for the others, whose nav still shows the link, as for
-API keys); another organization's endpoint or delivery is a 404.
+admins only (webhook.manage: a 403 for the others, whose header does not show the link, as
+for API keys); another organization's endpoint or delivery is a 404.
 
 The signing secret is shown once, on the response to the create or rotate request (marked
 no-store), never put in the session, a message or a redirect. Each such form carries a

@@ -354,3 +354,24 @@ def test_describe_cron_falls_back_for_rare_patterns():
         import cron_descriptor  # noqa: F401
     except ImportError:
         assert described == "Minute 0-30/5, hour 1, day of month *, month *, day of week *"
+
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cron_expression": "99 * * * *"}, "'99 * * * *' is not a valid cron expression"),
+        ({"cron_expression": "0 2 * *"}, "'0 2 * *' must have 5 fields (minute hour day month weekday)"),
+        # Another field's error keeps the service from seeing the schedule: its error is
+        # still shown, once, under the schedule field.
+        ({"cron_expression": "99 * * * *", "name": ""}, "'99 * * * *' is not a valid cron expression"),
+    ],
+)
+def test_an_invalid_cron_expression_is_shown_once_next_to_its_field(team, workflow, overrides, message):
+    resp = client_for(team["member"]).post("/triggers/new/", form_data(**overrides))
+    assert resp.status_code == 400
+    body = text(resp)
+    assert body.count(message) == 1, [line.strip() for line in body.splitlines() if message in line]
+    assert message in field_errors(body, "cron_expression")
+    assert "Correct the schedule" in body  # the preview points to the field instead
+    assert not ScheduledTrigger.objects.for_organization(team["org"]).exists()
