@@ -98,7 +98,7 @@ test: install browser
 	$(VENV)/bin/lint-imports
 	$(TEST_ENV) $(PY) manage.py makemigrations --check --dry-run
 	$(SDK_TEST)
-	$(TEST_ENV) $(VENV)/bin/pytest
+	PYTEST=$(VENV)/bin/pytest scripts/run-suite
 
 sdk-test: install
 	$(SDK_TEST)

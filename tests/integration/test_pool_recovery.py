@@ -23,7 +23,7 @@ from flowforge.stack import wait_until, worker_child_pids
 from tests.integration.conftest import LEASE_SECONDS
 from tests.integration.helpers import wait_worker_children
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.django_db(transaction=True)]
 
 TASKS = [
     {"key": "a", "type": "sleep", "config": {"seconds": 0.2}, "max_attempts": 5, "retry_backoff_seconds": 0.2},
@@ -121,7 +121,9 @@ def test_a_worker_killed_between_a_last_success_and_its_runs_end_leaves_no_open_
 
         def held_backend():
             with connection.cursor() as cur:
-                cur.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND pid <> pg_backend_pid()")
+                # This database's only: another suite's backend may sleep on the same server.
+                cur.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND pid <> pg_backend_pid() "
+                            "AND datname = current_database()")
                 row = cur.fetchone()
             return row[0] if row else None
 

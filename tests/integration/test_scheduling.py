@@ -38,7 +38,7 @@ from tests.integration.timeline import (
     seconds_between,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.django_db(transaction=True)]
 
 FAIRNESS_TASKS = int(os.environ.get("FF_FAIRNESS_TASKS", "400"))
 TASK_SECONDS = 0.05  # the "tasks of 50 ms"

@@ -18,7 +18,7 @@ from django.db import connection
 
 from bench import soak
 
-pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.integration, pytest.mark.alone, pytest.mark.django_db(transaction=True)]
 
 CFG = {
     **soak.DEFAULTS,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from django.conf import settings
 
 from engine.dispatch import INLINE_PUBLISH_RESERVATION_SECONDS
@@ -28,6 +29,7 @@ def _start_to_first_start_ms(run) -> float:
     return (started.created_at - run.created_at).total_seconds() * 1000
 
 
+@pytest.mark.alone  # compares the start latency after an idle gap with the busy one
 def test_a_new_runs_roots_are_claimed_by_its_start_and_an_idle_worker_takes_them_without_polling(
     stack, org, make_workflow
 ):
