@@ -735,19 +735,22 @@ SELECT id, state FROM decided;
 
 -- name: task_run_heartbeat_many
 -- Extend the worker leases of running generations (ids, tokens) by lease seconds, never past started_at + timeout_seconds; returns each extended id with the seconds its lease now runs; core_taskrun_pkey.
+-- One instant (now_.at) for the extension and the answer: clock_timestamp() read again in
+-- RETURNING had moved on, so a lease of 1 s answered 0.999 under load.
 UPDATE core_taskrun t
 SET lease_expires_at = LEAST(
-    clock_timestamp() + make_interval(secs => %(lease)s),
+    now_.at + make_interval(secs => %(lease)s),
     -- started_at + timeout_seconds, the timeout bounded first by what the LEAST can
     -- pick anyway (elapsed + lease), so no timestamp out of range is ever computed.
     CASE WHEN k.timeout_seconds IS NULL THEN 'infinity'::timestamptz
          ELSE t.started_at + make_interval(secs => LEAST(
-             k.timeout_seconds, EXTRACT(EPOCH FROM clock_timestamp() - t.started_at)::float8 + %(lease)s))
+             k.timeout_seconds, EXTRACT(EPOCH FROM now_.at - t.started_at)::float8 + %(lease)s))
     END)
-FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token)
+FROM core_task k, unnest(%(ids)s::uuid[], %(tokens)s::bigint[]) AS a(id, token),
+     (SELECT clock_timestamp() AS at) now_
 WHERE t.id = a.id AND t.fencing_token = a.token AND (t.state || '') = 'running' AND k.id = t.task_id
-  AND t.lease_expires_at > clock_timestamp()   -- an expired lease belongs to the reaper now
-RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - clock_timestamp())::float8;
+  AND t.lease_expires_at > now_.at   -- an expired lease belongs to the reaper now
+RETURNING t.id, EXTRACT(EPOCH FROM t.lease_expires_at - now_.at)::float8;
 
 
 -- name: task_run_fail_attempt

@@ -684,6 +684,27 @@ def test_heartbeat_extends_only_live_leases_of_the_current_generation(org, make_
         assert task_runs.heartbeat_many(leases=[], lease_seconds=10) == set()
 
 
+@pytest.mark.django_db
+def test_extend_leases_answers_the_lease_it_set_measured_from_the_same_instant(org, make_workflow):
+    """The seconds answered are the lease just set, from the instant it was set: 30.0 for a
+    lease of 30 s, not 29.9999x from a clock read again later (the worker API rounded that
+    to 0.999 for a lease of 1 s under load); with a timeout nearer, what the timeout leaves."""
+    wf = make_workflow(org, [{"key": "free", "type": "noop"},
+                             {"key": "capped", "type": "noop", "timeout_seconds": 20}])
+    run_id = start(wf)
+    for d in claim():
+        start_attempt(d.task_run_id, d.fencing_token, lease=10)
+    free, capped = task_run(run_id, "free"), task_run(run_id, "capped")
+    with transaction.atomic():
+        answered = task_runs.extend_leases(leases=[(free.pk, 1), (capped.pk, 1)], lease_seconds=30)
+    assert answered[free.pk] == 30.0
+    capped.refresh_from_db()
+    assert capped.lease_expires_at == capped.started_at + dt.timedelta(seconds=20)
+    # What the timeout leaves of it: under 20 s (some time passed since the start), and exactly
+    # the stored expiry less the instant the answer was measured from.
+    assert 0 < answered[capped.pk] < 20
+
+
 # --- cancel --------------------------------------------------------------------------------------------
 
 
