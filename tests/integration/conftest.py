@@ -73,7 +73,9 @@ def flush_broker() -> None:
     if not settings.BROKER_URL.startswith("redis"):
         return
     client = redis.Redis.from_url(settings.BROKER_URL)
-    for key in client.scan_iter(match=f"{settings.BROKER_NAMESPACE}*"):
+    # "<namespace>:", not "<namespace>*": another suite's namespace may start with this one's
+    # (scripts/run-suite's live part is "<namespace>-live", in the same Redis db).
+    for key in client.scan_iter(match=f"{settings.BROKER_NAMESPACE}:*"):
         client.delete(key)
 
 

@@ -53,6 +53,16 @@ def succeed(dispatches, *, claim_after: bool = True):
     return claimed
 
 
+def clear_cache(cache) -> None:
+    """Delete this suite's cache entries (its key prefix, the broker namespace), not the
+    whole Redis db as ``cache.clear()`` would: another suite may share the db under its
+    own namespace (scripts/run-suite's live part)."""
+    client = cache._cache.get_client(write=True)
+    keys = list(client.scan_iter(match=cache.make_key("*")))
+    if keys:
+        client.delete(*keys)
+
+
 def wide(make_workflow, org, n: int, name: str = "wide", **task_fields):
     wf = make_workflow(org, [{"key": f"t{i:04d}", "type": "noop"} for i in range(n)], name=name)
     if task_fields:
@@ -337,7 +347,7 @@ def test_any_claim_into_a_rate_window_schedules_the_claim_at_its_next_half(make_
 
     settings.FLOWFORGE_DISPATCH_AHEAD = 1000
     broker.flush_all()
-    cache.clear()
+    clear_cache(cache)
     a = make_org()
     limits(a, max_running=1000)
     rated = wide(make_workflow, a, 15, name="rated", rate_key="gh", rate_limit=10, rate_window_seconds=60)
@@ -371,7 +381,7 @@ def test_a_full_window_with_ready_work_behind_it_schedules_one_claim_at_its_next
 
     settings.FLOWFORGE_DISPATCH_AHEAD = 1000
     broker.flush_all()
-    cache.clear()
+    clear_cache(cache)
     wf = wide(make_workflow, org, 15, name="rated", rate_key="gh", rate_limit=10, rate_window_seconds=60)
     start(wf)
     assert scheduler.nudge_at_next_rate_window() is None  # no window open yet
