@@ -6,6 +6,7 @@ never the rest of the name."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 
 import pytest
@@ -50,3 +51,10 @@ def test_the_org_names_tooltip_is_its_whole_name_and_slug(path):
     assert parser.attrs is not None, "no organization name in the header"
     assert parser.text == LONG_NAME
     assert parser.attrs["title"] == f"{LONG_NAME} (acme-holdings)"
+
+
+def test_a_signed_in_page_loads_the_user_menus_script_with_the_csp_nonce():
+    _org, owner, _ = create_organization(slug="acme", name="Acme", owner_email="ada@acme.example")
+    resp = client_for(owner).get("/settings/")
+    nonce = re.search(r"'nonce-([^']+)'", resp["Content-Security-Policy"]).group(1)
+    assert f'<script src="/static/frontend/user-menu.js" nonce="{nonce}" defer></script>' in resp.content.decode()
