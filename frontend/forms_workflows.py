@@ -250,6 +250,9 @@ class TriggerForm(forms.Form):
         self.fields["workflow_name"].choices = [(n, n) for n in workflow_names]
         self.fields["timezone"].choices = timezone_choices()
         self.fields["cron_expression"].widget.attrs["aria-describedby"] = "cron-preview"
+        # The live preview speaks for the schedule as it is typed: editing it hides the server's
+        # error under it, which is about the text sent before (workflows.js, data-live-preview).
+        self.fields["cron_expression"].widget.attrs["data-live-preview"] = "cron-preview"
 
     def service_data(self) -> dict[str, Any]:
         """The cleaned fields in the shape engine.triggers expects."""

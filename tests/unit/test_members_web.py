@@ -77,7 +77,7 @@ def test_members_page_lists_members_roles_and_pending_invitations(team):
     assert invitation.email in body
     # The header: the signed-in user and the active organization.
     assert team["viewer"].user.email in body
-    assert f'<span class="org-name" title="{team["org"].slug}">{team["org"].name}</span>' in body
+    assert f'<span class="org-name" title="{team["org"].name} ({team["org"].slug})">{team["org"].name}</span>' in body
 
 
 def test_viewer_sees_no_member_controls_and_the_server_refuses_them(team):

@@ -5,6 +5,9 @@
  *  - input[data-confirm-name]: its form's submit button is enabled only once the typed
  *    text equals the name.
  *  - button[data-copy-target]: copies the target's value (or text) to the clipboard.
+ *  - input[data-live-preview]: a field whose live preview (the element of that id, updated by
+ *    htmx as it is typed) checks it: once it is edited, the server's error under it, about the
+ *    text sent before, is hidden and the field no longer marked invalid; the preview speaks.
  */
 (function () {
   "use strict";
@@ -92,11 +95,24 @@
     });
   }
 
+  function initLivePreview(root) {
+    root.querySelectorAll("input[data-live-preview]").forEach(function (field) {
+      var errors = document.getElementById(field.id + "_errors");
+      if (!errors) return;
+      field.addEventListener("input", function () {
+        errors.hidden = true;
+        field.removeAttribute("aria-invalid");
+        var wrap = field.closest(".has-error");
+        if (wrap) wrap.classList.remove("has-error");
+      });
+    });
+  }
+
   function select(target) {
     if (target.select) { target.focus(); target.select(); }
   }
 
-  function init(root) { initJson(root); initConfirm(root); initCopy(root); }
+  function init(root) { initJson(root); initConfirm(root); initCopy(root); initLivePreview(root); }
 
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", function () { init(document); });
