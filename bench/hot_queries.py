@@ -55,11 +55,6 @@ QUERIES = {
     },
     "lease_reaper": {
         "index": "idx_taskrun_lease_expiry",
-        # The other index partial on state = 'running' holds the same rows, in-flight work
-        # only: with none or few running (a drained soak), the planner may read it and sort
-        # (seen in a soak: idx_taskrun_running_org, 1 buffer, 0.012 ms). Neither grows
-        # with the history, which is what this check is for.
-        "also": ("idx_taskrun_running_org",),
         "sql": queries["task_run_get_expired_leases"],
         "params": lambda ctx: {"limit": 500},
     },

@@ -21,3 +21,12 @@ def test_the_other_hot_queries_accept_their_seed_index_only():
     assert on_index(QUERIES["lease_reaper"], ["idx_taskrun_lease_expiry"])
     assert not on_index(QUERIES["lease_reaper"], ["idx_taskrun_running_org"])
     assert on_index(QUERIES["outbox_drain"], ["idx_outbox_pending"])
+
+
+def test_the_soak_accepts_the_other_running_index_for_the_reaper_only_with_nothing_running():
+    from bench.soak import _drained_reaper
+
+    assert _drained_reaper("lease_reaper", ["idx_taskrun_running_org"], running=0)
+    assert not _drained_reaper("lease_reaper", ["idx_taskrun_running_org"], running=1)
+    assert not _drained_reaper("lease_reaper", ["idx_taskrun_state_age"], running=0)
+    assert not _drained_reaper("claim", ["idx_taskrun_running_org"], running=0)
