@@ -63,3 +63,44 @@ def test_the_37_task_workflows_table_fits_its_card_at_1440_px(org, browser, tmp_
     wrap = page.evaluate("(() => { const w = document.querySelector('table.tasks').parentElement; "
                          "return [w.scrollWidth, w.clientWidth]; })()")
     assert wrap[0] == wrap[1], f"the task table is {wrap[0]} px wide in a {wrap[1]} px card"
+
+
+# Per label: its text, the lines it takes, and the lines it takes with words kept whole
+# (overflow-wrap: normal set on it): more lines as laid out means a word was broken.
+_LINES = """(sel) => [...document.querySelectorAll(sel)].map(el => {
+  const lines = () => { const range = document.createRange(); range.selectNodeContents(el);
+    return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; };
+  const shown = lines(); el.style.overflowWrap = "normal"; const whole = lines(); el.style.overflowWrap = "";
+  return [el.textContent.trim(), shown, whole];
+})"""
+
+
+def test_checkbox_labels_badges_and_the_new_workflow_form_fit_a_phone(org, browser, tmp_path):
+    """A fresh review at 390 px saw "Enab|led" beside the trigger form's checkbox and "En|abl|ed"
+    on the webhook form (flex labels shrunk by the long-word rule), and /workflows/new/ 509 px
+    wide (the definition format's <pre> widened the one-column grid)."""
+    def render() -> dict[str, str]:
+        owner = client_for(member(org, Role.OWNER))
+        apply_definition(organization=org, document={"name": "daily", "tasks": [{"key": "a", "type": "noop"}]})
+        return {name: owner.get(path).content.decode()
+                for name, path in (("trigger", "/triggers/new/"), ("webhook", "/webhooks/"),
+                                   ("workflow", "/workflows/new/"))}
+
+    pages = orm(render)
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    for name in ("trigger", "webhook"):
+        page.goto(as_file(pages[name], tmp_path / f"{name}.html"))
+        page.wait_for_load_state("load")
+        labels = page.evaluate(_LINES, ".field.checkbox label, label.check")
+        assert labels, f"no checkbox label on the {name} form"
+        assert all(shown == whole for _, shown, whole in labels), (name, labels)
+    page.goto(as_file(pages["workflow"], tmp_path / "workflow.html"))
+    page.wait_for_load_state("load")
+    assert page.evaluate("document.documentElement.scrollWidth") == 390
+    # A state badge keeps its dot and word on one line in a narrow cell (it wrapped into a tall
+    # pill beside "1 minute ago" at 1280 px and on the dashboard at 390 px).
+    lines = page.evaluate("""() => { const cell = document.createElement("div"); cell.style.width = "3rem";
+      cell.innerHTML = '<span class="badge">Running now</span>'; document.body.append(cell);
+      const range = document.createRange(); range.selectNodeContents(cell.firstChild);
+      return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; }""")
+    assert lines == 1
