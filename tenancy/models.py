@@ -158,6 +158,12 @@ class Membership(models.Model):
 
     class Meta:
         db_table = "core_membership"
+        indexes = [
+            # GET /members/ and the members page, keyset-paginated: WHERE organization_id = ? ORDER BY
+            # created_at DESC, id DESC (api.pagination.paginate_newest_first).
+            models.Index(models.F("organization"), models.F("created_at").desc(), models.F("id").desc(),
+                         name="idx_membership_org_recent"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["organization", "user"], name="uniq_membership_org_user"),
             models.CheckConstraint(
@@ -218,6 +224,13 @@ class Invitation(models.Model):
 
     class Meta:
         db_table = "core_invitation"
+        indexes = [
+            # GET /invitations/, keyset-paginated: the pending ones, WHERE organization_id = ? AND
+            # accepted_at IS NULL AND revoked_at IS NULL ORDER BY created_at DESC, id DESC.
+            models.Index(models.F("organization"), models.F("created_at").desc(), models.F("id").desc(),
+                         name="idx_invitation_org_pending",
+                         condition=models.Q(accepted_at__isnull=True, revoked_at__isnull=True)),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["token_hash"], name="uniq_invitation_token"),
             # One pending invitation per address: the invite list is a single row per person.
@@ -265,6 +278,12 @@ class ApiKey(models.Model):
 
     class Meta:
         db_table = "core_apikey"
+        indexes = [
+            # GET /api-keys/ and the API keys page, keyset-paginated: WHERE organization_id = ? ORDER BY
+            # created_at DESC, id DESC (revoked keys included).
+            models.Index(models.F("organization"), models.F("created_at").desc(), models.F("id").desc(),
+                         name="idx_apikey_org_recent"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["prefix"], name="uniq_apikey_prefix"),
             models.CheckConstraint(
