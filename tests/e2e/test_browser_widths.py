@@ -104,3 +104,86 @@ def test_checkbox_labels_badges_and_the_new_workflow_form_fit_a_phone(org, brows
       const range = document.createRange(); range.selectNodeContents(cell.firstChild);
       return new Set([...range.getClientRects()].map(r => Math.round(r.top))).size; }""")
     assert lines == 1
+
+
+# Per element: its text and, for each line break inside it, the character before the break.
+_BREAKS = """(sel) => [...document.querySelectorAll(sel)].map(el => {
+  const before = []; let prev = null;
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange(); range.setStart(node, i); range.setEnd(node, i + 1);
+      const top = range.getBoundingClientRect().top;
+      if (prev && top > prev.top + 2) before.push(prev.ch);
+      prev = {ch: node.data[i], top};
+    }
+  }
+  return [el.textContent, before];
+})"""
+
+
+def test_task_keys_and_a_creators_address_wrap_only_after_a_separator(org, browser, tmp_path):
+    """A fresh review at 1280 px saw the 37-task workflow's 'Depends on' chips cut as 'create_' /
+    'entry_gcs' beside a Key column that never wrapped, and the trigger page's 'flaky_customer_syn'
+    / 'c' and 'demo@flowforge.loc' / 'al'. Now a key breaks only after '_', '.', '-' or '/', an
+    address after its '@' first (the breakable filter), and the two columns share the width."""
+    from engine.triggers import create_trigger
+    from tenancy.actors import Actor
+
+    email = "dorothea@operations.flowforge-customer.example"  # wider than its cell; "dorothea@" is not
+
+    def render() -> tuple[str, str]:
+        owner = member(org, Role.OWNER)
+        owner.email = email
+        owner.save(update_fields=["email"])
+        wf = apply_definition(organization=org, document={"name": "airflow-example-complex", "tasks": _airflow()})
+        trigger = create_trigger(actor=Actor(organization=org, role=Role.OWNER, user=owner, channel="web"),
+                                 data={"name": "nightly", "workflow_name": "airflow-example-complex",
+                                       "cron_expression": "0 6 * * *", "timezone": "UTC"})
+        client = client_for(owner)
+        return (client.get(f"/workflows/{wf.pk}/").content.decode(),
+                client.get(f"/triggers/{trigger.pk}/").content.decode())
+
+    workflow_html, trigger_html = orm(render)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(as_file(workflow_html, tmp_path / "workflow.html"))
+    page.wait_for_load_state("load")
+    keys = page.evaluate(_BREAKS, "table.tasks td[data-label='Key'] code, table.tasks td[data-label='Depends on'] code")
+    assert len(keys) > 37 + 50  # every key, and every dependency chip
+    assert [(text, before) for text, before in keys if set(before) - set("_.-/")] == []
+    wrapped = sum(1 for _text, before in keys if before)
+    assert wrapped < len(keys) / 2, f"{wrapped} of {len(keys)} keys wrap: a column is squeezed"
+
+    page.goto(as_file(trigger_html, tmp_path / "trigger.html"))
+    page.wait_for_load_state("load")
+    facts = dict(page.evaluate(_BREAKS, "dl.run-facts dd"))
+    assert facts["airflow-example-complex"] in ([], ["-"])
+    # At its '@' first, then at a dot or dash of a part wider than the cell.
+    assert facts[email][:1] == ["@"] and set(facts[email]) <= set("@.-"), facts[email]
+
+
+def test_a_failed_runs_error_row_spans_its_columns_under_the_run(org, browser, tmp_path):
+    """The dashboard's failed run and its error line read as one entry: a fresh review saw the
+    error cell (display: -webkit-box, for its two-line clamp) only as wide as its text, its
+    bottom line stopping under 'Workflow', and a line between the run and its own error."""
+    def render() -> str:
+        wf = apply_definition(organization=org, document={"name": "nightly", "tasks": [{"key": "load", "type": "noop"}]})
+        drive_run(start_run(workflow=wf), fail={"load"})
+        return client_for(member(org, Role.OWNER)).get("/").content.decode()
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(as_file(orm(render), tmp_path / "home.html"))
+    page.wait_for_load_state("load")
+    rows = page.evaluate("""(() => {
+      const error = document.querySelector('tr.run-error-row');
+      const run = error.previousElementSibling;
+      const cell = error.cells[1];
+      return {display: getComputedStyle(cell).display, cellRight: cell.getBoundingClientRect().right,
+              rowRight: error.getBoundingClientRect().right,
+              lineBetween: [...run.cells].map(c => getComputedStyle(c).borderBottomWidth),
+              text: cell.textContent.trim()};
+    })()""")
+    assert rows["text"] == "1 task(s) failed"
+    assert rows["display"] == "table-cell"
+    assert abs(rows["cellRight"] - rows["rowRight"]) < 1, rows
+    assert set(rows["lineBetween"]) == {"0px"}, rows
