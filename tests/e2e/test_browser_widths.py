@@ -187,3 +187,33 @@ def test_a_failed_runs_error_row_spans_its_columns_under_the_run(org, browser, t
     assert rows["display"] == "table-cell"
     assert abs(rows["cellRight"] - rows["rowRight"]) < 1, rows
     assert set(rows["lineBetween"]) == {"0px"}, rows
+
+
+def test_the_email_pages_radio_buttons_sit_beside_their_addresses(org, browser, tmp_path):
+    """A fresh review saw each address's radio button stretched across the form and drawn in its
+    middle, a line above the address it selects, and "Add Email Address" pressed against the
+    buttons above it."""
+    from allauth.account.models import EmailAddress
+
+    def render() -> str:
+        owner = member(org, Role.OWNER)
+        EmailAddress.objects.create(user=owner, email=owner.email, verified=True, primary=True)
+        EmailAddress.objects.create(user=owner, email="second@radio.example", verified=False, primary=False)
+        return client_for(owner).get("/accounts/email/").content.decode()
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(as_file(orm(render), tmp_path / "email.html"))
+    page.wait_for_load_state("load")
+    rows = page.evaluate("""[...document.querySelectorAll('form.stack input[type=radio]')].map(radio => {
+      const r = radio.getBoundingClientRect(), l = document.querySelector(`label[for="${radio.id}"]`).getBoundingClientRect();
+      const form = radio.form.getBoundingClientRect();
+      return {width: r.width, fromFormLeft: r.left - form.left, labelAfter: l.left - r.right,
+              middles: Math.abs((r.top + r.bottom) / 2 - (l.top + l.bottom) / 2)};
+    })""")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["width"] < 20 and row["fromFormLeft"] < 10, row  # before: 846 px wide, its dot in the middle
+        assert 0 <= row["labelAfter"] < 16 and row["middles"] < 4, row  # before: a line above its label
+    gap = page.evaluate("""(() => { const h = [...document.querySelectorAll('h2')].find(e => /Add Email/.test(e.textContent));
+      return h.getBoundingClientRect().top - h.previousElementSibling.getBoundingClientRect().bottom; })()""")
+    assert gap >= 24, gap
