@@ -217,3 +217,27 @@ def test_the_email_pages_radio_buttons_sit_beside_their_addresses(org, browser, 
     gap = page.evaluate("""(() => { const h = [...document.querySelectorAll('h2')].find(e => /Add Email/.test(e.textContent));
       return h.getBoundingClientRect().top - h.previousElementSibling.getBoundingClientRect().bottom; })()""")
     assert gap >= 24, gap
+
+
+def test_the_dashboards_run_tables_scroll_on_a_phone(org, browser, tmp_path):
+    """At 390 px the dashboard's run tables are wider than the phone: a fresh review found their
+    cards clipping them (overflow hidden), the Finished and Duration columns out of reach. Each
+    now scrolls inside its own box, as the other pages' tables do."""
+    def render() -> str:
+        wf = apply_definition(organization=org, document={"name": "nightly_customer_sync",
+                                                          "tasks": [{"key": "load", "type": "noop"}]})
+        drive_run(start_run(workflow=wf), fail={"load"})
+        return client_for(member(org, Role.OWNER)).get("/").content.decode()
+
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(as_file(orm(render), tmp_path / "home.html"))
+    page.wait_for_load_state("load")
+    assert page.evaluate("document.documentElement.scrollWidth") == 390
+    boxes = page.evaluate("""[...document.querySelectorAll('table.home-runs')].map(t => {
+      const box = t.parentElement; box.scrollLeft = box.scrollWidth;
+      const last = t.querySelector('th:last-child').getBoundingClientRect(), shown = box.getBoundingClientRect();
+      return {overflowX: getComputedStyle(box).overflowX, wider: t.offsetWidth > box.clientWidth,
+              lastColumnShown: last.right <= shown.right + 1 && last.left >= shown.left - 1};
+    })""")
+    assert len(boxes) == 2  # failed, finished
+    assert all(b == {"overflowX": "auto", "wider": True, "lastColumnShown": True} for b in boxes), boxes
