@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from rest_framework.exceptions import PermissionDenied
 
 from tenancy.actors import Actor
-from tenancy.permissions import Action, can
+from tenancy.permissions import Action, can, who_may
 
 # Methods whose handlers a view must give a required action (OPTIONS and HEAD are derived).
 HANDLED_METHODS = ("get", "post", "put", "patch", "delete")
@@ -35,4 +35,4 @@ def require_action(actor: Actor, action: Action | None) -> None:
     if action is None:
         raise PermissionDenied("This method is not allowed for any role.")
     if not can(actor.role, action):
-        raise PermissionDenied(f"Your role ({actor.role or 'none'}) may not {Action(action).value}.")
+        raise PermissionDenied(f"Your role ({actor.role or 'none'}) may not do this: it needs {who_may(action)}.")

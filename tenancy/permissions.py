@@ -62,10 +62,35 @@ def can(role: str | None, action: Action | str) -> bool:
     return role is not None and Action(action) in MATRIX.get(role, frozenset())
 
 
+def roles_with(action: Action | str) -> list[str]:
+    """The member roles that may perform ``action``, highest first (the worker key role is
+    not a member's: see ``who_may``)."""
+    return [role.value for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER) if can(role, action)]
+
+
+def who_may(action: Action | str) -> str:
+    """``action`` and who may perform it, for a refusal: "apikey.manage, which only the owner
+    and admin roles have"."""
+    action = Action(action)
+    roles = roles_with(action)
+    if not roles:
+        holders = "which only a worker API key has" if can(KeyRole.WORKER, action) else "which no role has"
+    elif len(roles) == len(Role):
+        holders = "which every member role has"
+    elif len(roles) == 1:
+        holders = f"which only the {roles[0]} role has"
+    else:
+        holders = f"which only the {', '.join(roles[:-1])} and {roles[-1]} roles have"
+    return f"{action.value}, {holders}"
+
+
 def require(role: str | None, action: Action | str) -> None:
-    """Raise Forbidden unless ``role`` may perform ``action``."""
+    """Raise Forbidden unless ``role`` may perform ``action``; its message names the role,
+    the action and the roles that may ("role 'viewer' may not do this: it needs
+    member.manage, which only the owner and admin roles have")."""
     if not can(role, action):
-        raise Forbidden(f"role {role or 'none'!r} may not {Action(action).value}")
+        label = str(role) if role else "none"  # a Role member prints as its value
+        raise Forbidden(f"role {label!r} may not do this: it needs {who_may(action)}")
 
 
 def min_role(a: str, b: str) -> str:

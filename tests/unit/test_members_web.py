@@ -91,7 +91,7 @@ def test_viewer_sees_no_member_controls_and_the_server_refuses_them(team):
 
     resp = client.post("/members/invite/", {"email": unique_email("x"), "role": Role.MEMBER})
     assert resp.status_code == 403
-    assert "Role 'viewer' may not member.manage." in text(resp)
+    assert "Role 'viewer' may not do this: it needs member.manage, which only the owner and admin roles have." in text(resp)
     assert not Invitation.objects.for_organization(org).exists()
 
     resp = client.post(f"/members/{member.pk}/role/", {"role": Role.VIEWER})

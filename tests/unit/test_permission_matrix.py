@@ -157,3 +157,28 @@ def test_api_keys_of_each_role_over_http(org, role):
     expected_secret = 201 if role in EXPECTED[Action.SECRET_MANAGE] else 403
     assert client.put("/api/v1/secrets/FROM_KEY/", {"value": "matrix-value"},
                       content_type="application/json").status_code == expected_secret
+
+
+def test_a_refusal_says_which_roles_may():
+    """A 403 used to say 'Your role (viewer) may not apikey.manage.': the permission's name
+    as if it were a verb, and nothing of who may. Now it names the roles that may."""
+    from tenancy.permissions import require, who_may
+
+    assert who_may(Action.APIKEY_MANAGE) == "apikey.manage, which only the owner and admin roles have"
+    assert who_may(Action.ORG_MANAGE) == "org.manage, which only the owner role has"
+    assert who_may(Action.RUN_OPERATE) == "run.operate, which only the owner, admin and member roles have"
+    assert who_may(Action.READ) == "read, which every member role has"
+    assert who_may(Action.WORKER_SERVE) == "worker.serve, which only a worker API key has"
+    with pytest.raises(Forbidden) as refused:
+        require(Role.MEMBER, Action.AUDIT_READ)
+    assert str(refused.value) == "role 'member' may not do this: it needs audit.read, which only the owner and admin roles have"
+
+
+def test_an_api_403_says_which_roles_may(make_org):
+    org = make_org()
+    owner = Membership.objects.for_organization(org).get(role=Role.OWNER).user
+    _row, key = create_api_key(actor=Actor(organization=org, role=Role.OWNER, user=owner), name="v", role=Role.VIEWER)
+    response = Client().get("/api/v1/api-keys/", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 403
+    assert response.json()["detail"] == (
+        "Your role (viewer) may not do this: it needs apikey.manage, which only the owner and admin roles have.")

@@ -233,7 +233,7 @@ def test_only_owners_and_admins_manage_secrets(team, role, allowed):
         vault.delete_secret(actor=actor, name="MINE")
         assert [(s.name, s.version) for s in secret_rows(team["org"])] == [("EXISTING", 2)]
     else:
-        with pytest.raises(Forbidden, match="may not secret.manage"):
+        with pytest.raises(Forbidden, match="may not do this: it needs secret.manage, which only the owner and admin roles have"):
             vault.set_secret(actor=actor, name="MINE", value=new_value())
         with pytest.raises(Forbidden):
             vault.set_secret(actor=actor, name="EXISTING", value=new_value())

@@ -55,7 +55,7 @@ def test_roles_without_apikey_manage_get_403_everywhere(team, role):
     client = client_for(team[role])
     assert client.get("/api-keys/").status_code == 403
     resp = client.post("/api-keys/", {"name": "mine", "role": Role.VIEWER})
-    assert resp.status_code == 403 and "may not apikey.manage" in text(resp)
+    assert resp.status_code == 403 and "may not do this: it needs apikey.manage, which only the owner and admin roles have" in text(resp)
     assert client.get(f"/api-keys/{key.pk}/revoke/").status_code == 403
     assert client.post(f"/api-keys/{key.pk}/revoke/").status_code == 403
     key.refresh_from_db()
@@ -246,7 +246,7 @@ def test_others_read_the_settings_and_cannot_change_them(team, role):
     assert org.name in body and org.slug in body and "Only owners change these settings." in body
     assert 'action="/settings/"' not in body
     resp = client.post("/settings/", {"name": "Hijacked"})
-    assert resp.status_code == 403 and "may not org.manage" in text(resp)
+    assert resp.status_code == 403 and "may not do this: it needs org.manage, which only the owner role has" in text(resp)
     assert Organization.objects.get(pk=org.pk).name == org.name
 
 

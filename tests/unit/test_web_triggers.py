@@ -280,7 +280,7 @@ def test_viewer_is_refused_every_change(team, workflow):
     assert client.post(f"/triggers/{trigger.pk}/pause/").status_code == 403
     assert client.get(f"/triggers/{trigger.pk}/delete/").status_code == 403
     resp = client.post(f"/triggers/{trigger.pk}/delete/")
-    assert resp.status_code == 403 and "may not workflow.edit" in text(resp)
+    assert resp.status_code == 403 and "may not do this: it needs workflow.edit, which only the owner, admin and member roles have" in text(resp)
     trigger.refresh_from_db()
     assert trigger.enabled and trigger.name == "nightly"
     assert ScheduledTrigger.objects.for_organization(team["org"]).count() == 1

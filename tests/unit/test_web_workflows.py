@@ -281,7 +281,7 @@ def test_viewer_cannot_open_or_post_the_upload_form(team):
     assert client.get("/workflows/new/").status_code == 403
     resp = client.post("/workflows/new/", {"definition": json.dumps(DIAMOND), "state": "active"})
     assert resp.status_code == 403
-    assert "may not workflow.edit" in text(resp)
+    assert "may not do this: it needs workflow.edit, which only the owner, admin and member roles have" in text(resp)
     assert not Workflow.objects.for_organization(team["org"]).exists()
 
 
