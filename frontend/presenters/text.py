@@ -8,21 +8,26 @@ from typing import Any
 
 from engine.repositories import waiting
 
+#: Joins a number to its unit: the two never land on separate lines.
+NBSP = "\u00a0"
+
 
 def human_duration(seconds: float | None) -> str:
-    """``seconds`` as a short human duration ("340 ms", "12.4 s", "3 m 05 s", "2 h 07 m"); "" for None."""
+    """``seconds`` as a short human duration ("340 ms", "12.4 s", "3 m 05 s", "2 h 07 m"),
+    each number joined to its unit by a no-break space (NBSP: a narrow cell never wraps "2 h"
+    / "07 m" as "2" / "h 07 m"); "" for None."""
     if seconds is None:
         return ""
     seconds = max(0.0, seconds)
     if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
+        return f"{seconds * 1000:.0f}{NBSP}ms"
     if seconds < 60:
-        return f"{seconds:.1f} s"
+        return f"{seconds:.1f}{NBSP}s"
     if seconds < 3600:
         m, s = divmod(int(seconds), 60)
-        return f"{m} m {s:02d} s"
+        return f"{m}{NBSP}m {s:02d}{NBSP}s"
     h, rem = divmod(int(seconds), 3600)
-    return f"{h} h {rem // 60:02d} m"
+    return f"{h}{NBSP}h {rem // 60:02d}{NBSP}m"
 
 
 def retry_at(state: str, not_before: dt.datetime | None, now: dt.datetime) -> dt.datetime | None:
@@ -57,12 +62,13 @@ def without_countdown(reason: str) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """``n`` bytes as "812 B", "4.0 KiB", "255.0 KiB", "1.2 MiB"."""
+    """``n`` bytes as "812 B", "4.0 KiB", "255.0 KiB", "1.2 MiB" (number and unit joined by
+    a no-break space, as ``human_duration``'s)."""
     if n < 1024:
-        return f"{n} B"
+        return f"{n}{NBSP}B"
     if n < 1024 * 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / (1024 * 1024):.1f} MiB"
+        return f"{n / 1024:.1f}{NBSP}KiB"
+    return f"{n / (1024 * 1024):.1f}{NBSP}MiB"
 
 
 def seconds_between(start: dt.datetime | None, end: dt.datetime | None) -> float | None:

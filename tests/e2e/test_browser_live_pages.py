@@ -75,13 +75,14 @@ def page_for(browser, base: str, session: str):
 
 
 def seconds_of(text: str) -> float:
-    """A duration as the pages write it ("340 ms", "12.4 s", "3 m 05 s") in seconds."""
+    """A duration as the pages write it ("340 ms", "12.4 s", "3 m 05 s", each number joined to
+    its unit by a no-break space) in seconds."""
     text = text.strip()
-    if m := re.fullmatch(r"(\d+) ms", text):
+    if m := re.fullmatch(r"(\d+)\u00a0ms", text):
         return int(m[1]) / 1000
-    if m := re.fullmatch(r"([\d.]+) s", text):
+    if m := re.fullmatch(r"([\d.]+)\u00a0s", text):
         return float(m[1])
-    if m := re.fullmatch(r"(\d+) m (\d+) s", text):
+    if m := re.fullmatch(r"(\d+)\u00a0m (\d+)\u00a0s", text):
         return int(m[1]) * 60 + int(m[2])
     raise AssertionError(f"not a duration: {text!r}")
 

@@ -82,7 +82,7 @@ def test_the_workers_page_and_the_run_page_flag_a_queue_without_a_live_worker(li
     assert images.locator(".badge.warn").inner_text() == "none"
     assert page.locator("tr[data-queue='pdf'] .badge.ok").inner_text() == "1"
     assert "Live" in page.locator("#queue-pdf tr[data-worker-id='2c9e-pdf-1']").inner_text()
-    assert "10 m" in page.locator("#queue-images tr[data-worker-id='6b1f…-old']").inner_text()
+    assert "10\u00a0m" in page.locator("#queue-images tr[data-worker-id='6b1f…-old']").inner_text()
     page.screenshot(path=str(screenshots / "workers.png"), full_page=True)
 
     run_url = f"{base}/runs/{data['run'].pk}/"

@@ -112,7 +112,7 @@ def test_the_web_run_page_of_400_big_outputs_is_under_2_mb_and_links_each_whole_
     assert len(page.content) < 2_000_000, len(page.content)
     body = page.content.decode()
     ids = list(TaskRun.objects.for_organization(org).filter(workflow_run=run).values_list("id", flat=True))
-    assert "whole output (249.0 KiB)" in body
+    assert "whole output (249.0\u00a0KiB)" in body
     # The task table shows 50 rows a page: each page links each of its task runs' whole output.
     first_page = re.findall(rf'href="/runs/{run.pk}/tasks/([0-9a-f-]+)/output/"', body)
     linked = set(first_page)

@@ -119,7 +119,7 @@ def test_the_settings_page_shows_the_same_table(org, settings):
     assert row("max_runs_per_minute")[1:] == ["2 (set for this organization)", "2", f"{free['max_runs_per_minute']:,}"]
     assert re.search(r'<tr data-limit="max_runs_per_minute" class="full">', section)  # at its limit
     assert row("weight")[1:] == [str(free["weight"]), "—", str(free["weight"])]
-    assert row("max_definition_bytes")[1:3] == ["10.0 MiB", f"{definition_bytes(org)} B"]
+    assert row("max_definition_bytes")[1:3] == ["10.0\u00a0MiB", f"{definition_bytes(org)}\u00a0B"]
 
 
 # --- the admin ---------------------------------------------------------------------------------------

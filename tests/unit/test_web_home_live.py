@@ -83,7 +83,7 @@ def test_home_shows_next_trigger_fire_times_and_queue_health(org, make_org):
         {"key": "a", "type": "worker", "config": {"queue": "gpu"}}]})
     body = text(client_for(owner_of(org)).get("/"))
     triggers = _home_sections(body)["triggers"]
-    assert "every-hour" in triggers and "in 4 m" in triggers
+    assert "every-hour" in triggers and "in 4\u00a0m" in triggers
     assert "paused-one" not in triggers and "their-trigger" not in body
     queues = _home_sections(body)["queues"]
     assert 'data-queue="gpu"' in queues

@@ -494,10 +494,10 @@ def test_attempts_are_paired_from_started_to_the_event_that_ended_them():
 
 
 def test_human_durations():
-    assert run_text.human_duration(0.34) == "340 ms"
-    assert run_text.human_duration(12.44) == "12.4 s"
-    assert run_text.human_duration(185) == "3 m 05 s"
-    assert run_text.human_duration(7620) == "2 h 07 m"
+    assert run_text.human_duration(0.34) == "340\u00a0ms"
+    assert run_text.human_duration(12.44) == "12.4\u00a0s"
+    assert run_text.human_duration(185) == "3\u00a0m 05\u00a0s"
+    assert run_text.human_duration(7620) == "2\u00a0h 07\u00a0m"
     assert run_text.human_duration(None) == ""
 
 
@@ -693,15 +693,15 @@ def test_a_queued_run_has_no_duration_on_its_page_its_live_fragment_or_the_list(
     # The running run has one, from its start (90 s ago), not from its creation.
     WorkflowRun.objects.unscoped().filter(pk=running.pk).update(
         started_at=timezone.now() - dt.timedelta(seconds=90), created_at=F("created_at") - dt.timedelta(hours=1))
-    assert fact(text(client.get(f"/runs/{running.pk}/")), "Duration") == "1 m 30 s"
+    assert fact(text(client.get(f"/runs/{running.pk}/")), "Duration") == "1\u00a0m 30\u00a0s"
 
 
 def test_run_durations_count_from_the_start_only():
     now = timezone.now()
     assert run_text.run_duration(None, None, now) == "—"
     assert run_text.run_duration(None, now, now) == "—"  # cancelled while queued: it never ran
-    assert run_text.run_duration(now - dt.timedelta(seconds=12.44), None, now) == "12.4 s"
-    assert run_text.run_duration(now - dt.timedelta(seconds=185), now - dt.timedelta(seconds=5), now) == "3 m 00 s"
+    assert run_text.run_duration(now - dt.timedelta(seconds=12.44), None, now) == "12.4\u00a0s"
+    assert run_text.run_duration(now - dt.timedelta(seconds=185), now - dt.timedelta(seconds=5), now) == "3\u00a0m 00\u00a0s"
 
 
 def test_wait_reasons_lose_their_countdown_and_nothing_else():

@@ -81,7 +81,7 @@ def test_the_workers_page_lists_queues_and_their_workers(a, b):
     images = re.search(r'<tr data-queue="images".*?</tr>', queues, flags=re.S).group(0)
     cells = [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", images, flags=re.S)]
     assert cells[0] == "images" and cells[1] == "1" and cells[3] == "1" and cells[4] == "1"
-    assert re.fullmatch(r"\d+(\.\d)? (ms|s)", cells[2]), cells[2]  # the oldest waiting task's age
+    assert re.fullmatch(r"\d+(\.\d)?\u00a0(ms|s)", cells[2]), cells[2]  # the oldest waiting task's age
     pdf = re.search(r'<tr data-queue="pdf" class="starved".*?</tr>', queues, flags=re.S).group(0)
     assert '<span class="badge warn">none</span>' in pdf
     assert "No worker is polling queue <code>pdf</code>: its tasks wait until you start one with a worker key." in body
@@ -95,7 +95,7 @@ def test_the_workers_page_lists_queues_and_their_workers(a, b):
     assert '<td data-label="Tasks held" class="num">1</td>' in live
     assert '<span class="badge ok">Live</span>' in live and " ago</td>" in live
     gone = re.search(r'<tr data-worker-id="w-gone" class="dim">.*?</tr>', section, flags=re.S).group(0)
-    assert '<span class="badge">Gone</span>' in gone and "3 h 00 m ago" in gone
+    assert '<span class="badge">Gone</span>' in gone and "3\u00a0h 00\u00a0m ago" in gone
     assert "w-ancient" not in body
     assert "b-worker-secret" not in body and "b-host" not in body
     assert "Start another worker" in body

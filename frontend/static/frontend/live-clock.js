@@ -14,16 +14,17 @@
 
   function now() { return Date.now() + offset; }
 
+  var NBSP = "\u00a0";  /* a number and its unit never wrap apart, as on the server */
   function human(seconds) {
     seconds = Math.max(0, seconds);
-    if (seconds < 1) return Math.round(seconds * 1000) + " ms";
-    if (seconds < 60) return seconds.toFixed(1) + " s";
+    if (seconds < 1) return Math.round(seconds * 1000) + NBSP + "ms";
+    if (seconds < 60) return seconds.toFixed(1) + NBSP + "s";
     if (seconds < 3600) {
       var m = Math.floor(seconds / 60), s = Math.floor(seconds % 60);
-      return m + " m " + (s < 10 ? "0" : "") + s + " s";
+      return m + NBSP + "m " + (s < 10 ? "0" : "") + s + NBSP + "s";
     }
     var h = Math.floor(seconds / 3600), mm = Math.floor((seconds % 3600) / 60);
-    return h + " h " + (mm < 10 ? "0" : "") + mm + " m";
+    return h + NBSP + "h " + (mm < 10 ? "0" : "") + mm + NBSP + "m";
   }
 
   function tick() {
