@@ -42,56 +42,32 @@ def pytest_sessionfinish(session, exitstatus):
             pass  # nothing to clean where Redis is gone
 
 
-# pytest-django's fixtures that give a test the test database (a test's fixturenames hold
-# every fixture its own fixtures depend on too).
-_DATABASE_FIXTURES = frozenset({
-    "db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server",
-    "_django_db_helper", "django_db_setup",
-})
-
-
-def _uses_database(request) -> bool:
-    """Whether the test uses the test database: a ``django_db`` marker or a database fixture."""
-    if request.node.get_closest_marker("django_db") is not None:
-        return True
-    return bool(_DATABASE_FIXTURES & set(request.fixturenames))
-
-
-@pytest.fixture(autouse=True)
-def _test_database_prepared(request):
-    """The session's database preparation (``_history_partitions_for_old_runs``,
-    ``_refill_threads_stopped``), for a test that uses the test database only.
-
-    pytest-django creates the test database only when some collected test uses it. A
-    selection of tests that do not (``pytest tests/unit/test_logs.py``) runs against the
-    configured database itself: preparing it there would write to that database, or fail
-    where it was never migrated."""
-    if _uses_database(request):
-        request.getfixturevalue("_refill_threads_stopped")
-        request.getfixturevalue("_history_partitions_for_old_runs")
-
-
 @pytest.fixture(scope="session")
-def _refill_threads_stopped(django_db_setup):
-    """Stop the worker refill threads (engine.worker.batching.Refiller) before the test
-    database is dropped: an open connection of theirs would keep it from being dropped."""
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database, then the suite's own preparation of it; at the end,
+    before it is dropped, the worker threads that keep connections to it are stopped.
+
+    - One history partition for runs created from 2000 to the current period (migration
+      0033 makes those from the current period on): tests make runs look old by moving
+      their created_at, and such a run's later events need a partition to land in.
+    - Refill threads (engine.worker.batching.Refiller) and log shippers are stopped at the
+      session's end: an open connection of theirs would keep the database from being dropped.
+
+    An override of ``django_db_setup``, not an autouse fixture: pytest-django creates the
+    test database only for a test that uses it, and sets it up before that test's
+    transaction opens. A selection with no such test (``pytest tests/unit/test_logs.py``)
+    never touches the configured database; and partitions made inside the first test's
+    transaction (an autouse fixture after a ``django_db`` mark's) would be rolled back with it."""
+    from engine import partitions
+
+    with django_db_blocker.unblock():
+        partitions.ensure_range(dt.datetime(2000, 1, 1, tzinfo=dt.UTC), partitions.floor(dt.datetime.now(dt.UTC)))
     yield
     from engine.worker.batching import Refiller
     from engine.worker.log_shipper import LogShipper
 
     Refiller.stop_all()
     LogShipper.stop_all()
-
-
-@pytest.fixture(scope="session")
-def _history_partitions_for_old_runs(django_db_setup, django_db_blocker):
-    """One history partition for runs created from 2000 to the current period (migration
-    0033 makes those from the current period on): tests make runs look old by moving their
-    created_at, and such a run's later events need a partition to land in."""
-    from engine import partitions
-
-    with django_db_blocker.unblock():
-        partitions.ensure_range(dt.datetime(2000, 1, 1, tzinfo=dt.UTC), partitions.floor(dt.datetime.now(dt.UTC)))
 
 
 def _transactional(request) -> bool:

@@ -44,7 +44,9 @@ def breakable(value: object) -> str:
     An email address is two ``.wrap-unit`` boxes, ``local@`` and the domain, so it wraps
     after its ``@`` first (``ada@`` / ``example.com``) and inside either part, at those
     characters, only when that part alone is wider than the cell. Text without any of them
-    is only escaped."""
+    is only escaped; None is ""."""
+    if value is None:
+        return ""
     text = str(value)
     local, at, domain = text.rpartition("@")
     if not (at and local and domain):

@@ -13,6 +13,7 @@ def test_a_key_may_break_after_each_separator_but_not_at_its_end():
     assert breakable("create_tag_template") == "create_<wbr>tag_<wbr>template"
     assert breakable("etl.load-v2/daily_") == "etl.<wbr>load-<wbr>v2/<wbr>daily_"
     assert breakable("plainword") == "plainword"
+    assert breakable(None) == "" and breakable("") == ""
 
 
 def test_an_address_is_two_boxes_split_after_its_at():

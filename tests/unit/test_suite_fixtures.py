@@ -1,5 +1,7 @@
-"""The suite's own fixtures (tests/conftest.py): a selection of tests that do not use the
-test database neither fails for it nor writes to the configured database."""
+"""The suite's own preparation of the test database (tests/conftest.py, ``django_db_setup``):
+a selection of tests that do not use the test database neither fails for it nor writes to
+the configured database, and one whose first test reaches the database through a
+``django_db`` mark keeps its history partitions for every test."""
 
 from __future__ import annotations
 
@@ -15,6 +17,22 @@ from django.conf import settings
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 
+def _own_name(suffix: str) -> str:
+    """A database name of this run's own: the suite's database name (which each run, part and
+    worktree sets apart) plus ``suffix`` and a random part, within PostgreSQL's 63 bytes."""
+    base = str(settings.DATABASES["default"]["NAME"]).removeprefix("test_")[:40]
+    return f"{base}_{suffix}_{uuid.uuid4().hex[:8]}"
+
+
+def _child_env(database_name: str) -> dict[str, str]:
+    """The environment of a pytest run in a subprocess on ``database_name``: its own broker
+    namespace (its session end empties its namespace in Redis), no test database name of ours."""
+    env = dict(os.environ, DATABASE_URL=_server_url(database_name), BROKER_NAMESPACE=database_name)
+    for key in ("TEST_DATABASE_URL", "TEST_DATABASE_NAME", "PYTEST_ADDOPTS"):
+        env.pop(key, None)
+    return env
+
+
 def _server_url(name: str) -> str:
     db = settings.DATABASES["default"]
     user = db.get("USER") or "postgres"
@@ -27,15 +45,12 @@ def test_a_selection_without_database_tests_passes_and_leaves_the_configured_dat
     ("function ff_history_partition_create(...) does not exist"): the session fixture that
     makes history partitions ran although pytest-django had created no test database, so
     it ran against the configured (here: empty, never migrated) database itself."""
-    name = f"ff_nodb_{uuid.uuid4().hex[:10]}"
+    name = _own_name("nodb")
     admin = _server_url("postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        # Its own namespace: the child's session end empties its namespace in Redis.
-        env = dict(os.environ, DATABASE_URL=_server_url(name), BROKER_NAMESPACE=name)
-        for key in ("TEST_DATABASE_URL", "TEST_DATABASE_NAME", "PYTEST_ADDOPTS"):
-            env.pop(key, None)
+        env = _child_env(name)
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_logs.py"],
             cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300,
@@ -53,3 +68,17 @@ def test_a_selection_without_database_tests_passes_and_leaves_the_configured_dat
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_history_partitions_outlive_the_first_tests_transaction():
+    """tests/unit/test_retention.py alone: its tests reach the database through their
+    ``django_db`` marks and move runs back to 2001 and 2025. A fresh review found them failing
+    ("no partition of relation core_taskrunevent found for row", 4 of 8) when the partitions
+    were made lazily by an autouse fixture: inside the first test's transaction, so rolled back
+    with it. Its own test database (test_<name>), made and dropped by the child run."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit/test_retention.py"],
+        cwd=BASE_DIR, env=_child_env(_own_name("marks")), capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-3000:]
