@@ -241,3 +241,35 @@ def test_the_dashboards_run_tables_scroll_on_a_phone(org, browser, tmp_path):
     })""")
     assert len(boxes) == 2  # failed, finished
     assert all(b == {"overflowX": "auto", "wider": True, "lastColumnShown": True} for b in boxes), boxes
+
+
+def test_the_triggers_table_keeps_its_buttons_in_the_card(org, browser, tmp_path):
+    """At 1,024 px a fresh look found the triggers table 1,116 px wide in its 990 px card: Edit and
+    Delete scrolled out of sight. Names now wrap after a separator and the buttons may stack; at
+    1,280 px a 21-character name takes at most two lines, broken after an underscore."""
+    from engine.triggers import create_trigger
+    from tenancy.actors import Actor
+
+    def render() -> str:
+        owner = member(org, Role.OWNER)
+        apply_definition(organization=org, document={"name": "flaky_customer_sync", "tasks": [{"key": "a", "type": "noop"}]})
+        create_trigger(actor=Actor(organization=org, role=Role.OWNER, user=owner, channel="web"),
+                       data={"name": "nightly_customer_sync", "workflow_name": "flaky_customer_sync",
+                             "cron_expression": "0 6 * * *", "timezone": "Europe/Amsterdam"})
+        return client_for(owner).get("/triggers/").content.decode()
+
+    url = as_file(orm(render), tmp_path / "triggers.html")
+    for width in (1024, 1280):
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(url)
+        page.wait_for_load_state("load")
+        fit = page.evaluate("""(() => { const t = document.querySelector('table.triggers'), box = t.parentElement;
+          const name = t.querySelector('td[data-label=Name] a'), range = document.createRange();
+          range.selectNodeContents(name);
+          return {table: Math.round(t.getBoundingClientRect().width), box: box.clientWidth,
+                  nameLines: new Set([...range.getClientRects()].map(r => Math.round(r.top))).size}; })()""")
+        assert fit["table"] <= fit["box"], (width, fit)
+        assert fit["nameLines"] <= 2, (width, fit)
+        breaks = dict(page.evaluate(_BREAKS, "table.triggers td[data-label=Name] a"))
+        assert set(breaks["nightly_customer_sync"]) <= {"_"}, breaks
+        page.close()
