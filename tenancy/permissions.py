@@ -65,7 +65,7 @@ def can(role: str | None, action: Action | str) -> bool:
 def roles_with(action: Action | str) -> list[str]:
     """The member roles that may perform ``action``, highest first (the worker key role is
     not a member's: see ``who_may``)."""
-    return [role.value for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER) if can(role, action)]
+    return [str(role) for role in sorted(ROLE_RANK, key=ROLE_RANK.get, reverse=True) if can(role, action)]
 
 
 def who_may(action: Action | str) -> str:
