@@ -66,7 +66,7 @@ DELIVERY_EXAMPLE = {
 BODY_EXAMPLE = {"id": EVENT_ID, "type": "run.failed", "created_at": AT, "data": {
     "organization": {"id": "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
     "workflow": {"id": "0b7c1f43-5a4e-4f7e-9a51-6f1b2f7f3d10", "name": "nightly-report", "version": 3},
-    "run": {"id": RUN_ID, "state": "failed", "error": "1 task(s) failed", "trigger_source": "cron", "priority": 0,
+    "run": {"id": RUN_ID, "state": "failed", "error": "task load failed", "trigger_source": "cron", "priority": 0,
             "retry_of": None, "created_at": AT, "started_at": AT, "finished_at": "2026-01-15T09:30:40.000000+00:00"}}}
 
 ENDPOINT_PARAMETER = OpenApiParameter("pk", str, OpenApiParameter.PATH, description="The endpoint's id.")

@@ -224,7 +224,7 @@ def load_history(org, workflow, target: int, schema: str | None = None) -> float
                                                   error, last_event_seq, created_at, started_at, finished_at)
                     SELECT gen_random_uuid(), %(org)s, %(wf)s,
                            CASE WHEN g %% 50 = 0 THEN 'failed' ELSE 'succeeded' END, '{}', 'cli',
-                           CASE WHEN g %% 50 = 0 THEN '1 task(s) failed' ELSE '' END, 0, ts, ts,
+                           CASE WHEN g %% 50 = 0 THEN 'task load failed' ELSE '' END, 0, ts, ts,
                            ts + interval '5 seconds'
                     FROM (SELECT g, now() - interval '400 days' + random() * interval '365 days' AS ts
                           FROM generate_series(1, %(runs)s) g) s

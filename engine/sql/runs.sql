@@ -108,7 +108,7 @@ WITH runs AS (
     -- probe (as an anti-join the planner may read every open task run of every run), and
     -- ORDER BY state makes that index the cheapest way in (on the run's foreign-key index
     -- it would read the run's finished task runs too, one heap fetch each).
-    SELECT r.id, c.failed, c.cancelled
+    SELECT r.id, c.failed, c.keys, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
                        WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
@@ -124,8 +124,10 @@ WITH runs AS (
     -- (idx_taskrun_run_state, uniq_taskrun_per_run_task); the states compared as
     -- expressions so that no plan reads every failed, skipped or succeeded task run of the
     -- table by state (idx_taskrun_state_age).
-    CROSS JOIN LATERAL (SELECT CASE WHEN n.failed = 0 THEN 0 ELSE (
-                            SELECT count(*) FROM core_taskrun f
+    -- Their task keys (unhandled), first failed first: named in the run's error.
+    CROSS JOIN LATERAL (SELECT CASE WHEN n.failed = 0 THEN NULL ELSE (
+                            SELECT array_agg(fk.key ORDER BY f.finished_at, fk.key)
+                            FROM core_taskrun f JOIN core_task fk ON fk.id = f.task_id
                             WHERE f.workflow_run_id = r.id AND (f.state || '') = 'failed' AND NOT EXISTS (
                                 WITH RECURSIVE carried(task_id) AS (
                                     SELECT f.task_id
@@ -149,8 +151,9 @@ WITH runs AS (
                                 WHERE k.trigger_rule IN ('one_failed', 'all_failed') AND (h.state || '') = 'succeeded'
                                   -- A handler marked succeeded by a person (engine.recovery: no
                                   -- start, finished at the mark) handled it too.
-                                  AND COALESCE(h.started_at, h.finished_at) >= f.finished_at)) END AS failed,
-                               n.cancelled) c
+                                  AND COALESCE(h.started_at, h.finished_at) >= f.finished_at)) END AS keys,
+                               n.cancelled) u
+    CROSS JOIN LATERAL (SELECT COALESCE(cardinality(u.keys), 0) AS failed, u.keys, u.cancelled) c
     WHERE o.one IS NULL
 ), prev AS (
     SELECT r.id, r.state FROM core_workflowrun r JOIN done_runs d ON d.id = r.id
@@ -160,7 +163,12 @@ WITH runs AS (
                      ELSE 'succeeded' END,
         finished_at = clock_timestamp(),
         last_event_seq = r.last_event_seq + 1,
-        error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+        -- "task load failed"; "3 tasks failed: extract, load, notify"; past five keys,
+        -- "... and 2 more" (docs/api.md, "A run's final state").
+        error = CASE WHEN c.failed = 1 THEN 'task ' || c.keys[1] || ' failed'
+                     WHEN c.failed > 1 THEN c.failed || ' tasks failed: ' || array_to_string(c.keys[1:5], ', ')
+                                            || CASE WHEN c.failed > 5 THEN ' and ' || (c.failed - 5) || ' more' ELSE '' END
+                     ELSE '' END
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending')
     RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at
@@ -209,7 +217,7 @@ WITH runs AS (
                      ELSE 'succeeded' END,
         finished_at = clock_timestamp(),
         last_event_seq = r.last_event_seq + 1,
-        error = CASE WHEN c.failed > 0 THEN c.failed || ' task(s) failed' ELSE '' END
+        error = ''   -- a run with a failed task run is finished by run_finish_if_done
     FROM done_runs c, prev p
     WHERE r.id = c.id AND p.id = r.id AND r.state IN ('running', 'pending') AND c.failed = 0
     RETURNING r.id, r.organization_id, r.workflow_id, r.state, r.last_event_seq, p.state AS old_state, r.created_at

@@ -183,7 +183,7 @@ def test_a_failed_runs_error_row_spans_its_columns_under_the_run(org, browser, t
               lineBetween: [...run.cells].map(c => getComputedStyle(c).borderBottomWidth),
               text: cell.textContent.trim()};
     })()""")
-    assert rows["text"] == "1 task(s) failed"
+    assert rows["text"] == "task load failed"
     assert rows["display"] == "table-cell"
     assert abs(rows["cellRight"] - rows["rowRight"]) < 1, rows
     assert set(rows["lineBetween"]) == {"0px"}, rows

@@ -55,7 +55,7 @@ def test_task_that_always_fails_is_retried_max_attempts_then_run_fails_and_downs
 
     assert wait_for_run_terminal(run, timeout=30) == "failed"
     run.refresh_from_db()
-    assert run.error == "1 task(s) failed"
+    assert run.error == "task a failed"
 
     trs = task_runs_by_key(org, run)
     a = trs["a"]

@@ -42,7 +42,7 @@ def test_an_always_cleanup_runs_after_a_failure_and_the_run_still_fails(stack, o
     # all_done ran the alert, whose condition saw the failed task's output: null.
     assert tr["alert"].state == "succeeded"
     run.refresh_from_db()
-    assert run.error == "1 task(s) failed"
+    assert run.error == "task work failed"
     started = TaskRunEvent.objects.for_organization(org).filter(workflow_run=run, kind="started")
     assert sorted(started.values_list("task_run__task__key", flat=True)) == ["alert", "cleanup", "setup", "work"]
 

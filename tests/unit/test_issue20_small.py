@@ -145,7 +145,7 @@ def test_the_failed_run_banner_names_the_failing_tasks_with_links_to_their_panel
 def test_the_banner_says_which_failures_a_handler_handled_and_lists_the_others_first(org):
     """The run's error counts the failures nothing handled (runs.sql run_finish_if_done); the
     banner names every failed task, those a one_failed task handled last, saying by which,
-    so the two agree (a fresh review saw '2 task(s) failed' beside three names)."""
+    so the two agree (a fresh review saw a count of two beside three names)."""
     from engine.services import start_run
     from tests.unit.test_web_runs import drive_run
 
@@ -155,7 +155,7 @@ def test_the_banner_says_which_failures_a_handler_handled_and_lists_the_others_f
         {"key": "validate", "type": "noop"},
         {"key": "web", "type": "noop"}]})
     run = drive_run(start_run(workflow=wf, actor=actor_for(org)), fail={"boom", "validate", "web"})
-    assert (run.state, run.error) == ("failed", "2 task(s) failed")
+    assert (run.state, run.error) == ("failed", "2 tasks failed: validate, web")
     page = client_for(owner_of(org)).get(f"/runs/{run.pk}/").content.decode()
     banner = re.search(r'<p class="failed-tasks">(.*?)</p>', page, re.S).group(1)
     named = re.findall(r'<code>(\w+)</code></a>( <span class="handled">\(handled by <code>(\w+)</code>\)</span>)?',

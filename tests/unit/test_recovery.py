@@ -688,7 +688,7 @@ def test_marking_the_failure_handler_succeeded_counts_as_handling_the_failure(or
         {"key": "alert", "type": "noop", "depends_on": ["b"], "trigger_rule": "one_failed"},
     ])
     run = drive(start_run(workflow=wf, actor=actor_with(org, Role.OWNER)), fail={"b", "alert"})
-    assert (run.state, run.error) == ("failed", "2 task(s) failed")
+    assert (run.state, run.error) == ("failed", "2 tasks failed: b, alert")
 
     mark_task_run_succeeded(actor=actor_with(org), task_run=by_key(run)["alert"], output={"paged": "on-call"})
 

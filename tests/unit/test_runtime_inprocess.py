@@ -209,7 +209,7 @@ def test_task_failing_all_attempts_fails_the_run_and_skips_downstream(org, make_
     outcomes = drive(run.pk)
     assert outcomes == [("boom", 1, "retrying"), ("boom", 2, "failed")]
     run.refresh_from_db()
-    assert run.state == "failed" and run.error == "1 task(s) failed"
+    assert run.state == "failed" and run.error == "task boom failed"
     rows = task_runs(run.pk)
     assert (rows["boom"].state, rows["boom"].attempt) == ("failed", 2)
     assert rows["boom"].error == "RuntimeError: no (attempt 2)"

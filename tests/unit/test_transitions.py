@@ -474,7 +474,7 @@ def test_task_failing_every_attempt_fails_skips_descendants_transitively_and_fai
     assert task_run(run_id, "ok").state == "succeeded"
     run = run_row(run_id)
     assert run.state == "failed" and run.finished_at is not None
-    assert run.error == "1 task(s) failed"
+    assert run.error == "task bad failed"
 
     evs = events(run_id)
     assert [e[1] for e in evs if e[2] == "bad"] == [

@@ -312,7 +312,28 @@ def test_an_always_cleanup_after_a_failure_runs_and_the_run_still_fails(org, mak
     assert run_state(run_id)[0] == "running"
     result = succeed(run_id, "cleanup")
     assert result.run_state == "failed"
-    assert run_state(run_id) == ("failed", "1 task(s) failed")
+    assert run_state(run_id) == ("failed", "task work failed")
+
+
+@pytest.mark.django_db
+def test_a_failed_runs_error_names_its_failed_tasks_first_failed_first_and_at_most_five(org, make_workflow):
+    """The error names what failed (it used to say only "7 task(s) failed"): in the order
+    they failed, not by key, five at most and then how many more."""
+    keys = ["g", "f", "e", "d", "c", "b", "a"]
+    wf = make_workflow(org, [{"key": key, **NOOP} for key in keys])
+    run_id = start_run(workflow=wf).pk
+    for key in keys:
+        fail(run_id, key)
+    assert run_state(run_id) == ("failed", "7 tasks failed: g, f, e, d, c and 2 more")
+
+
+@pytest.mark.django_db
+def test_a_failed_runs_error_lists_every_failed_task_up_to_five(org, make_workflow):
+    wf = make_workflow(org, [{"key": key, **NOOP} for key in ("load", "extract", "notify", "audit", "zip")])
+    run_id = start_run(workflow=wf).pk
+    for key in ("extract", "load", "zip", "audit", "notify"):
+        fail(run_id, key)
+    assert run_state(run_id) == ("failed", "5 tasks failed: extract, load, zip, audit, notify")
 
 
 @pytest.mark.django_db
@@ -336,7 +357,7 @@ def test_a_failure_whose_handler_fails_fails_the_run_with_both_counted(org, make
     run_id = start_run(workflow=wf).pk
     fail(run_id, "work")
     assert fail(run_id, "handler").run_state == "failed"
-    assert run_state(run_id) == ("failed", "2 task(s) failed")
+    assert run_state(run_id) == ("failed", "2 tasks failed: work, handler")
 
 
 @pytest.mark.django_db
@@ -355,7 +376,7 @@ def test_a_handler_that_started_before_a_failure_does_not_handle_it(org, make_wo
     result = task_runs.fail_attempt(task_run_id=a.task_run_id, fencing_token=a.fencing_token, error="late",
                                     retryable=False)
     assert result.run_state == "failed"
-    assert run_state(run_id) == ("failed", "1 task(s) failed")
+    assert run_state(run_id) == ("failed", "task a failed")
 
 
 @pytest.mark.django_db
