@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django import template
 from django.utils.html import escape
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeData, mark_safe
 
 register = template.Library()
 
@@ -44,9 +44,12 @@ def breakable(value: object) -> str:
     An email address is two ``.wrap-unit`` boxes, ``local@`` and the domain, so it wraps
     after its ``@`` first (``ada@`` / ``example.com``) and inside either part, at those
     characters, only when that part alone is wider than the cell. Text without any of them
-    is only escaped; None is ""."""
+    is only escaped; None is "". A value already marked safe is markup, returned as it is:
+    escaping it again would show its tags as text, and a ``<wbr>`` could land inside one."""
     if value is None:
         return ""
+    if isinstance(value, SafeData):
+        return value
     text = str(value)
     local, at, domain = text.rpartition("@")
     if not (at and local and domain):

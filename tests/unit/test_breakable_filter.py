@@ -5,6 +5,7 @@ the value escaped (keys, names and addresses are a tenant's own text)."""
 from __future__ import annotations
 
 from django.template import Context, Template
+from django.utils.safestring import SafeData, mark_safe
 
 from frontend.templatetags.frontend import breakable
 
@@ -28,3 +29,11 @@ def test_every_character_is_escaped():
     html = Template("{% load frontend %}{{ value|breakable }}").render(Context({"value": hostile}))
     assert "<img" not in html and "onerror=\"" not in html
     assert html.startswith('<span class="wrap-unit">&lt;img src=x onerror=&quot;alert(1)&quot;&gt;_<wbr>a@</span>')
+
+
+def test_markup_already_marked_safe_is_returned_as_it_is():
+    """It used to be escaped a second time: '<code>a_b</code>' showed its tags as text."""
+    markup = mark_safe("<code>load_daily</code>")
+    assert breakable(markup) == "<code>load_daily</code>" and isinstance(breakable(markup), SafeData)
+    html = Template("{% load frontend %}{{ value|breakable }}").render(Context({"value": markup}))
+    assert html == "<code>load_daily</code>"
