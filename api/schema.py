@@ -105,7 +105,9 @@ class ProblemSerializer(serializers.Serializer):
                                        "reporting the error.")
     limit = serializers.CharField(required=False, help_text="The organization's quota that refused the request "
                                   "(`quota_exceeded` only): max_runs_per_minute, max_definition_bytes, "
-                                  "max_secrets, max_webhooks or max_failure_subscriptions.")
+                                  "max_secrets, max_webhooks or max_failure_subscriptions; or the "
+                                  "invitation send limits, invitations_per_day (per organization) or "
+                                  "invitations_per_day_per_user (per person).")
     allowed = serializers.IntegerField(required=False, help_text="The quota's value (`quota_exceeded` only).")
     used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only).")
     retry_after_seconds = serializers.FloatField(required=False, help_text="Seconds until the request fits the "
@@ -225,4 +227,6 @@ class ProblemAutoSchema(AutoSchema):
             )
             if status == 429:
                 responses[str(status)]["headers"] = RETRY_AFTER_HEADER
+        if "429" in responses:  # an operation's own 429 (a quota) says Retry-After too
+            responses["429"].setdefault("headers", RETRY_AFTER_HEADER)
         return dict(sorted(responses.items()))

@@ -415,6 +415,13 @@ class InvitationListView(_InvitationView):
                                       errors={"email": ["linus@example.com is already a member"]})),
             **problem(403, "The caller may not manage members, or invites an owner without being one.",
                       problem_example(403, "only an owner can invite an owner", "permission_denied")),
+            **problem(429, "A rate limit is spent (the detail names which), or an invitation send limit: at "
+                      "most FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG (50) invitations per organization and "
+                      "FLOWFORGE_INVITATIONS_PER_DAY_PER_USER (100) per person, an API key's creator for a "
+                      "key, in any 24 hours (`quota_exceeded`, `limit` invitations_per_day or "
+                      "invitations_per_day_per_user). Retry after `Retry-After` seconds.",
+                      problem_example(429, "this organization has sent 50 invitations in the last 24 hours, "
+                                      "the most allowed (50); the next can be sent in 3 hours", "quota_exceeded")),
         },
         examples=[_example("invite", {"email": "linus@example.com", "role": "member"}, request=True),
                   _example("invited", INVITATION_EXAMPLE, status_codes=["201"])],

@@ -287,6 +287,12 @@ FLOWFORGE_API_RATE_LIMIT_PER_MINUTE = int(os.environ.get("FLOWFORGE_API_RATE_LIM
 # 16), by default four keys' worth; past it, 429 naming the organization's budget. 0 disables it.
 FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = int(os.environ.get(
     "FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG", str(4 * FLOWFORGE_API_RATE_LIMIT_PER_MINUTE)))
+# Invitations are mail to any address a member types: at most this many may be sent in any
+# 24 hours by one organization, and by one person across every organization (an API key
+# sends on its creator's behalf), so that anyone who signs up cannot use the deployment's
+# mail to spam (tenancy.services.invite_member; a re-sent invitation counts again).
+FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = int(os.environ.get("FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG", "50"))
+FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = int(os.environ.get("FLOWFORGE_INVITATIONS_PER_DAY_PER_USER", "100"))
 # A worker's calls on the tasks it holds (heartbeat, complete, fail) have their own budget
 # (api.throttling.WorkerLeaseThrottle): polls and log lines cannot spend what its
 # heartbeats need. 0 disables either.

@@ -20,7 +20,8 @@ LIMIT_NAMES: tuple[str, ...] = ("weight", "max_running_task_runs", "max_runs_per
 
 class QuotaExceeded(Exception):
     """An organization's quota refuses an action. ``limit`` names the quota (one of
-    ``LIMIT_NAMES``), ``allowed`` its value, ``used`` what is in use, and
+    ``LIMIT_NAMES``, or a platform-wide send limit: ``invitations_per_day``,
+    ``invitations_per_day_per_user``), ``allowed`` its value, ``used`` what is in use, and
     ``retry_after_seconds`` when waiting helps (None when it does not); the message says
     all of it in words."""
 

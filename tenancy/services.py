@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import re
 import secrets
 
 from allauth.account.models import EmailAddress
-from django.db import IntegrityError, transaction
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit import services as audit
 from tenancy.actors import Actor
 from tenancy.authority import cap_to_grantor
+from tenancy.limits import QuotaExceeded
 from tenancy.models import ROLE_RANK, ApiKey, Invitation, Membership, Organization, Role, User
 from tenancy.permissions import Action, Forbidden, can, require
 from tenancy.signals import member_departed
@@ -27,6 +30,8 @@ from tenancy.signals import member_departed
 SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" lets a final newline in
 # Seconds an invitation stays acceptable.
 INVITATION_TTL_SECONDS = 7 * 24 * 3600
+# The window of the invitation send limits (FLOWFORGE_INVITATIONS_PER_DAY_PER_*).
+INVITATION_LIMIT_WINDOW = dt.timedelta(hours=24)
 
 
 class TenancyError(ValueError):
@@ -211,8 +216,9 @@ def _token_hash(token: str) -> str:
 def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple[Invitation, str]:
     """Invite ``email`` with ``role``. Returns (invitation, token); the token is shown
     or mailed once and only its hash is stored. A pending invitation to the same
-    address is replaced. Raises Forbidden (inviting an owner needs an owner) or
-    TenancyError (already a member, malformed address)."""
+    address is replaced. Raises Forbidden (inviting an owner needs an owner),
+    TenancyError (already a member, malformed address) or QuotaExceeded (the send limits
+    of ``_check_invitation_limits``); nothing is written when it raises."""
     require(actor.role, Action.MEMBER_MANAGE)
     email = (email or "").strip().lower()
     if "@" not in email or len(email) > 254:
@@ -223,10 +229,12 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
         raise Forbidden("only an owner can invite an owner")
     org = actor.organization
     token = secrets.token_urlsafe(32)
+    inviter = actor.user or getattr(actor.api_key, "created_by", None)
     with transaction.atomic():
         if Membership.objects.for_organization(org).filter(user__email=email).exists():
             raise TenancyError(f"{email} is already a member")
         now = timezone.now()
+        _check_invitation_limits(org, inviter, now)
         Invitation.objects.for_organization(org).filter(
             email=email, accepted_at__isnull=True, revoked_at__isnull=True
         ).update(revoked_at=now)
@@ -237,13 +245,46 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
             token_hash=_token_hash(token),
             # An API key invites on its creator's authority (as the mail says), so the
             # acceptance is capped by that person's role, like the key itself.
-            invited_by=actor.user or getattr(actor.api_key, "created_by", None),
+            invited_by=inviter,
             invited_by_api_key_id=getattr(actor.api_key, "id", None),
             expires_at=now + dt.timedelta(seconds=INVITATION_TTL_SECONDS),
         )
         audit.record("invitation.sent", actor=actor, target=invitation,
                      metadata={"email": email, "role": role, "expires_at": invitation.expires_at.isoformat()})
     return invitation, token
+
+
+def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.datetime) -> None:
+    """Refuse a new invitation when ``org`` has sent FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG in
+    the last 24 hours, or ``inviter`` (the person, or an API key's creator) has sent
+    FLOWFORGE_INVITATIONS_PER_DAY_PER_USER in that time in any organization: raises
+    QuotaExceeded (limit ``invitations_per_day`` or ``invitations_per_day_per_user``) with
+    the seconds until the oldest counted one leaves the window. Counted from the stored
+    invitations, whatever became of them, under a transaction lock per organization and
+    per person, so two requests at once cannot both take the last one. Call inside the
+    inviting transaction, before anything is written."""
+    since = now - INVITATION_LIMIT_WINDOW
+    checks = [("invitations_per_day", f"organization:{org.pk}", settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG,
+               Invitation.objects.for_organization(org), "this organization has")]
+    if inviter is not None:
+        checks.append(("invitations_per_day_per_user", f"user:{inviter.pk}",
+                       settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER,
+                       Invitation.objects.unscoped().filter(invited_by=inviter),
+                       "you have, across your organizations,"))
+    for limit, lock, allowed, rows, who in checks:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"flowforge.invite:{lock}"])
+        recent = rows.filter(created_at__gt=since).order_by("created_at").values_list("created_at", flat=True)
+        used = recent.count()
+        if used >= allowed:
+            retry = max(1.0, (recent[used - allowed] + INVITATION_LIMIT_WINDOW - now).total_seconds())
+            minutes = math.ceil(retry / 60)
+            wait = (f"{minutes} minute{'s' if minutes != 1 else ''}" if minutes < 120
+                    else f"{math.ceil(minutes / 60)} hours")
+            raise QuotaExceeded(
+                f"{who} sent {used} invitation{'s' if used != 1 else ''} in the last 24 hours, the most allowed ({allowed}); "
+                f"the next can be sent in {wait}",
+                limit=limit, allowed=allowed, used=used, retry_after_seconds=retry)
 
 
 def revoke_invitation(*, actor: Actor, invitation: Invitation) -> bool:

@@ -21,6 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from frontend.forms import InviteForm, RoleForm, offered_roles
 from frontend.organization import organization_required
 from tenancy.access import access_invitation, access_membership
+from tenancy.limits import QuotaExceeded
 from tenancy.mail import send_invitation_email
 from tenancy.models import Invitation, Membership, Role, without_credentials
 from tenancy.permissions import Action, Forbidden, can, require
@@ -110,6 +111,8 @@ def member_invite(request: HttpRequest) -> HttpResponse:
             raise PermissionDenied(str(exc)) from None
         except TenancyError as exc:
             form.add_error("role" if str(exc).startswith("role") else "email", str(exc))
+        except QuotaExceeded as exc:  # the invitation send limits
+            form.add_error(None, str(exc))
         else:
             # invite_member has committed: the mail goes out for an invitation that exists.
             if send_invitation_email(request, invitation=invitation, token=token):

@@ -29,6 +29,7 @@ from engine.triggers import create_trigger
 from tenancy import apikeys
 from tenancy.apikeys import create_api_key
 from tenancy.context import actor_for_membership
+from tenancy.limits import QuotaExceeded
 from tenancy.models import ApiKey, Invitation, Membership, Role, User
 from tenancy.services import invite_member
 
@@ -460,6 +461,71 @@ def test_invitation_rules_are_problems(client, acme):
     assert_problem(post(client, "/api/v1/invitations/", {"email": "x@example.com"}, acme.as_(Role.MEMBER)), 403)
     assert_problem(client.get("/api/v1/invitations/", headers=acme.as_(Role.MEMBER)), 403)
     assert not Invitation.objects.for_organization(acme.org).exists()
+
+
+def test_an_organization_may_send_a_limited_number_of_invitations_a_day(acme, settings):
+    """Invitations are mail to any address: anyone who signs up could use the deployment to
+    spam (there was no limit but the API's request rate, 2,400 a minute per organization).
+    A refused one writes nothing: the pending invitation it would replace stays pending."""
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 3
+    actor = acme.actor(Role.ADMIN)
+    first, _ = invite_member(actor=actor, email="a@example.com")
+    invite_member(actor=actor, email="b@example.com")
+    invite_member(actor=actor, email="a@example.com")  # a re-sent invitation counts again
+    audit_rows = AuditLog.objects.for_organization(acme.org).count()
+    with pytest.raises(QuotaExceeded) as refused:
+        invite_member(actor=actor, email="b@example.com")
+    assert (refused.value.limit, refused.value.allowed, refused.value.used) == ("invitations_per_day", 3, 3)
+    assert str(refused.value) == ("this organization has sent 3 invitations in the last 24 hours, the most "
+                                  "allowed (3); the next can be sent in 24 hours")
+    assert 24 * 3600 - 60 < refused.value.retry_after_seconds <= 24 * 3600
+    rows = Invitation.objects.for_organization(acme.org)
+    assert rows.count() == 3 and AuditLog.objects.for_organization(acme.org).count() == audit_rows
+    assert rows.get(email="b@example.com").is_pending  # not revoked by the refused re-send
+    # The window is the last 24 hours: once the oldest leaves it, the next one may go.
+    Invitation.objects.for_organization(acme.org).filter(pk=first.pk).update(
+        created_at=timezone.now() - dt.timedelta(hours=23, minutes=30))
+    with pytest.raises(QuotaExceeded) as refused:
+        invite_member(actor=actor, email="c@example.com")
+    assert 29 * 60 < refused.value.retry_after_seconds <= 30 * 60
+    assert refused.value.args[0].endswith("the next can be sent in 30 minutes")
+    Invitation.objects.for_organization(acme.org).filter(pk=first.pk).update(
+        created_at=timezone.now() - dt.timedelta(hours=24, seconds=1))
+    invitation, _ = invite_member(actor=actor, email="c@example.com")
+    assert invitation.is_pending
+
+
+def test_a_person_may_send_a_limited_number_of_invitations_a_day_across_organizations(acme, other, settings):
+    """A second organization of one's own does not double it; an API key sends on its
+    creator's behalf and counts for that person."""
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 2
+    owner = acme.members[Role.OWNER].user
+    elsewhere = Membership.objects.create(organization=other.org, user=owner, role=Role.OWNER)
+    invite_member(actor=acme.actor(Role.OWNER), email="a@example.com")
+    invite_member(actor=actor_of(elsewhere), email="b@example.com")
+    with pytest.raises(QuotaExceeded) as refused:
+        invite_member(actor=acme.actor(Role.OWNER), email="c@example.com")
+    assert (refused.value.limit, refused.value.used) == ("invitations_per_day_per_user", 2)
+    assert str(refused.value).startswith("you have, across your organizations, sent 2 invitations")
+    # acme's keys were created by its owner: the same person's budget.
+    body = assert_problem(Client().post("/api/v1/invitations/", {"email": "d@example.com"},
+                                        content_type="application/json", headers=acme.as_(Role.ADMIN)), 429)
+    assert (body["code"], body["limit"], body["allowed"], body["used"]) == (
+        "quota_exceeded", "invitations_per_day_per_user", 2, 2)
+    # Another person of the organization has a budget of their own.
+    invitation, _ = invite_member(actor=acme.actor(Role.ADMIN), email="c@example.com")
+    assert invitation.is_pending
+
+
+def test_over_the_invitation_limit_the_api_answers_429_with_retry_after(client, acme, settings):
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 1
+    key = acme.as_(Role.ADMIN)
+    assert post(client, "/api/v1/invitations/", {"email": "a@example.com"}, key).status_code == 201
+    response = post(client, "/api/v1/invitations/", {"email": "b@example.com"}, key)
+    body = assert_problem(response, 429)
+    assert (body["code"], body["limit"], body["allowed"], body["used"]) == ("quota_exceeded", "invitations_per_day", 1, 1)
+    assert 24 * 3600 - 60 < int(response["Retry-After"]) <= 24 * 3600
+    assert not Invitation.objects.for_organization(acme.org).filter(email="b@example.com").exists()
 
 
 def test_the_invitation_list_shows_pending_ones_only(client, acme):

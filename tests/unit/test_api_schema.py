@@ -309,3 +309,11 @@ def test_schema_requests_at_once_generate_one_at_a_time(monkeypatch):
         t.join(60)
     assert statuses == [200] * 4
     assert peak[0] == 1
+
+
+def test_inviting_documents_its_send_limit_as_a_429_with_retry_after(schema):
+    op = schema["paths"]["/api/v1/invitations/"]["post"]
+    response = op["responses"]["429"]
+    assert "FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG" in response["description"]
+    assert [e["value"]["code"] for e in response["content"][PROBLEM]["examples"].values()] == ["quota_exceeded"]
+    assert response["headers"]["Retry-After"]["schema"]["type"] == "integer"

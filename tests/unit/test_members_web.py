@@ -409,3 +409,14 @@ def test_the_only_owner_is_told_before_leaving_that_it_is_refused(team):
     # With a second owner, the ordinary confirmation.
     assert client.post(f"/members/{admin.pk}/role/", {"role": Role.OWNER}).status_code == 302
     assert _confirm_form(client.get("/members/leave/").content.decode()) == ("/members/leave/", "Leave organization")
+
+
+def test_the_invite_form_says_when_the_invitation_limit_is_reached(team, settings):
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 1
+    client = client_for(team["admin"].user)
+    assert client.post("/members/invite/", {"email": "a@example.com", "role": Role.MEMBER}).status_code == 302
+    resp = client.post("/members/invite/", {"email": "b@example.com", "role": Role.MEMBER})
+    assert resp.status_code == 400
+    assert ("this organization has sent 1 invitation in the last 24 hours, the most allowed (1); "
+            "the next can be sent in 24 hours") in html.unescape(text(resp))
+    assert not Invitation.objects.for_organization(team["org"]).filter(email="b@example.com").exists()
