@@ -33,6 +33,7 @@ from engine.states import (
 from engine.sweeper import sweep_runs as sweep
 from engine.worker.execute import execute, execute_many
 from flowforge.broker import setup as setup_broker
+from tenancy.services import purge_stale_invitations
 
 setup_broker()
 
@@ -87,7 +88,7 @@ def sweep_runs() -> None:
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows,
     workers not seen for a week, the secret values kept for worker task generations no
-    longer running, abandoned live subscriptions, history partitions (created ahead, dropped
+    longer running, invitations expired or revoked 30 days ago, abandoned live subscriptions, history partitions (created ahead, dropped
     when expired: ``engine.partitions``), runs past their retention, and audit rows past the audit retention
     (``audit.retention``: a bounded number per chain and pass)."""
     services.purge_expired_idempotency_keys()
@@ -98,6 +99,7 @@ def housekeeping() -> None:
     partitions.ensure_ahead()  # first: an insert with no partition for it fails
     retention.purge()  # then drops the history partitions that expired
     audit_retention.purge()
+    purge_stale_invitations()
 
 
 # Dramatiq priority (lower runs first among the messages a worker has fetched): the

@@ -17,6 +17,7 @@ import secrets
 from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit import services as audit
@@ -32,6 +33,9 @@ SLUG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")  # \Z: "$" lets a final newl
 INVITATION_TTL_SECONDS = 7 * 24 * 3600
 # The window of the invitation send limits (FLOWFORGE_INVITATIONS_PER_DAY_PER_*).
 INVITATION_LIMIT_WINDOW = dt.timedelta(hours=24)
+# An invitation nobody can use any more (expired unused, or revoked) is deleted this long
+# after it expired or was revoked (purge_stale_invitations); the audit log keeps its story.
+STALE_INVITATION_AGE = dt.timedelta(days=30)
 
 
 class TenancyError(ValueError):
@@ -285,6 +289,27 @@ def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.da
                 f"{who} sent {used} invitation{'s' if used != 1 else ''} in the last 24 hours, the most allowed ({allowed}); "
                 f"the next can be sent in {wait}",
                 limit=limit, allowed=allowed, used=used, retry_after_seconds=retry)
+
+
+def purge_stale_invitations(*, batch_size: int = 5000, max_batches: int = 200) -> int:
+    """Delete the invitations that expired unused, or were revoked, more than
+    STALE_INVITATION_AGE ago, in batches of ``batch_size`` (one short transaction each), at
+    most ``max_batches`` per call; returns how many were deleted. Accepted ones are kept
+    (one per member: who invited whom). Without this an unused invitation stayed forever,
+    in every later page of its organization's pending list (read past) and in the send
+    limits' counts. For the clock's housekeeping; a system sweep over every organization."""
+    cutoff = timezone.now() - STALE_INVITATION_AGE
+    stale = Invitation.objects.unscoped().filter(accepted_at__isnull=True).filter(
+        Q(revoked_at__lt=cutoff) | Q(revoked_at__isnull=True, expires_at__lt=cutoff))
+    total = 0
+    for _ in range(max_batches):
+        with transaction.atomic():
+            ids = list(stale.values_list("id", flat=True)[:batch_size])
+            deleted, _ = Invitation.objects.unscoped().filter(pk__in=ids).delete() if ids else (0, {})
+        total += deleted
+        if len(ids) < batch_size:
+            break
+    return total
 
 
 def revoke_invitation(*, actor: Actor, invitation: Invitation) -> bool:
