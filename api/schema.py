@@ -178,7 +178,8 @@ BODY_PROBLEMS: dict[int, tuple[str, OpenApiExample]] = {
 }
 RETRY_AFTER_HEADER = {
     "Retry-After": {
-        "description": "Seconds until the rate limit window ends.",
+        "description": "Seconds until the request may be made again: the rate limit's window ends, or "
+                       "(quota_exceeded) the quota has room again.",
         "schema": {"type": "integer", "minimum": 1},
     }
 }

@@ -420,8 +420,10 @@ class InvitationListView(_InvitationView):
                       "FLOWFORGE_INVITATIONS_PER_DAY_PER_USER (100) per person, an API key's creator for a "
                       "key, in any 24 hours (`quota_exceeded`, `limit` invitations_per_day or "
                       "invitations_per_day_per_user). Retry after `Retry-After` seconds.",
+                      problem_example(429, "Request was throttled. Expected available in 37 seconds.", "throttled"),
                       problem_example(429, "this organization has sent 50 invitations in the last 24 hours, "
-                                      "the most allowed (50); the next can be sent in 3 hours", "quota_exceeded")),
+                                      "the most allowed (50); the next can be sent in 3 hours 12 minutes",
+                                      "quota_exceeded")),
         },
         examples=[_example("invite", {"email": "linus@example.com", "role": "member"}, request=True),
                   _example("invited", INVITATION_EXAMPLE, status_codes=["201"])],

@@ -221,6 +221,9 @@ if os.environ.get("EMAIL_HOST"):
                 "username": os.environ.get("EMAIL_HOST_USER", ""),
                 "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
                 "use_tls": env_bool("EMAIL_USE_TLS", True),
+                # Seconds a connection or send may take: a hung mail server fails the send
+                # (the page says the mail could not be sent) instead of holding the request.
+                "timeout": env_float("EMAIL_TIMEOUT", 10.0),
             },
         }
     }
@@ -290,9 +293,15 @@ FLOWFORGE_API_RATE_LIMIT_PER_MINUTE_PER_ORG = int(os.environ.get(
 # Invitations are mail to any address a member types: at most this many may be sent in any
 # 24 hours by one organization, and by one person across every organization (an API key
 # sends on its creator's behalf), so that anyone who signs up cannot use the deployment's
-# mail to spam (tenancy.services.invite_member; a re-sent invitation counts again).
+# mail to spam (tenancy.services.invite_member; a re-sent invitation counts again). 0
+# disables either limit.
 FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = int(os.environ.get("FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG", "50"))
 FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = int(os.environ.get("FLOWFORGE_INVITATIONS_PER_DAY_PER_USER", "100"))
+for _name in ("FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG", "FLOWFORGE_INVITATIONS_PER_DAY_PER_USER"):
+    if globals()[_name] < 0:
+        from django.core.exceptions import ImproperlyConfigured
+
+        raise ImproperlyConfigured(f"{_name} ({globals()[_name]}) must be 0 (no limit) or more")
 # A worker's calls on the tasks it holds (heartbeat, complete, fail) have their own budget
 # (api.throttling.WorkerLeaseThrottle): polls and log lines cannot spend what its
 # heartbeats need. 0 disables either.

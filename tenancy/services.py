@@ -238,7 +238,7 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
         if Membership.objects.for_organization(org).filter(user__email=email).exists():
             raise TenancyError(f"{email} is already a member")
         now = timezone.now()
-        _check_invitation_limits(org, inviter, now)
+        _check_invitation_limits(org, inviter, now, by_api_key=actor.user is None)
         Invitation.objects.for_organization(org).filter(
             email=email, accepted_at__isnull=True, revoked_at__isnull=True
         ).update(revoked_at=now)
@@ -258,37 +258,55 @@ def invite_member(*, actor: Actor, email: str, role: str = Role.MEMBER) -> tuple
     return invitation, token
 
 
-def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.datetime) -> None:
+def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.datetime, *,
+                             by_api_key: bool = False) -> None:
     """Refuse a new invitation when ``org`` has sent FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG in
     the last 24 hours, or ``inviter`` (the person, or an API key's creator) has sent
-    FLOWFORGE_INVITATIONS_PER_DAY_PER_USER in that time in any organization: raises
-    QuotaExceeded (limit ``invitations_per_day`` or ``invitations_per_day_per_user``) with
-    the seconds until the oldest counted one leaves the window. Counted from the stored
-    invitations, whatever became of them, under a transaction lock per organization and
-    per person, so two requests at once cannot both take the last one. Call inside the
+    FLOWFORGE_INVITATIONS_PER_DAY_PER_USER in that time in any organization (0: that limit is
+    off): raises QuotaExceeded (limit ``invitations_per_day`` or
+    ``invitations_per_day_per_user``) with the seconds until enough counted ones have left the
+    window for one more. Counted from the stored invitations, whatever became of them, under
+    a transaction lock per organization and per person, so two requests at once cannot both
+    take the last one. For an API key (``by_api_key``) the per-person refusal does not say
+    what its creator sent in organizations the key's holder may not see. Call inside the
     inviting transaction, before anything is written."""
     since = now - INVITATION_LIMIT_WINDOW
-    checks = [("invitations_per_day", f"organization:{org.pk}", settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG,
-               Invitation.objects.for_organization(org), "this organization has")]
-    if inviter is not None:
+    checks = []
+    if settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG > 0:
+        checks.append(("invitations_per_day", f"organization:{org.pk}",
+                       settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG, Invitation.objects.for_organization(org)))
+    if inviter is not None and settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER > 0:
         checks.append(("invitations_per_day_per_user", f"user:{inviter.pk}",
                        settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER,
-                       Invitation.objects.unscoped().filter(invited_by=inviter),
-                       "you have, across your organizations,"))
-    for limit, lock, allowed, rows, who in checks:
+                       Invitation.objects.unscoped().filter(invited_by=inviter)))
+    for limit, lock, allowed, rows in checks:
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"flowforge.invite:{lock}"])
         recent = rows.filter(created_at__gt=since).order_by("created_at").values_list("created_at", flat=True)
         used = recent.count()
-        if used >= allowed:
-            retry = max(1.0, (recent[used - allowed] + INVITATION_LIMIT_WINDOW - now).total_seconds())
-            minutes = math.ceil(retry / 60)
-            wait = (f"{minutes} minute{'s' if minutes != 1 else ''}" if minutes < 120
-                    else f"{math.ceil(minutes / 60)} hours")
-            raise QuotaExceeded(
-                f"{who} sent {used} invitation{'s' if used != 1 else ''} in the last 24 hours, the most allowed ({allowed}); "
-                f"the next can be sent in {wait}",
-                limit=limit, allowed=allowed, used=used, retry_after_seconds=retry)
+        if used < allowed:
+            continue
+        retry = max(1.0, (recent[used - allowed] + INVITATION_LIMIT_WINDOW - now).total_seconds())
+        sent = f"sent {used} invitation{'s' if used != 1 else ''} in the last 24 hours"
+        if limit == "invitations_per_day":
+            what = f"this organization has {sent}, the most allowed ({allowed})"
+        elif by_api_key:
+            what = f"the person this API key acts for has sent the most invitations one person may in 24 hours ({allowed})"
+            used = allowed  # not what they sent in organizations the key's holder may not see
+        else:
+            what = f"you have {sent} across your organizations, the most allowed ({allowed})"
+        raise QuotaExceeded(f"{what}; the next can be sent in {_wait_text(retry)}",
+                            limit=limit, allowed=allowed, used=used, retry_after_seconds=retry)
+
+
+def _wait_text(seconds: float) -> str:
+    """``seconds`` (> 0) rounded up to a whole minute, in words: "1 minute", "59 minutes",
+    "2 hours", "2 hours 1 minute"."""
+    minutes = math.ceil(seconds / 60)
+    hours, rest = divmod(minutes, 60)
+    parts = ([f"{hours} hour{'s' if hours != 1 else ''}"] if hours else []) + (
+        [f"{rest} minute{'s' if rest != 1 else ''}"] if rest or not hours else [])
+    return " ".join(parts)
 
 
 def purge_stale_invitations(*, batch_size: int = 5000, max_batches: int = 200) -> int:

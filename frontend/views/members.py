@@ -14,12 +14,14 @@ import uuid
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from frontend.forms import InviteForm, RoleForm, offered_roles
 from frontend.organization import organization_required
+from frontend.templatetags.frontend import sentence
 from tenancy.access import access_invitation, access_membership
 from tenancy.limits import QuotaExceeded
 from tenancy.mail import send_invitation_email
@@ -95,10 +97,13 @@ def member_list(request: HttpRequest) -> HttpResponse:
     return _render_members(request)
 
 
+@transaction.non_atomic_requests
 @require_POST
 @organization_required
 def member_invite(request: HttpRequest) -> HttpResponse:
-    """Invite an address with a role and mail it the accept link."""
+    """Invite an address with a role and mail it the accept link, once the invitation has
+    committed: not inside the request's transaction, whose locks (the invitation send
+    limits' per organization and per person) a slow mail server would otherwise hold."""
     actor = request.actor
     _authorize(actor.role, Action.MEMBER_MANAGE)
     form = InviteForm(request.POST, actor_role=actor.role)
@@ -112,7 +117,7 @@ def member_invite(request: HttpRequest) -> HttpResponse:
         except TenancyError as exc:
             form.add_error("role" if str(exc).startswith("role") else "email", str(exc))
         except QuotaExceeded as exc:  # the invitation send limits
-            form.add_error(None, str(exc))
+            form.add_error(None, sentence(str(exc)))
         else:
             # invite_member has committed: the mail goes out for an invitation that exists.
             if send_invitation_email(request, invitation=invitation, token=token):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import re
 import secrets
 import uuid
@@ -506,15 +507,55 @@ def test_a_person_may_send_a_limited_number_of_invitations_a_day_across_organiza
     with pytest.raises(QuotaExceeded) as refused:
         invite_member(actor=acme.actor(Role.OWNER), email="c@example.com")
     assert (refused.value.limit, refused.value.used) == ("invitations_per_day_per_user", 2)
-    assert str(refused.value).startswith("you have, across your organizations, sent 2 invitations")
-    # acme's keys were created by its owner: the same person's budget.
+    assert str(refused.value) == ("you have sent 2 invitations in the last 24 hours across your organizations, "
+                                  "the most allowed (2); the next can be sent in 24 hours")
+    # acme's keys were created by its owner: the same person's budget. The key's holder is not
+    # told what its creator sent in organizations the holder cannot see.
+    Invitation.objects.unscoped().filter(organization=other.org).update(created_at=timezone.now())
+    invitation_in_other = Invitation.objects.unscoped().get(organization=other.org)
+    assert invitation_in_other.invited_by == owner
     body = assert_problem(Client().post("/api/v1/invitations/", {"email": "d@example.com"},
                                         content_type="application/json", headers=acme.as_(Role.ADMIN)), 429)
     assert (body["code"], body["limit"], body["allowed"], body["used"]) == (
         "quota_exceeded", "invitations_per_day_per_user", 2, 2)
+    assert body["detail"] == ("the person this API key acts for has sent the most invitations one person may in "
+                              "24 hours (2); the next can be sent in 24 hours")
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 1  # lowered: 2 sent, 1 allowed
+    body = assert_problem(Client().post("/api/v1/invitations/", {"email": "d@example.com"},
+                                        content_type="application/json", headers=acme.as_(Role.ADMIN)), 429)
+    assert (body["allowed"], body["used"]) == (1, 1)
     # Another person of the organization has a budget of their own.
     invitation, _ = invite_member(actor=acme.actor(Role.ADMIN), email="c@example.com")
     assert invitation.is_pending
+
+
+def test_an_invitation_limit_of_0_is_no_limit(acme, settings):
+    """0 turned every invitation into a 500 (an IndexError) before."""
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 0
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 0
+    for n in range(3):
+        invitation, _ = invite_member(actor=acme.actor(Role.ADMIN), email=f"n{n}@example.com")
+        assert invitation.is_pending
+
+
+@pytest.mark.parametrize("name", ["FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG", "FLOWFORGE_INVITATIONS_PER_DAY_PER_USER"])
+def test_a_negative_invitation_limit_is_refused_at_start_up(name):
+    import subprocess
+    import sys
+
+    env = {**os.environ, name: "-1", "DJANGO_SETTINGS_MODULE": "flowforge.settings"}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"{name} (-1) must be 0 (no limit) or more" in done.stderr
+
+
+def test_the_wait_is_said_in_hours_and_minutes():
+    from tenancy.services import _wait_text
+
+    assert [_wait_text(s) for s in (0.3, 59, 61, 3600, 119 * 60, 7200, 7201, 7260, 86400)] == [
+        "1 minute", "1 minute", "2 minutes", "1 hour", "1 hour 59 minutes", "2 hours", "2 hours 1 minute",
+        "2 hours 1 minute", "24 hours"]
 
 
 def test_over_the_invitation_limit_the_api_answers_429_with_retry_after(client, acme, settings):

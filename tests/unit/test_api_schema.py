@@ -315,5 +315,7 @@ def test_inviting_documents_its_send_limit_as_a_429_with_retry_after(schema):
     op = schema["paths"]["/api/v1/invitations/"]["post"]
     response = op["responses"]["429"]
     assert "FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG" in response["description"]
-    assert [e["value"]["code"] for e in response["content"][PROBLEM]["examples"].values()] == ["quota_exceeded"]
+    # The request rate limit answers 429 here too.
+    assert [e["value"]["code"] for e in response["content"][PROBLEM]["examples"].values()] == [
+        "throttled", "quota_exceeded"]
     assert response["headers"]["Retry-After"]["schema"]["type"] == "integer"

@@ -102,8 +102,10 @@ def test_the_shared_parts_are_written_the_same_in_each_statement():
 
     finishes = ("run_finish_if_done", "run_finish_if_done_many")
     # The probe for an open task run is written the same; the batch's form then counts as
-    # main did and leaves a run with a failure to run_finish_if_done (issue 19: was it handled?).
-    assert len({part(n, "), done_runs AS (", "CROSS JOIN LATERAL (SELECT count(*)") for n in finishes}) == 1
+    # main did and leaves a run with a failure to run_finish_if_done (issue 19: was it handled?),
+    # which also selects the failed tasks' keys (named in the run's error).
+    assert len({part(n, "FROM runs r LEFT JOIN LATERAL", "CROSS JOIN LATERAL (SELECT count(*)") for n in finishes}) == 1
+    assert "SELECT r.id, c.failed, c.keys, c.cancelled FROM runs r" in driver.compact(queries["run_finish_if_done"])
     assert "AND c.failed = 0" in driver.compact(queries["run_finish_if_done_many"])
     assert "trigger_rule IN ('one_failed', 'all_failed')" in driver.compact(queries["run_finish_if_done"])
 
