@@ -103,11 +103,12 @@ def latency_summary(hops_ms: list[float]) -> dict:
 # --- scenario 1: throughput --------------------------------------------------------------------
 
 
-def cpu_seconds(workers: dict[str, int] | None) -> dict[str, float] | None:
-    """CPU seconds (user + system, from /proc) used so far by each group: every process
-    named ``postgres`` (the server's backends and its own processes), ``redis-server``,
-    and for each ``workers`` entry (name -> a ``dramatiq`` master's pid) the master and
-    the worker processes it forked. None where /proc cannot be read (not Linux).
+def cpu_seconds(workers: dict[str, int] | None) -> dict[str, dict[tuple[int, int], float]] | None:
+    """CPU seconds (user + system, from /proc) used so far by each process of each group,
+    by (pid, start time): every process named ``postgres`` (the server's backends and its
+    own processes), ``redis-server``, and for each ``workers`` entry (name -> a
+    ``dramatiq`` master's pid) the master and the worker processes it forked. None where
+    /proc cannot be read (not Linux).
 
     A throughput figure is a ratio to raw Dramatiq, measured in the same run; these
     seconds say what the engine's side spends per task where it goes, so that a ratio
@@ -124,19 +125,26 @@ def cpu_seconds(workers: dict[str, int] | None) -> dict[str, float] | None:
     for name, master in workers.items():
         for pid in (master, *worker_child_pids(master)):
             owner[pid] = name
-    out = dict.fromkeys(("postgres", "redis", *workers), 0.0)
+    out: dict[str, dict[tuple[int, int], float]] = {group: {} for group in ("postgres", "redis", *workers)}
     for pid, name, fields in proc_stats():
         group = owner.get(pid) or {"postgres": "postgres", "redis-server": "redis"}.get(name)
         if group is not None:
-            out[group] += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            # starttime: a pid the kernel gave to a new process is another process.
+            out[group][(pid, int(fields[19]))] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
     return out
 
 
 def cpu_ms_per(before: dict | None, after: dict | None, n: int) -> dict[str, float] | None:
-    """Milliseconds of CPU per task (or message) of each group between two ``cpu_seconds``."""
+    """Milliseconds of CPU per task (or message) of each group between two ``cpu_seconds``:
+    per process, what it used since ``before`` (all of it when it started since). A process
+    that ended in between is left out (what it used then is not counted): summing the
+    groups' totals instead made the figure negative when a database backend of another
+    client ended meanwhile (a CI run's smoke saw -8.3 ms per message)."""
     if before is None or after is None or n <= 0:
         return None
-    return {k: round((after[k] - before.get(k, 0.0)) * 1000 / n, 3) for k in after}
+    return {group: round(sum(seconds - before.get(group, {}).get(key, 0.0)
+                             for key, seconds in processes.items()) * 1000 / n, 3)
+            for group, processes in after.items()}
 
 
 def engine_throughput(workflow, runs: int, *, timeout: float, workers: dict[str, int] | None = None) -> dict:

@@ -73,3 +73,17 @@ def test_a_smoke_table_does_not_pass_judgement_on_the_targets():
     full = table({"meta": {**meta, "mode": "full"}, "verdicts": verdicts})
     assert "targets met" not in smoke and "judged by the full run (make bench)" in smoke
     assert "targets met: throughput_ratio_independent=NO, memory=yes" in full
+
+
+def test_cpu_per_task_counts_each_process_from_its_own_start_and_never_goes_negative():
+    """A CI run's bench smoke read -8.3 ms of PostgreSQL per message: the groups' totals were
+    subtracted, and a database backend of another client that ended in between took its
+    CPU out of the second total. Per process: one that ended is left out, one that started
+    counts whole, a pid reused by a new process (another start time) counts from 0."""
+    from bench.live import cpu_ms_per
+
+    before = {"postgres": {(10, 1): 5.0, (11, 1): 2.0, (12, 1): 9.0}, "redis": {(20, 1): 1.0}}
+    after = {"postgres": {(10, 1): 5.5, (11, 1): 2.25, (12, 7): 0.25, (13, 8): 0.5}, "redis": {(20, 1): 1.5}}
+    # postgres: 0.5 + 0.25 + 0.25 (pid 12 is a new process) + 0.5 (new); 12 at start 1 ended.
+    assert cpu_ms_per(before, after, 100) == {"postgres": 15.0, "redis": 5.0}
+    assert cpu_ms_per(None, after, 100) is None and cpu_ms_per(before, after, 0) is None
