@@ -109,7 +109,8 @@ class ProblemSerializer(serializers.Serializer):
                                   "invitation send limits, invitations_per_day (per organization) or "
                                   "invitations_per_day_per_user (per person).")
     allowed = serializers.IntegerField(required=False, help_text="The quota's value (`quota_exceeded` only).")
-    used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only).")
+    used = serializers.IntegerField(required=False, help_text="What is in use against it (`quota_exceeded` only; "
+                                    "an API key's per-person invitation limit says `allowed` here).")
     retry_after_seconds = serializers.FloatField(required=False, help_text="Seconds until the request fits the "
                                                  "quota again (429 `quota_exceeded` only).")
     violations = InputViolationSerializer(many=True, required=False, help_text="An input that the workflow's "

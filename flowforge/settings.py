@@ -221,8 +221,9 @@ if os.environ.get("EMAIL_HOST"):
                 "username": os.environ.get("EMAIL_HOST_USER", ""),
                 "password": os.environ.get("EMAIL_HOST_PASSWORD", ""),
                 "use_tls": env_bool("EMAIL_USE_TLS", True),
-                # Seconds a connection or send may take: a hung mail server fails the send
-                # (the page says the mail could not be sent) instead of holding the request.
+                # Seconds each step of a send (connecting, each read and write) may wait: a hung
+                # mail server fails the send (the page says the mail could not be sent) instead
+                # of holding the request for ever.
                 "timeout": env_float("EMAIL_TIMEOUT", 10.0),
             },
         }

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 import secrets
+import unicodedata
 
 from allauth.account.models import EmailAddress
 from django.conf import settings
@@ -59,18 +60,31 @@ def create_organization(*, slug: str, name: str, owner_email: str, owner_passwor
     return org, user, created
 
 
+def _organization_name(name: str | None) -> str:
+    """``name`` stripped; raises TenancyError when it is empty, over 200 characters, or holds
+    a control character (a line break, a tab): it goes into mail subjects and headers,
+    where a line break is refused (and would start a header of its own)."""
+    name = (name or "").strip()
+    if not name:
+        raise TenancyError("name must not be empty")
+    if len(name) > 200:
+        raise TenancyError("name must be 1 to 200 characters")
+    if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in name):
+        raise TenancyError("name must not contain control characters such as line breaks or tabs")
+    return name
+
+
 def create_organization_for(*, user: User, slug: str, name: str) -> Organization:
     """Create an organization owned by ``user`` (the web UI's "new organization")."""
     if not SLUG_RE.match(slug or ""):
         raise TenancyError(f"slug {slug!r}: use 1-63 lowercase letters, digits or '-', starting with a letter or digit")
-    if not name or not name.strip():
-        raise TenancyError("name must not be empty")
+    name = _organization_name(name)
     taken = TenancyError(f"an organization with slug {slug!r} already exists")
     if Organization.objects.filter(slug=slug).exists():
         raise taken
     try:
         with transaction.atomic():
-            org = Organization.objects.create(slug=slug, name=name.strip())
+            org = Organization.objects.create(slug=slug, name=name)
             Membership.objects.create(organization=org, user=user, role=Role.OWNER)
             audit.record("organization.created", organization=org, user=user, target=org,
                          metadata={"slug": org.slug, "name": org.name})
@@ -83,9 +97,7 @@ def rename_organization(*, actor: Actor, name: str) -> Organization:
     """Rename the actor's organization (owners only). Records ``organization.renamed``.
     Raises Forbidden or TenancyError (empty or over 200 characters)."""
     require(actor.role, Action.ORG_MANAGE)
-    name = (name or "").strip()
-    if not name or len(name) > 200:
-        raise TenancyError("name must be 1 to 200 characters")
+    name = _organization_name(name)
     with transaction.atomic():
         org = Organization.objects.select_for_update().get(pk=actor.organization.pk)
         before = org.name
@@ -267,21 +279,26 @@ def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.da
     ``invitations_per_day_per_user``) with the seconds until enough counted ones have left the
     window for one more. Counted from the stored invitations, whatever became of them, under
     a transaction lock per organization and per person, so two requests at once cannot both
-    take the last one. For an API key (``by_api_key``) the per-person refusal does not say
-    what its creator sent in organizations the key's holder may not see. Call inside the
-    inviting transaction, before anything is written."""
+    take the last one. When both are spent, the one that lasts longer is raised. For an API
+    key (``by_api_key``) the per-person refusal does not say how many its creator sent, and
+    its wait is rounded up to the hour, so that the key's holder does not learn what its
+    creator did in organizations the holder may not see. Call inside the inviting
+    transaction, before anything is written."""
     since = now - INVITATION_LIMIT_WINDOW
-    checks = []
-    if settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG > 0:
-        checks.append(("invitations_per_day", f"organization:{org.pk}",
-                       settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG, Invitation.objects.for_organization(org)))
-    if inviter is not None and settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER > 0:
+    # The organization's lock even with its limit off: it also keeps two invitations of the
+    # same address at once from both replacing the pending one (uniq_invitation_pending).
+    checks = [("invitations_per_day", f"organization:{org.pk}", settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG,
+               Invitation.objects.for_organization(org))]
+    if inviter is not None:
         checks.append(("invitations_per_day_per_user", f"user:{inviter.pk}",
                        settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER,
                        Invitation.objects.unscoped().filter(invited_by=inviter)))
+    refusals = []
     for limit, lock, allowed, rows in checks:
         with connection.cursor() as cur:
             cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"flowforge.invite:{lock}"])
+        if allowed <= 0:  # that limit is off
+            continue
         recent = rows.filter(created_at__gt=since).order_by("created_at").values_list("created_at", flat=True)
         used = recent.count()
         if used < allowed:
@@ -291,10 +308,16 @@ def _check_invitation_limits(org: Organization, inviter: User | None, now: dt.da
         if limit == "invitations_per_day":
             what = f"this organization has {sent}, the most allowed ({allowed})"
         elif by_api_key:
+            # Neither the count nor, closer than the hour, the time of what its creator sent
+            # in organizations the key's holder may not see.
             what = f"the person this API key acts for has sent the most invitations one person may in 24 hours ({allowed})"
-            used = allowed  # not what they sent in organizations the key's holder may not see
+            used, retry = allowed, math.ceil(retry / 3600) * 3600.0
         else:
             what = f"you have {sent} across your organizations, the most allowed ({allowed})"
+        refusals.append((retry, what, limit, allowed, used))
+    if refusals:
+        # Both spent: the one that lasts longer, so that a retry after Retry-After is let in.
+        retry, what, limit, allowed, used = max(refusals)
         raise QuotaExceeded(f"{what}; the next can be sent in {_wait_text(retry)}",
                             limit=limit, allowed=allowed, used=used, retry_after_seconds=retry)
 

@@ -128,7 +128,8 @@ def member_invite(request: HttpRequest) -> HttpResponse:
                 messages.warning(
                     request,
                     f"The invitation for {invitation.email} was created but the email could not be sent; "
-                    "invite the address again to send a new link.",
+                    "invite the address again to send a new link (each invitation counts toward the daily "
+                    "invitation limits).",
                 )
             return redirect("frontend:members")
     return _render_members(request, invite_form=form, status=400)

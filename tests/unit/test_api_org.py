@@ -538,6 +538,64 @@ def test_an_invitation_limit_of_0_is_no_limit(acme, settings):
         assert invitation.is_pending
 
 
+def test_with_both_invitation_limits_spent_the_later_wait_is_given(acme, other, settings):
+    """A fresh review saw the organization's 1-hour wait while the person's limit held for
+    24 hours: a client that waited Retry-After was refused again."""
+    owner = acme.members[Role.OWNER].user
+    elsewhere = Membership.objects.create(organization=other.org, user=owner, role=Role.OWNER)
+    first, _ = invite_member(actor=acme.actor(Role.OWNER), email="a@example.com")
+    invite_member(actor=acme.actor(Role.OWNER), email="b@example.com")
+    invite_member(actor=actor_of(elsewhere), email="c@example.com")
+    Invitation.objects.for_organization(acme.org).filter(pk=first.pk).update(
+        created_at=timezone.now() - dt.timedelta(hours=23))
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 2
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 2
+    with pytest.raises(QuotaExceeded) as refused:
+        invite_member(actor=acme.actor(Role.OWNER), email="d@example.com")
+    # The organization's 2 leave room in 1 hour (its oldest is 23 hours old); the person's 3
+    # against 2 in about 24 (their second-oldest was sent just now).
+    assert refused.value.limit == "invitations_per_day_per_user"
+    assert 24 * 3600 - 60 < refused.value.retry_after_seconds <= 24 * 3600
+
+
+def test_through_an_api_key_the_per_person_wait_is_given_to_the_hour(acme, other, settings):
+    """Its exact value would tell the key's holder when its creator invited someone in an
+    organization the holder cannot see."""
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 1
+    owner = acme.members[Role.OWNER].user
+    elsewhere = Membership.objects.create(organization=other.org, user=owner, role=Role.OWNER)
+    sent, _ = invite_member(actor=actor_of(elsewhere), email="a@example.com")
+    Invitation.objects.unscoped().filter(pk=sent.pk).update(
+        created_at=timezone.now() - dt.timedelta(hours=5, minutes=17))
+    response = Client().post("/api/v1/invitations/", {"email": "b@example.com"}, content_type="application/json",
+                             headers=acme.as_(Role.ADMIN))
+    body = assert_problem(response, 429)
+    assert body["retry_after_seconds"] == 19 * 3600.0 and response["Retry-After"] == str(19 * 3600)
+    assert body["detail"].endswith("the next can be sent in 19 hours")
+    # A session user sees their own wait to the minute.
+    with pytest.raises(QuotaExceeded) as refused:
+        invite_member(actor=acme.actor(Role.OWNER), email="b@example.com")
+    assert str(refused.value).endswith("the next can be sent in 18 hours 43 minutes")
+
+
+@pytest.mark.django_db
+def test_the_organizations_invitation_lock_is_taken_with_its_limit_off(acme, settings):
+    """Two invitations of one address at once both replaced the pending one and the second
+    insert failed (uniq_invitation_pending: a 500); the organization's lock keeps them apart,
+    and with its limit at 0 it was not taken."""
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG = 0
+    settings.FLOWFORGE_INVITATIONS_PER_DAY_PER_USER = 0
+    invite_member(actor=acme.actor(Role.ADMIN), email="a@example.com")
+    with connection.cursor() as cur:  # still this test's transaction: its locks are held
+        cur.execute("""
+            WITH k AS (SELECT hashtextextended(%s, 0) AS k)
+            SELECT count(*) FROM pg_locks, k
+            WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = 1
+              AND classid::bigint = ((k.k >> 32) & 4294967295) AND objid::bigint = (k.k & 4294967295)""",
+                    [f"flowforge.invite:organization:{acme.org.pk}"])
+        assert cur.fetchone()[0] == 1
+
+
 @pytest.mark.parametrize("name", ["FLOWFORGE_INVITATIONS_PER_DAY_PER_ORG", "FLOWFORGE_INVITATIONS_PER_DAY_PER_USER"])
 def test_a_negative_invitation_limit_is_refused_at_start_up(name):
     import subprocess

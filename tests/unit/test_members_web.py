@@ -444,3 +444,51 @@ def test_the_invitation_mail_is_sent_after_the_invitation_committed(org, monkeyp
     resp = client_for(admin.user).post("/members/invite/", {"email": "late@example.com", "role": Role.MEMBER})
     assert resp.status_code == 302
     assert seen == {"in_transaction": False, "advisory_locks": 0, "committed": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mail_that_fails_after_the_invitation_committed_is_a_warning_not_a_500(org, monkeypatch):
+    """With the invitation committed before its mail, any failure of the mail (here one that
+    is neither SMTP nor OS) must be said on the page: it was a 500 with the invitation kept."""
+    import tenancy.mail
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("mailer bug")
+
+    monkeypatch.setattr(tenancy.mail, "send_mail", broken)
+    admin = add_member(org, Role.ADMIN)
+    client = client_for(admin.user)
+    resp = client.post("/members/invite/", {"email": "late@example.com", "role": Role.MEMBER}, follow=True)
+    assert resp.status_code == 200
+    assert "was created but the email could not be sent" in html.unescape(text(resp))
+    assert Invitation.objects.for_organization(org).get(email="late@example.com").is_pending
+
+
+@pytest.mark.django_db
+def test_an_invitation_of_an_organization_whose_name_holds_a_line_break_is_mailed_on_one_line(team, mailoutbox):
+    """Organization names with a line break were accepted (now refused) and made the
+    invitation's subject an invalid header; one stored before keeps its mail working."""
+    Organization.objects.filter(pk=team["org"].pk).update(name="Acme\r\nBcc: x@evil.example")
+    client = client_for(team["admin"].user)
+    resp = client.post("/members/invite/", {"email": "new@example.com", "role": Role.MEMBER}, follow=True)
+    assert "Invitation sent to new@example.com" in html.unescape(text(resp))
+    (message,) = mailoutbox
+    assert message.subject == "You are invited to join Acme Bcc: x@evil.example on FlowForge"
+    assert message.to == ["new@example.com"] and not message.bcc
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["Evil\r\nCorp", "Acme\nBcc: x@evil.example", "Tab\there", "Line\u2028sep"])
+def test_an_organization_name_with_a_control_character_is_refused(team, name):
+    from tenancy.context import actor_for_membership
+    from tenancy.services import TenancyError, create_organization_for, rename_organization
+
+    owner = team["owner"]
+    with pytest.raises(TenancyError, match="must not contain control characters"):
+        create_organization_for(user=owner.user, slug="evil", name=name)
+    with pytest.raises(TenancyError, match="must not contain control characters"):
+        rename_organization(actor=actor_for_membership(owner, channel="web"), name=name)
+    assert not Organization.objects.filter(slug="evil").exists()
+    assert Organization.objects.get(pk=team["org"].pk).name == team["org"].name
+    # Other characters are names like any other.
+    assert create_organization_for(user=owner.user, slug="ok", name="Ünïcode 名前 ✓").name == "Ünïcode 名前 ✓"
