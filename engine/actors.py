@@ -88,9 +88,10 @@ def sweep_runs() -> None:
 def housekeeping() -> None:
     """Periodic clean-up: expired idempotency keys, rate-limit buckets of past windows,
     workers not seen for a week, the secret values kept for worker task generations no
-    longer running, invitations expired or revoked 30 days ago, abandoned live subscriptions, history partitions (created ahead, dropped
-    when expired: ``engine.partitions``), runs past their retention, and audit rows past the audit retention
-    (``audit.retention``: a bounded number per chain and pass)."""
+    longer running, abandoned live subscriptions, history partitions (created ahead, dropped
+    when expired: ``engine.partitions``), runs past their retention, audit rows past the audit
+    retention (``audit.retention``: a bounded number per chain and pass), and invitations
+    that expired unused or were revoked 30 days ago (``tenancy.services``)."""
     services.purge_expired_idempotency_keys()
     services.purge_old_rate_limit_buckets()
     services.purge_forgotten_workers()

@@ -95,7 +95,7 @@ def create_organization_for(*, user: User, slug: str, name: str) -> Organization
 
 def rename_organization(*, actor: Actor, name: str) -> Organization:
     """Rename the actor's organization (owners only). Records ``organization.renamed``.
-    Raises Forbidden or TenancyError (empty or over 200 characters)."""
+    Raises Forbidden or TenancyError (empty, over 200 characters, or a control character)."""
     require(actor.role, Action.ORG_MANAGE)
     name = _organization_name(name)
     with transaction.atomic():
