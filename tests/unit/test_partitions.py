@@ -154,6 +154,22 @@ def test_two_managers_at_once_create_each_partition_exactly_once():
                     cur.execute(f"DROP TABLE {p.name}")
 
 
+def test_a_manager_that_finds_the_partitions_row_type_taken_reports_another_managers_creation(db):
+    """The race's other outcome (migration 0035): the winner commits between the loser's check
+    of the table's name and that of its row type, and the loser's CREATE TABLE fails with
+    "type ... already exists" (duplicate_object). Made certain here by a domain of that name:
+    a type with no relation, as the winner's is to the loser's snapshot."""
+    lo = partitions.floor(dt.datetime.now(dt.UTC) + 6 * 365 * DAY)
+    name = "core_tasklog_p" + lo.strftime("%Y%m%dt%H%M%S")
+    with connection.cursor() as cur:
+        cur.execute(f"CREATE DOMAIN {name} AS int")
+    assert partitions.create("core_tasklog", lo, lo + DAY) is None  # before 0035: ProgrammingError
+    assert name not in names("core_tasklog")
+    with connection.cursor() as cur:  # the function's own work was rolled back: nothing half made
+        cur.execute("SELECT to_regclass(%s)", [name])
+        assert cur.fetchone()[0] is None
+
+
 def old_partitions(day: dt.datetime) -> None:
     """Partitions of one day of 1990 in both tables (older than any retention)."""
     for parent in partitions.PARENTS:
