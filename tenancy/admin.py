@@ -16,6 +16,7 @@ from django.forms.models import BaseInlineFormSet
 
 from tenancy.limits import LIMIT_NAMES, plans
 from tenancy.models import ApiKey, Membership, Organization, User
+from tenancy.services import TenancyError, organization_name, organization_slug
 
 # An override's bounds (the CHECK constraints of core_organization: org_weight_range,
 # org_max_running_positive, org_max_runs_per_minute_positive, org_max_definition_bytes_positive).
@@ -96,6 +97,21 @@ class OrganizationAdminForm(forms.ModelForm):
         if "plan" in self.fields:
             self.fields["plan"].help_text = "Defaults of each limit: " + "; ".join(
                 f"{plan}: " + ", ".join(f"{n} {values[n]:,}" for n in LIMIT_NAMES) for plan, values in table.items())
+
+    def clean_name(self) -> str:
+        """The rule of create and rename (``services.organization_name``): no control
+        character, such as a line break that would reach a mail's subject."""
+        try:
+            return organization_name(self.cleaned_data.get("name"))
+        except TenancyError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+
+    def clean_slug(self) -> str:
+        """The rule of create (``services.organization_slug``)."""
+        try:
+            return organization_slug(self.cleaned_data.get("slug"))
+        except TenancyError as exc:
+            raise forms.ValidationError(str(exc)) from exc
 
 
 @admin.register(Organization)

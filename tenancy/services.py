@@ -60,10 +60,20 @@ def create_organization(*, slug: str, name: str, owner_email: str, owner_passwor
     return org, user, created
 
 
-def _organization_name(name: str | None) -> str:
+def organization_slug(slug: str | None) -> str:
+    """``slug`` as given; raises TenancyError unless it is 1-63 lowercase letters, digits or
+    '-', starting with a letter or digit (it is a URL path segment). Create and the Django
+    admin's change form."""
+    if not SLUG_RE.match(slug or ""):
+        raise TenancyError(f"slug {slug!r}: use 1-63 lowercase letters, digits or '-', starting with a letter or digit")
+    return slug
+
+
+def organization_name(name: str | None) -> str:
     """``name`` stripped; raises TenancyError when it is empty, over 200 characters, or holds
     a control character (a line break, a tab): it goes into mail subjects and headers,
-    where a line break is refused (and would start a header of its own)."""
+    where a line break is refused (and would start a header of its own). The rule of every
+    way a name is stored: create, rename and the Django admin's change form."""
     name = (name or "").strip()
     if not name:
         raise TenancyError("name must not be empty")
@@ -76,9 +86,8 @@ def _organization_name(name: str | None) -> str:
 
 def create_organization_for(*, user: User, slug: str, name: str) -> Organization:
     """Create an organization owned by ``user`` (the web UI's "new organization")."""
-    if not SLUG_RE.match(slug or ""):
-        raise TenancyError(f"slug {slug!r}: use 1-63 lowercase letters, digits or '-', starting with a letter or digit")
-    name = _organization_name(name)
+    slug = organization_slug(slug)
+    name = organization_name(name)
     taken = TenancyError(f"an organization with slug {slug!r} already exists")
     if Organization.objects.filter(slug=slug).exists():
         raise taken
@@ -97,7 +106,7 @@ def rename_organization(*, actor: Actor, name: str) -> Organization:
     """Rename the actor's organization (owners only). Records ``organization.renamed``.
     Raises Forbidden or TenancyError (empty, over 200 characters, or a control character)."""
     require(actor.role, Action.ORG_MANAGE)
-    name = _organization_name(name)
+    name = organization_name(name)
     with transaction.atomic():
         org = Organization.objects.select_for_update().get(pk=actor.organization.pk)
         before = org.name

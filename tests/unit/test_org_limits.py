@@ -185,3 +185,36 @@ def test_the_admin_refuses_an_override_out_of_bounds(org, staff, field, value):
     assert since.new() == []
     org.refresh_from_db()
     assert (org.plan, getattr(org, field)) == ("free", None if field != "plan" else "free")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("name", "Acme\r\nBcc: victim@example.com", "control characters"),
+    ("name", "Acme\u2028Corp", "control characters"),
+    ("name", "   ", "required"),  # the form's own check: blank is empty
+    ("slug", "Acme_Corp", "lowercase letters, digits or '-'"),
+    ("slug", "-acme", "starting with a letter or digit"),
+])
+def test_the_admin_refuses_an_organization_name_or_slug_that_create_and_rename_refuse(org, staff, field, value,
+                                                                                        message):
+    """Before: the change form stored a name with a line break (which reaches invitation mail
+    subjects) and any slug Django's SlugField took."""
+    client = client_for(staff)
+    url = f"/admin/tenancy/organization/{org.pk}/change/"
+    page = client.get(url)
+    since = Since()
+    resp = client.post(url, {**org_form_data(page), field: value})
+    assert resp.status_code == 200  # the form again, with the error
+    assert message in " ".join(resp.context["adminform"].form.errors.get(field, [])), \
+        resp.context["adminform"].form.errors
+    assert since.new() == []
+    stored = Organization.objects.get(pk=org.pk)
+    assert (stored.name, stored.slug) == (org.name, org.slug)
+
+
+def test_the_admin_stores_a_name_stripped(org, staff):
+    client = client_for(staff)
+    url = f"/admin/tenancy/organization/{org.pk}/change/"
+    page = client.get(url)
+    resp = client.post(url, {**org_form_data(page), "name": "  Acme Renamed  "})
+    assert resp.status_code == 302
+    assert Organization.objects.get(pk=org.pk).name == "Acme Renamed"
