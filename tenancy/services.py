@@ -37,6 +37,11 @@ INVITATION_LIMIT_WINDOW = dt.timedelta(hours=24)
 # An invitation nobody can use any more (expired unused, or revoked) is deleted this long
 # after it expired or was revoked (purge_stale_invitations); the audit log keeps its story.
 STALE_INVITATION_AGE = dt.timedelta(days=30)
+# What an unknown invitation token is told: it may be mistyped, or one purged (above), which
+# can no longer be told apart from a guess.
+UNKNOWN_INVITATION = ("this invitation link is not valid: check that it was copied whole, or ask for a new one "
+                      f"(an invitation that expired or was withdrawn is forgotten {STALE_INVITATION_AGE.days} days "
+                      "later)")
 
 
 class TenancyError(ValueError):
@@ -404,7 +409,7 @@ def accept_invitation(*, token: str, user: User) -> Membership:
     with transaction.atomic():
         found = find_invitation(token)
         if found is None:
-            raise TenancyError("this invitation link is not valid")
+            raise TenancyError(UNKNOWN_INVITATION)
         # Lock order memberships -> invitation, as change_role and remove_member take them.
         grant = cap_to_grantor(found.role, organization_id=found.organization_id,
                                grantor_id=found.invited_by_id, lock=True)

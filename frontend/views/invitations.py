@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods
 from tenancy.authority import cap_to_grantor
 from tenancy.context import choose_organization
 from tenancy.models import Invitation
-from tenancy.services import TenancyError, accept_invitation, find_invitation
+from tenancy.services import UNKNOWN_INVITATION, TenancyError, accept_invitation, find_invitation
 
 
 def _refusal(invitation: Invitation | None, user) -> str | None:
@@ -28,7 +28,7 @@ def _refusal(invitation: Invitation | None, user) -> str | None:
     (and their wording) so the page does not offer an Accept button that would fail.
     """
     if invitation is None:
-        return "this invitation link is not valid"
+        return UNKNOWN_INVITATION
     if invitation.accepted_at is not None:
         return "this invitation has already been used"
     if invitation.revoked_at is not None:

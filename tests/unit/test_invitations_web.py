@@ -194,10 +194,29 @@ def test_unknown_token_is_refused(db):
     client = client_for(User.objects.create_user(email=unique_email("guess")))
     resp = client.get("/invitations/not-a-real-token/")
     assert resp.status_code == 400
-    assert "This invitation link is not valid." in text(resp)
+    assert "This invitation link is not valid: check that it was copied whole" in text(resp)
     resp = client.post("/invitations/not-a-real-token/")
     assert resp.status_code == 400
-    assert "This invitation link is not valid." in text(resp)
+    assert "This invitation link is not valid: check that it was copied whole" in text(resp)
+
+
+def test_an_invitation_purged_after_it_expired_says_how_long_one_is_kept(org):
+    """Before: a purged invitation's link read only "not valid", as a guessed one does."""
+    from tenancy.services import purge_stale_invitations
+
+    email = unique_email("purged")
+    user = verified_user(email)
+    token = invite_directly(org, email)
+    Invitation.objects.for_organization(org).filter(email=email).update(
+        expires_at=timezone.now() - dt.timedelta(days=31))
+    assert purge_stale_invitations() >= 1
+    assert find_invitation(token) is None
+    client = client_for(user)
+    for resp in (client.get(f"/invitations/{token}/"), client.post(f"/invitations/{token}/")):
+        assert resp.status_code == 400
+        assert ("or ask for a new one (an invitation that expired or was withdrawn is forgotten 30 days later)."
+                in text(resp))
+    assert not Membership.objects.for_organization(org).filter(user=user).exists()
 
 
 def test_inviting_an_existing_member_shows_the_error_on_the_email_field(org):
