@@ -271,6 +271,22 @@ class InvitationSerializer(serializers.ModelSerializer):
         return invitation.invited_by.email if invitation.invited_by_id else None
 
 
+class InvitationCreatedSerializer(InvitationSerializer):
+    """The response of POST /invitations/: the invitation, and whether its mail went out."""
+
+    email_sent = serializers.SerializerMethodField(
+        help_text="Whether the mailer accepted the accept link's mail. False: the invitation exists but its "
+                  "address got nothing; invite it again to send a new link (each invitation counts toward "
+                  "the daily invitation limits).")
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "email_sent"]
+        read_only_fields = fields
+
+    def get_email_sent(self, invitation) -> bool:
+        return bool(self.context.get("email_sent"))
+
+
 class InvitationCreateSerializer(RejectUnknownFields, serializers.Serializer):
     """Input of POST /invitations/."""
 

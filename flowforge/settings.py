@@ -280,6 +280,8 @@ SPECTACULAR_SETTINGS = {
         # Notifications (issue 19): the types a webhook subscribes to, a delivery's state.
         "NotificationTypeEnum": "engine.states.NotificationType",
         "DeliveryStateEnum": "engine.states.DeliveryState",
+        # An invitation's state, in its own serializer and the created one's (email_sent).
+        "InvitationStateEnum": ["pending", "accepted", "revoked", "expired"],
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).
