@@ -6,8 +6,9 @@ FLOWFORGE_HISTORY_PARTITION_SECONDS (a day), aligned to the Unix epoch. The cloc
 housekeeping calls ``maintain``:
 
 - ``ensure_ahead`` creates the partitions of the current period and of the next
-  FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods, continuing from the last one that exists (so
-  a changed period never overlaps an existing partition). There is no DEFAULT partition: a
+  FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods wherever none covers them, each cut short at
+  the next existing one (so a changed period never overlaps an existing partition, and a
+  period one pass could not create is created by the next, not left as a gap). There is no DEFAULT partition: a
   run created where no partition exists could not write its first event, so its start fails
   rather than putting rows where no drop can reach them (seed 001). Several managers may run
   at once (every clock replica, ``manage.py``): a creation another one won is reported by
@@ -103,27 +104,51 @@ def ensure_range(lo: dt.datetime, hi: dt.datetime) -> list[str]:
 
 
 def ensure_ahead(*, now: dt.datetime | None = None) -> list[str]:
-    """Create the partitions of the period holding ``now`` (default: the database's clock)
-    and of the FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods after it, in both tables, each
-    continuing from its last partition. Returns the names this call created (not those a
-    concurrent manager did)."""
+    """Make sure the period holding ``now`` (default: the database's clock) and the
+    FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods after it have partitions in both tables:
+    every stretch of that range no partition covers gets one per period (cut short at the
+    next existing partition), so a period a pass could not create (its parent's lock not had
+    in time, or its name taken by something else) is created by a later pass, not left as a
+    gap after which the range continued. Returns the names this call created (not those a
+    concurrent manager did); a stretch still uncovered after the pass is logged as an error
+    (a run created in it could not be started)."""
     period = period_seconds()
     now = now or _db_now()
-    end = floor(now, period) + dt.timedelta(seconds=period * (int(settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD) + 1))
-    existing = partitions()
+    start = floor(now, period)
+    end = start + dt.timedelta(seconds=period * (int(settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD) + 1))
     created = []
     for parent in PARENTS:
-        last = max((p.hi for p in existing if p.parent == parent), default=None)
-        lo = floor(now, period) if last is None or last < floor(now, period) else last
-        while lo < end:
-            hi = floor(lo, period) + dt.timedelta(seconds=period)  # back onto the grid after a changed period
+        for lo, hi in _uncovered(parent, start, end, period):
             name = create(parent, lo, hi)
             if name:
                 created.append(name)
-            lo = hi
     if created:
         log.info("history partitions: created %s", ", ".join(created))
+    for parent in PARENTS:
+        for lo, hi in _uncovered(parent, start, end, period):
+            log.error("history partitions: %s has no partition for runs created in [%s, %s) after this pass; the "
+                      "next pass tries again (a name taken by another object, or the table's lock not had)",
+                      parent, lo.isoformat(), hi.isoformat())
     return created
+
+
+def _uncovered(parent: str, start: dt.datetime, end: dt.datetime, period: int) -> list[tuple[dt.datetime, dt.datetime]]:
+    """The periods [lo, hi) of [start, end) that no partition of ``parent`` covers: one per
+    period of the grid, each cut short where an existing partition begins."""
+    existing = sorted((p for p in partitions() if p.parent == parent and p.hi > start and p.lo < end),
+                      key=lambda p: p.lo)
+    gaps = []
+    lo = start
+    while lo < end:
+        covering = next((p for p in existing if p.lo <= lo < p.hi), None)
+        if covering is not None:
+            lo = covering.hi
+            continue
+        hi = floor(lo, period) + dt.timedelta(seconds=period)  # back onto the grid after a changed period
+        hi = min([hi, *(p.lo for p in existing if p.lo > lo)])
+        gaps.append((lo, hi))
+        lo = hi
+    return gaps
 
 
 def drop_horizon(*, now: dt.datetime | None = None) -> dt.datetime | None:
