@@ -33,7 +33,7 @@ from audit.models import AuditLog
 from engine import triggers
 from engine.models import CatchUpPolicy, ScheduledTrigger
 from tenancy.apikeys import NAME_MAX_LENGTH
-from tenancy.models import Invitation, KeyRole, Membership, Role
+from tenancy.models import Invitation, InvitationState, KeyRole, Membership, Role
 
 # NUL and unpaired surrogates: text PostgreSQL cannot store (and UTF-8 cannot encode).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -259,13 +259,13 @@ class InvitationSerializer(serializers.ModelSerializer):
                   "revoked_at"]
         read_only_fields = fields
 
-    @extend_schema_field({"type": "string", "enum": ["pending", "accepted", "revoked", "expired"]})
+    @extend_schema_field({"type": "string", "enum": InvitationState.values})
     def get_state(self, invitation) -> str:
         if invitation.accepted_at is not None:
-            return "accepted"
+            return InvitationState.ACCEPTED.value
         if invitation.revoked_at is not None:
-            return "revoked"
-        return "pending" if invitation.is_pending else "expired"
+            return InvitationState.REVOKED.value
+        return (InvitationState.PENDING if invitation.is_pending else InvitationState.EXPIRED).value
 
     def get_invited_by(self, invitation) -> str | None:
         return invitation.invited_by.email if invitation.invited_by_id else None

@@ -389,11 +389,10 @@ class InvitationListView(OwnTransactions, _InvitationView):
     """GET /invitations/ — the pending invitations, newest first, keyset-paginated. POST /invitations/ —
     invite an address (the accept link is mailed once the invitation has committed, and
     the response says whether the mailer took it: ``email_sent``; it never holds the
-    token). member.manage; inviting an owner needs an owner.
+    token). member.manage; inviting an owner needs an owner."""
 
-    Outside ATOMIC_REQUESTS (``OwnTransactions``): ``invite_member`` commits its own
-    transaction, so the mail is sent before the response is built, and no lock of the
-    invitation send limits is held while a slow mail server answers."""
+    # Outside ATOMIC_REQUESTS (OwnTransactions): invite_member commits its own transaction,
+    # then the mail is sent and its outcome answered (email_sent).
 
     required_action = {"GET": Action.MEMBER_MANAGE, "POST": Action.MEMBER_MANAGE}
 
@@ -450,8 +449,10 @@ class InvitationListView(OwnTransactions, _InvitationView):
         # or for an API key from the key's creator, on whose behalf the key acts.
         sent = send_invitation_email(request._request, invitation=invitation, token=token,
                                      inviter=self.actor.user or self.actor.api_key.created_by)
-        return Response(InvitationCreatedSerializer(_invitation(self.actor, invitation.pk),
-                                                    context={"email_sent": sent}).data,
+        # The invitation as committed, from memory (its inviter too): a read after the commit
+        # that failed (a dropped connection) would make a 500 of an invitation that exists
+        # and was mailed, and a client's retry would revoke it with a second mail.
+        return Response(InvitationCreatedSerializer(invitation, context={"email_sent": sent}).data,
                         status=status.HTTP_201_CREATED)
 
 

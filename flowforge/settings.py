@@ -281,7 +281,7 @@ SPECTACULAR_SETTINGS = {
         "NotificationTypeEnum": "engine.states.NotificationType",
         "DeliveryStateEnum": "engine.states.DeliveryState",
         # An invitation's state, in its own serializer and the created one's (email_sent).
-        "InvitationStateEnum": ["pending", "accepted", "revoked", "expired"],
+        "InvitationStateEnum": "tenancy.models.InvitationState.values",
     },
 }
 # Largest request body accepted, in bytes (a bigger one is a 413).

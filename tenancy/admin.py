@@ -107,7 +107,11 @@ class OrganizationAdminForm(forms.ModelForm):
             raise forms.ValidationError(str(exc)) from exc
 
     def clean_slug(self) -> str:
-        """The rule of create (``services.organization_slug``)."""
+        """The rule of create (``services.organization_slug``), for a new or changed slug: one
+        stored before the rule (the admin took any SlugField) is kept as it is when the form
+        changes something else, since API clients may send it (``X-Organization``)."""
+        if self.instance.pk is not None and "slug" not in self.changed_data:
+            return self.cleaned_data.get("slug")
         try:
             return organization_slug(self.cleaned_data.get("slug"))
         except TenancyError as exc:

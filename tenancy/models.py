@@ -197,6 +197,16 @@ class KeyRole(models.TextChoices):
 KEY_ROLE_RANK = {**ROLE_RANK, KeyRole.WORKER: -1}
 
 
+class InvitationState(models.TextChoices):
+    """What became of an invitation, as the API reports it (not stored: read from its
+    accepted_at, revoked_at and expires_at)."""
+
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+
+
 class Invitation(models.Model):
     """An emailed invitation to join an organization with a role.
 

@@ -74,11 +74,20 @@ def organization_slug(slug: str | None) -> str:
     return slug
 
 
+# Characters that reorder or hide an organization name's text where it is shown (a page, an
+# invitation's subject): bidirectional overrides, embeddings and isolates, which make
+# "\u202eelgooG" read "Google"; direction marks; zero-width spaces and the word joiner. The
+# zero-width (non-)joiners U+200C/U+200D stay: some scripts and emoji sequences need them.
+_INVISIBLE_IN_NAMES = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067"
+                                "\u2068\u2069\ufeff")
+
+
 def organization_name(name: str | None) -> str:
-    """``name`` stripped; raises TenancyError when it is empty, over 200 characters, or holds
-    a control character (a line break, a tab): it goes into mail subjects and headers,
-    where a line break is refused (and would start a header of its own). The rule of every
-    way a name is stored: create, rename and the Django admin's change form."""
+    """``name`` stripped; raises TenancyError when it is empty, over 200 characters, holds
+    a control character (a line break, a tab: it goes into mail subjects and headers, where
+    a line break is refused and would start a header of its own), or a character that
+    reorders or hides its text (``_INVISIBLE_IN_NAMES``: a spoofed name in a mail). The rule
+    of every way a name is stored: create, rename and the Django admin's change form."""
     name = (name or "").strip()
     if not name:
         raise TenancyError("name must not be empty")
@@ -86,6 +95,9 @@ def organization_name(name: str | None) -> str:
         raise TenancyError("name must be 1 to 200 characters")
     if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in name):
         raise TenancyError("name must not contain control characters such as line breaks or tabs")
+    if any(c in _INVISIBLE_IN_NAMES for c in name):
+        raise TenancyError("name must not contain invisible characters that reorder or hide text (such as "
+                           "right-to-left overrides or zero-width spaces)")
     return name
 
 

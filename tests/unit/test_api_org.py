@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.core import mail
 from django.core.cache import cache
-from django.db import connection
+from django.db import connection, connections
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -473,6 +473,70 @@ def test_a_mail_that_fails_is_email_sent_false_with_the_invitation_kept(client, 
     assert response.json()["email_sent"] is False
     assert Invitation.objects.for_organization(acme.org).get(pk=response.json()["id"]).is_pending
     assert "invitation email for invitation" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_failing_after_the_invitation_committed_does_not_make_a_500(client, acme, monkeypatch):
+    """Found by review: the response re-read the committed invitation; a dropped connection
+    there made a 500 of an invitation that existed and was mailed (and a retry revoked it
+    with a second mail). It is answered from the invitation in hand."""
+    from django.db import OperationalError
+
+    import api.views_org
+
+    def gone(*args, **kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(api.views_org, "_invitation", gone)
+    mail.outbox.clear()
+    response = post(client, "/api/v1/invitations/", {"email": "victim@example.com"}, acme.as_(Role.ADMIN))
+    assert response.status_code == 201, response.content
+    assert (response.json()["state"], response.json()["email_sent"]) == ("pending", True)
+    assert len(mail.outbox) == 1
+    assert Invitation.objects.for_organization(acme.org).get(email="victim@example.com").is_pending
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invitation_superseded_while_its_mail_was_sent_is_answered_as_it_was_created(
+        client, acme, monkeypatch):
+    """Found by review: A's invitation, re-read after its mail, came back "revoked" (with
+    email_sent true) when B invited the same address meanwhile. A's answer is what A created;
+    B's invitation replaces it, as any re-invitation does."""
+    import threading
+
+    import tenancy.mail
+
+    real = tenancy.mail.send_mail
+    a_in_mail, b_done = threading.Event(), threading.Event()
+
+    def send(*args, **kwargs):
+        if not a_in_mail.is_set():
+            a_in_mail.set()
+            assert b_done.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tenancy.mail, "send_mail", send)
+    key = acme.as_(Role.ADMIN)
+    answers = {}
+
+    def invite_a():
+        try:
+            answers["a"] = post(Client(), "/api/v1/invitations/", {"email": "dup@example.com"}, key)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=invite_a)
+    thread.start()
+    assert a_in_mail.wait(30)
+    answers["b"] = post(client, "/api/v1/invitations/", {"email": "dup@example.com"}, key)
+    b_done.set()
+    thread.join(30)
+    for name in ("a", "b"):
+        assert answers[name].status_code == 201, answers[name].content
+        assert (answers[name].json()["state"], answers[name].json()["email_sent"]) == ("pending", True)
+    stored = Invitation.objects.for_organization(acme.org).filter(email="dup@example.com")
+    assert {str(i.pk): i.is_pending for i in stored} == {answers["a"].json()["id"]: False,
+                                                         answers["b"].json()["id"]: True}
 
 
 def test_a_session_user_invites_in_their_own_name(acme):

@@ -492,3 +492,24 @@ def test_an_organization_name_with_a_control_character_is_refused(team, name):
     assert Organization.objects.get(pk=team["org"].pk).name == team["org"].name
     # Other characters are names like any other.
     assert create_organization_for(user=owner.user, slug="ok", name="Ünïcode 名前 ✓").name == "Ünïcode 名前 ✓"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["\u202eelgooG", "Acme\u200b\u200bCorp", "Pay\u2066Pal\u2069", "\ufeffAcme",
+                                  "Acme\u200fCorp"])
+def test_an_organization_name_with_a_character_that_reorders_or_hides_text_is_refused(team, name):
+    """Found by review: "\u202eelgooG" (a right-to-left override) was stored and read
+    "Google" in pages and invitation subjects; zero-width spaces made look-alike names."""
+    from tenancy.context import actor_for_membership
+    from tenancy.services import TenancyError, create_organization_for, rename_organization
+
+    owner = team["owner"]
+    with pytest.raises(TenancyError, match="must not contain invisible characters"):
+        create_organization_for(user=owner.user, slug="spoof", name=name)
+    with pytest.raises(TenancyError, match="must not contain invisible characters"):
+        rename_organization(actor=actor_for_membership(owner, channel="web"), name=name)
+    assert not Organization.objects.filter(slug="spoof").exists()
+    assert Organization.objects.get(pk=team["org"].pk).name == team["org"].name
+    # The zero-width joiners stay: scripts and emoji sequences need them.
+    family = "Fam \U0001F468\u200d\U0001F469\u200d\U0001F467 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    assert create_organization_for(user=owner.user, slug="joiners", name=family).name == family

@@ -190,6 +190,7 @@ def test_the_admin_refuses_an_override_out_of_bounds(org, staff, field, value):
 @pytest.mark.parametrize("field,value,message", [
     ("name", "Acme\r\nBcc: victim@example.com", "control characters"),
     ("name", "Acme\u2028Corp", "control characters"),
+    ("name", "\u202eelgooG", "invisible characters"),
     ("name", "   ", "required"),  # the form's own check: blank is empty
     ("slug", "Acme_Corp", "lowercase letters, digits or '-'"),
     ("slug", "-acme", "starting with a letter or digit"),
@@ -218,3 +219,21 @@ def test_the_admin_stores_a_name_stripped(org, staff):
     resp = client.post(url, {**org_form_data(page), "name": "  Acme Renamed  "})
     assert resp.status_code == 302
     assert Organization.objects.get(pk=org.pk).name == "Acme Renamed"
+
+
+def test_the_admin_keeps_a_slug_stored_before_the_rule_when_it_changes_something_else(org, staff):
+    """Found by review: a slug the admin took before (any SlugField) made every later save of
+    the organization fail until staff renamed it, which breaks clients that send it."""
+    Organization.objects.filter(pk=org.pk).update(slug="Legacy_Org")
+    client = client_for(staff)
+    url = f"/admin/tenancy/organization/{org.pk}/change/"
+    page = client.get(url)
+    resp = client.post(url, {**org_form_data(page), "plan": "team"})
+    assert resp.status_code == 302, resp.context["adminform"].form.errors
+    stored = Organization.objects.get(pk=org.pk)
+    assert (stored.slug, stored.plan) == ("Legacy_Org", "team")
+    # Changed, the slug must follow the rule.
+    page = client.get(url)
+    resp = client.post(url, {**org_form_data(page), "slug": "Other_Org"})
+    assert resp.status_code == 200
+    assert Organization.objects.get(pk=org.pk).slug == "Legacy_Org"
