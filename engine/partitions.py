@@ -106,47 +106,55 @@ def ensure_range(lo: dt.datetime, hi: dt.datetime) -> list[str]:
 def ensure_ahead(*, now: dt.datetime | None = None) -> list[str]:
     """Make sure the period holding ``now`` (default: the database's clock) and the
     FLOWFORGE_HISTORY_PARTITIONS_AHEAD periods after it have partitions in both tables:
-    every stretch of that range no partition covers gets one per period (cut short at the
-    next existing partition), so a period a pass could not create (its parent's lock not had
-    in time, or its name taken by something else) is created by a later pass, not left as a
-    gap after which the range continued. Returns the names this call created (not those a
-    concurrent manager did); a stretch still uncovered after the pass is logged as an error
-    (a run created in it could not be started)."""
+    every stretch of that range no partition covers, and that does not end by ``now``, gets
+    one per period (cut short at the next existing partition). So a period a pass could not
+    create (its parent's lock not had in time, or its name taken by something else) is
+    created by a later pass, not left as a gap after which the range continued; and a stretch
+    already over (before the first partition, after the period setting was raised) is left
+    alone: no run can be created in it any more, and its partition would be dropped again.
+    Returns the names this call created (not those a concurrent manager did); a stretch still
+    uncovered after the pass is logged as an error (a run created in it could not start).
+    One read of the partition catalog for a pass with nothing to do, two otherwise."""
     period = period_seconds()
     now = now or _db_now()
     start = floor(now, period)
     end = start + dt.timedelta(seconds=period * (int(settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD) + 1))
+    existing = partitions()
     created = []
     for parent in PARENTS:
-        for lo, hi in _uncovered(parent, start, end, period):
+        for lo, hi in _uncovered(existing, parent, start, end, now, period):
             name = create(parent, lo, hi)
             if name:
                 created.append(name)
     if created:
         log.info("history partitions: created %s", ", ".join(created))
+    if created or any(_uncovered(existing, parent, start, end, now, period) for parent in PARENTS):
+        existing = partitions()
     for parent in PARENTS:
-        for lo, hi in _uncovered(parent, start, end, period):
+        for lo, hi in _uncovered(existing, parent, start, end, now, period):
             log.error("history partitions: %s has no partition for runs created in [%s, %s) after this pass; the "
                       "next pass tries again (a name taken by another object, or the table's lock not had)",
                       parent, lo.isoformat(), hi.isoformat())
     return created
 
 
-def _uncovered(parent: str, start: dt.datetime, end: dt.datetime, period: int) -> list[tuple[dt.datetime, dt.datetime]]:
-    """The periods [lo, hi) of [start, end) that no partition of ``parent`` covers: one per
-    period of the grid, each cut short where an existing partition begins."""
-    existing = sorted((p for p in partitions() if p.parent == parent and p.hi > start and p.lo < end),
-                      key=lambda p: p.lo)
+def _uncovered(existing: list[Partition], parent: str, start: dt.datetime, end: dt.datetime, now: dt.datetime,
+               period: int) -> list[tuple[dt.datetime, dt.datetime]]:
+    """The periods [lo, hi) of [start, end) that no partition of ``parent`` in ``existing``
+    covers and that end after ``now``: one per period of the grid, each cut short where an
+    existing partition begins."""
+    mine = sorted((p for p in existing if p.parent == parent and p.hi > start and p.lo < end), key=lambda p: p.lo)
     gaps = []
     lo = start
     while lo < end:
-        covering = next((p for p in existing if p.lo <= lo < p.hi), None)
+        covering = next((p for p in mine if p.lo <= lo < p.hi), None)
         if covering is not None:
             lo = covering.hi
             continue
         hi = floor(lo, period) + dt.timedelta(seconds=period)  # back onto the grid after a changed period
-        hi = min([hi, *(p.lo for p in existing if p.lo > lo)])
-        gaps.append((lo, hi))
+        hi = min([hi, *(p.lo for p in mine if p.lo > lo)])
+        if hi > now:
+            gaps.append((lo, hi))
         lo = hi
     return gaps
 

@@ -221,6 +221,31 @@ def test_a_period_whose_name_is_taken_is_logged_and_created_once_the_name_is_fre
         drop_from(far)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_raised_period_fills_from_now_not_from_its_longer_periods_start(settings):
+    """Found by review: after the period setting was raised, floor(now, new period) lay
+    before the first partition, and each pass created a partition for that past stretch
+    (which the retention's drop then removed again, every pass)."""
+    far = partitions.floor(dt.datetime.now(dt.UTC) + 7 * 365 * DAY, 86400)
+    now = far + dt.timedelta(hours=15, minutes=30)
+    settings.FLOWFORGE_HISTORY_PARTITIONS_AHEAD = 2
+    try:
+        settings.FLOWFORGE_HISTORY_PARTITION_SECONDS = 3600
+        assert len(partitions.ensure_ahead(now=now)) == 2 * 3  # hours 15, 16 and 17
+        settings.FLOWFORGE_HISTORY_PARTITION_SECONDS = 86400
+        created = partitions.ensure_ahead(now=now)
+        made = {p.name: p for p in partitions.partitions() if p.lo >= far}
+        assert created and all(made[name].hi > now for name in created)
+        for parent in partitions.PARENTS:
+            spans = sorted((p.lo, p.hi) for p in made.values() if p.parent == parent)
+            assert spans[0] == (far + dt.timedelta(hours=15), far + dt.timedelta(hours=16))  # nothing before
+            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            assert spans[-1][1] == far + 3 * DAY
+        assert partitions.ensure_ahead(now=now) == []
+    finally:
+        drop_from(far)
+
+
 def old_partitions(day: dt.datetime) -> None:
     """Partitions of one day of 1990 in both tables (older than any retention)."""
     for parent in partitions.PARENTS:
