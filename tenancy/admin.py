@@ -99,8 +99,11 @@ class OrganizationAdminForm(forms.ModelForm):
                 f"{plan}: " + ", ".join(f"{n} {values[n]:,}" for n in LIMIT_NAMES) for plan, values in table.items())
 
     def clean_name(self) -> str:
-        """The rule of create and rename (``services.organization_name``): no control
-        character, such as a line break that would reach a mail's subject."""
+        """The rule of create and rename (``services.organization_name``): no control or
+        invisible formatting character, such as a line break or a right-to-left override that
+        would reach a mail's subject. Checked on every save, unlike the slug: a name stored
+        before the rule is fixed in the same form (no client sends a name to find an
+        organization)."""
         try:
             return organization_name(self.cleaned_data.get("name"))
         except TenancyError as exc:
@@ -110,7 +113,7 @@ class OrganizationAdminForm(forms.ModelForm):
         """The rule of create (``services.organization_slug``), for a new or changed slug: one
         stored before the rule (the admin took any SlugField) is kept as it is when the form
         changes something else, since API clients may send it (``X-Organization``)."""
-        if self.instance.pk is not None and "slug" not in self.changed_data:
+        if not self.instance._state.adding and "slug" not in self.changed_data:
             return self.cleaned_data.get("slug")
         try:
             return organization_slug(self.cleaned_data.get("slug"))

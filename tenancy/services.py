@@ -74,20 +74,22 @@ def organization_slug(slug: str | None) -> str:
     return slug
 
 
-# Characters that reorder or hide an organization name's text where it is shown (a page, an
-# invitation's subject): bidirectional overrides, embeddings and isolates, which make
-# "\u202eelgooG" read "Google"; direction marks; zero-width spaces and the word joiner. The
-# zero-width (non-)joiners U+200C/U+200D stay: some scripts and emoji sequences need them.
-_INVISIBLE_IN_NAMES = frozenset("\u061c\u200b\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2066\u2067"
-                                "\u2068\u2069\ufeff")
+# Characters that show as nothing yet are letters or marks (so a name of them alone would
+# look empty): the Hangul fillers, the braille blank and the combining grapheme joiner.
+_BLANK_LOOKALIKES = frozenset("\u034f\u115f\u1160\u2800\u3164\uffa0")
+# The zero-width non-joiner and joiner: formatting characters that Persian, Indic scripts
+# and emoji sequences need, so the only ones a name may hold.
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def organization_name(name: str | None) -> str:
     """``name`` stripped; raises TenancyError when it is empty, over 200 characters, holds
     a control character (a line break, a tab: it goes into mail subjects and headers, where
-    a line break is refused and would start a header of its own), or a character that
-    reorders or hides its text (``_INVISIBLE_IN_NAMES``: a spoofed name in a mail). The rule
-    of every way a name is stored: create, rename and the Django admin's change form."""
+    a line break is refused and would start a header of its own), an invisible formatting
+    character (Unicode category Cf but the two joiners: a right-to-left override makes
+    "elgooG" read "Google", tag characters carry hidden text), or no visible character
+    (a letter, digit, punctuation mark or symbol; not a blank look-alike). The rule of every
+    way a name is stored: create, rename and the Django admin's change form."""
     name = (name or "").strip()
     if not name:
         raise TenancyError("name must not be empty")
@@ -95,9 +97,11 @@ def organization_name(name: str | None) -> str:
         raise TenancyError("name must be 1 to 200 characters")
     if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in name):
         raise TenancyError("name must not contain control characters such as line breaks or tabs")
-    if any(c in _INVISIBLE_IN_NAMES for c in name):
+    if any((unicodedata.category(c) == "Cf" and c not in _JOINERS) or c in _BLANK_LOOKALIKES for c in name):
         raise TenancyError("name must not contain invisible characters that reorder or hide text (such as "
-                           "right-to-left overrides or zero-width spaces)")
+                           "right-to-left overrides, zero-width spaces or tag characters)")
+    if not any(unicodedata.category(c)[0] in "LNPS" for c in name):
+        raise TenancyError("name must contain a visible character (a letter, digit, punctuation mark or symbol)")
     return name
 
 

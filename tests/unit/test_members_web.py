@@ -496,7 +496,8 @@ def test_an_organization_name_with_a_control_character_is_refused(team, name):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ["\u202eelgooG", "Acme\u200b\u200bCorp", "Pay\u2066Pal\u2069", "\ufeffAcme",
-                                  "Acme\u200fCorp"])
+                                  "Acme\u200fCorp", "Acme\u2062Corp", "Acme\U000e0049\U000e0047",
+                                  "\u00adAcme", "Acme\u206aCorp", "Acme\ufff9x\ufffbCorp", "Acme\u3164"])
 def test_an_organization_name_with_a_character_that_reorders_or_hides_text_is_refused(team, name):
     """Found by review: "\u202eelgooG" (a right-to-left override) was stored and read
     "Google" in pages and invitation subjects; zero-width spaces made look-alike names."""
@@ -510,6 +511,11 @@ def test_an_organization_name_with_a_character_that_reorders_or_hides_text_is_re
         rename_organization(actor=actor_for_membership(owner, channel="web"), name=name)
     assert not Organization.objects.filter(slug="spoof").exists()
     assert Organization.objects.get(pk=team["org"].pk).name == team["org"].name
+    # Nothing visible: refused too (the joiners alone, a Hangul filler, the braille blank).
+    for blank in ("\u200d", "\u200c\u200d", "\u3164", "\u2800", "\u115f\u1160"):
+        with pytest.raises(TenancyError, match="must contain a visible character|invisible characters"):
+            create_organization_for(user=owner.user, slug="spoof", name=blank)
+    assert not Organization.objects.filter(slug="spoof").exists()
     # The zero-width joiners stay: scripts and emoji sequences need them.
     family = "Fam \U0001F468\u200d\U0001F469\u200d\U0001F467 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
     assert create_organization_for(user=owner.user, slug="joiners", name=family).name == family

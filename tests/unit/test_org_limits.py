@@ -237,3 +237,18 @@ def test_the_admin_keeps_a_slug_stored_before_the_rule_when_it_changes_something
     resp = client.post(url, {**org_form_data(page), "slug": "Other_Org"})
     assert resp.status_code == 200
     assert Organization.objects.get(pk=org.pk).slug == "Legacy_Org"
+
+
+def test_the_admin_add_form_checks_the_slug(staff):
+    """An unsaved organization already has its id (a UUID default): the add form must still
+    check its slug (``_state.adding``, not ``pk``)."""
+    client = client_for(staff)
+    page = client.get("/admin/tenancy/organization/add/")
+    data = {**org_form_data(page), "name": "Added", "plan": "free"}
+    resp = client.post("/admin/tenancy/organization/add/", {**data, "slug": "Acme_Corp"})
+    assert resp.status_code == 200
+    assert "lowercase letters" in " ".join(resp.context["adminform"].form.errors.get("slug", []))
+    assert not Organization.objects.filter(name="Added").exists()
+    resp = client.post("/admin/tenancy/organization/add/", {**data, "slug": "added-ok"})
+    assert resp.status_code == 302, resp.context["adminform"].form.errors
+    assert Organization.objects.get(slug="added-ok").name == "Added"
