@@ -105,14 +105,21 @@ WITH runs AS (
     SELECT %(run)s::uuid AS id
 ), done_runs AS (
     -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
-    -- probe (as an anti-join the planner may read every open task run of every run), and
-    -- ORDER BY state makes that index the cheapest way in (on the run's foreign-key index
-    -- it would read the run's finished task runs too, one heap fetch each).
+    -- probe (as an anti-join the planner may read every open task run of every run). The
+    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped', so
+    -- "an open task run of this run" is one range of (workflow_run_id, state), written as a
+    -- row comparison in that index's order, which only that index serves without a sort. As
+    -- "state IN (...)", a generic plan made under the statistics of an idle table (nothing
+    -- open) took idx_taskrun_state_age (state first) and walked every open task run of the
+    -- deployment, other organizations' backlogs included, for each run it asked about; as an
+    -- equality on the run, uniq_taskrun_per_run_task and every task run of the run
+    -- (tests/unit/test_hot_statement_plans.py).
     SELECT r.id, c.failed, c.keys, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
-                       ORDER BY t.state LIMIT 1) o ON true
+                       WHERE (t.workflow_run_id, t.state) > (r.id, 'failed')
+                         AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
+                       ORDER BY t.workflow_run_id, t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs (index only).
     CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
@@ -196,14 +203,21 @@ WITH runs AS (
     SELECT DISTINCT workflow_run_id AS id FROM core_taskrun WHERE id = ANY(%(ids)s)
 ), done_runs AS (
     -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
-    -- probe (as an anti-join the planner may read every open task run of every run), and
-    -- ORDER BY state makes that index the cheapest way in (on the run's foreign-key index
-    -- it would read the run's finished task runs too, one heap fetch each).
+    -- probe (as an anti-join the planner may read every open task run of every run). The
+    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped', so
+    -- "an open task run of this run" is one range of (workflow_run_id, state), written as a
+    -- row comparison in that index's order, which only that index serves without a sort. As
+    -- "state IN (...)", a generic plan made under the statistics of an idle table (nothing
+    -- open) took idx_taskrun_state_age (state first) and walked every open task run of the
+    -- deployment, other organizations' backlogs included, for each run it asked about; as an
+    -- equality on the run, uniq_taskrun_per_run_task and every task run of the run
+    -- (tests/unit/test_hot_statement_plans.py).
     SELECT r.id, c.failed, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE t.workflow_run_id = r.id AND t.state IN ('pending', 'ready', 'running')
-                       ORDER BY t.state LIMIT 1) o ON true
+                       WHERE (t.workflow_run_id, t.state) > (r.id, 'failed')
+                         AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
+                       ORDER BY t.workflow_run_id, t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs.
     CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled

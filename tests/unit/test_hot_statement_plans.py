@@ -22,7 +22,7 @@ from engine.repositories import driver, task_runs
 from engine.repositories.types import StartRequest, SuccessRequest
 from engine.services import start_run
 from engine.sql import descriptions, queries
-from engine.states import TASK_QUEUE
+from engine.states import TASK_OPEN_STATES, TASK_QUEUE, TaskRunState
 from tests import engine_helpers
 
 # The SQL type of each parameter the hot statements take.
@@ -329,3 +329,47 @@ def test_a_publish_stamp_reaches_its_rows_by_primary_key_past_a_pending_backlog(
     assert "core_outboxmessage_pkey" in set(_SCAN.findall(plan)), plan
     assert "idx_outbox_pending" not in plan, plan
     assert re.search(r"Update on core_outboxmessage .*rows=0 loops=1\)", plan), plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_reads_only_its_own_runs_task_runs_beside_another_runs_backlog(org, make_workflow):
+    """run_finish_if_done_many asks, per run of a batch's successes, whether the run still
+    has an open task run: one range of idx_taskrun_run_state, the run's own open task runs.
+    Planned with statistics gathered while no task run was open (an idle deployment, as
+    after any quiet spell), the IN-list form was served by idx_taskrun_state_age (state
+    first) filtered by run: it walked every open task run of the deployment, another
+    organization's backlog included, for each batch (make bench's chains: 153 index
+    entries per probe, seen with auto_explain)."""
+    one = make_workflow(org, [{"key": "a", "type": "noop"}], name="one")
+    wide = make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(400)], name="wide")
+    history = [start_run(workflow=wide) for _ in range(3)]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = ANY(%s)",
+                    [[r.pk for r in history]])
+        cur.execute("ANALYZE core_taskrun")  # nothing open: the idle statistics
+    start_run(workflow=wide)  # 400 ready task runs of another run
+    finished = start_run(workflow=one)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = %s RETURNING id",
+                    [finished.pk])
+        (done_id,) = cur.fetchone()
+    plan = generic_plan(queries["run_finish_if_done_many"], {"ids": [done_id]})
+    scans = task_run_scans(plan, "t")
+    assert scans, plan
+    assert "idx_taskrun_state_age" not in plan, plan  # before: its 400 open entries read, none of this run
+    for node, index, rows, loops in scans:
+        if node != "Bitmap Heap Scan":  # (the count's; its index is on the Bitmap Index Scan line)
+            assert index == "idx_taskrun_run_state", plan
+        assert rows * loops <= 1, plan  # the finished run has one task run
+
+
+@pytest.mark.django_db
+def test_the_open_task_run_states_are_the_ones_between_failed_and_skipped():
+    """run_finish_if_done(_many) reads "open" as the range ('failed', 'skipped') of
+    idx_taskrun_run_state: true of the states the check constraint allows, as the database
+    orders them (a new state must be placed, or that range rewritten)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT array_agg(s ORDER BY s) FROM unnest(%s::varchar[]) s WHERE s > 'failed' AND s < 'skipped'",
+                    [[state.value for state in TaskRunState]])
+        (between,) = cur.fetchone()
+    assert between == sorted(TASK_OPEN_STATES)
