@@ -117,9 +117,10 @@ WITH runs AS (
     SELECT r.id, c.failed, c.keys, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE (t.workflow_run_id, t.state) > (r.id, 'failed')
+                       WHERE t.workflow_run_id = r.id
+                         AND (t.workflow_run_id, t.state) > (r.id, 'failed')
                          AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
-                       ORDER BY t.workflow_run_id, t.state LIMIT 1) o ON true
+                       ORDER BY t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs (index only).
     CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
@@ -215,9 +216,10 @@ WITH runs AS (
     SELECT r.id, c.failed, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE (t.workflow_run_id, t.state) > (r.id, 'failed')
+                       WHERE t.workflow_run_id = r.id
+                         AND (t.workflow_run_id, t.state) > (r.id, 'failed')
                          AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
-                       ORDER BY t.workflow_run_id, t.state LIMIT 1) o ON true
+                       ORDER BY t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs.
     CROSS JOIN LATERAL (SELECT count(*) FILTER (WHERE t.state = 'failed') AS failed,
                                count(*) FILTER (WHERE t.state = 'cancelled') AS cancelled
