@@ -331,63 +331,73 @@ def test_a_publish_stamp_reaches_its_rows_by_primary_key_past_a_pending_backlog(
     assert re.search(r"Update on core_outboxmessage .*rows=0 loops=1\)", plan), plan
 
 
+def _finish_probe(plan: str) -> tuple[str, str, int, int, str]:
+    """(node, index, rows per loop, loops, index condition) of run_finish_if_done_many's
+    open-task-run probe (core_taskrun under the alias ``t``) in an EXPLAIN ANALYZE."""
+    lines = plan.splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"(\w[\w ]*Scan) using (\w+) on core_taskrun t \(actual time=[\d.]+\.\.[\d.]+ "
+                      r"rows=(\d+) loops=(\d+)\)", line)
+        if m:
+            cond = next((c.strip() for c in lines[i + 1:i + 3] if "Index Cond:" in c), "")
+            return m.group(1).strip(), m.group(2), int(m.group(3)), int(m.group(4)), cond
+    raise AssertionError(f"no probe in the plan:\n{plan}")
+
+
+# Each scenario: (statistics the plan is made under, the data it then runs on).
+FINISH_SCENARIOS = ["idle-statistics-beside-another-runs-backlog", "never-analyzed-big-run-mostly-finished",
+                    "big-runs-analyzed-big-run-mostly-finished", "many-failed-one-open"]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_finish_reads_only_its_own_runs_task_runs_beside_another_runs_backlog(org, make_workflow):
+@pytest.mark.parametrize("scenario", FINISH_SCENARIOS)
+def test_a_finish_probe_starts_at_its_runs_first_open_entry_under_any_statistics(org, make_workflow, scenario):
     """run_finish_if_done_many asks, per run of a batch's successes, whether the run still
-    has an open task run: one range of idx_taskrun_run_state, the run's own open task runs.
-    Planned with statistics gathered while no task run was open (an idle deployment, as
-    after any quiet spell), the IN-list form was served by idx_taskrun_state_age (state
-    first) filtered by run: it walked every open task run of the deployment, another
-    organization's backlog included, for each batch (make bench's chains: 153 index
-    entries per probe, seen with auto_explain)."""
-    one = make_workflow(org, [{"key": "a", "type": "noop"}], name="one")
+    has an open task run. Its probe is one range of idx_taskrun_run_state: the run's entries
+    after 'failed' (index condition), the first one read being open, whatever the statistics
+    its generic plan was made under.
+    - Before: "state IN (...) ORDER BY state", planned under the statistics of an idle table
+      (nothing open), used idx_taskrun_state_age (state first) filtered by run, and read all
+      400 open entries of another run's backlog (the first scenario failed).
+    - 4a3ce25's row comparison alone, planned on a table never analyzed, took
+      uniq_taskrun_per_run_task and read the whole run (the second failed: a review's
+      reproduction; in make bench's throughput scenario, 1,963 entries and 2 ms a batch).
+    - 2550e39's form (the run equality beside the comparison) started at the run's first
+      entry, its failed ones read before the open one (the index condition checked below)."""
     wide = make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(400)], name="wide")
-    history = [start_run(workflow=wide) for _ in range(3)]
     with connection.cursor() as cur:
-        cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = ANY(%s)",
-                    [[r.pk for r in history]])
-        cur.execute("ANALYZE core_taskrun")  # nothing open: the idle statistics
-    start_run(workflow=wide)  # 400 ready task runs of another run
-    finished = start_run(workflow=one)
-    with connection.cursor() as cur:
-        cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = %s RETURNING id",
-                    [finished.pk])
-        (done_id,) = cur.fetchone()
-    plan = generic_plan(queries["run_finish_if_done_many"], {"ids": [done_id]})
-    scans = task_run_scans(plan, "t")
-    assert scans, plan
-    assert "idx_taskrun_state_age" not in plan, plan  # before: its 400 open entries read, none of this run
-    for node, index, rows, loops in scans:
-        if node != "Bitmap Heap Scan":  # (the count's; its index is on the Bitmap Index Scan line)
-            assert index == "idx_taskrun_run_state", plan
-        assert rows * loops <= 1, plan  # the finished run has one task run
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_finish_reads_one_open_task_run_of_a_big_run_mostly_finished(org, make_workflow):
-    """The same probe in a run of 400 task runs, 390 of them finished (a success near the
-    end of a big run), planned under the statistics of big runs all finished: one index
-    entry, not the run's 400 (as an equality on the run it walked them all through
-    uniq_taskrun_per_run_task and sorted them: 2 ms a batch in a run of 2,000, seen with
-    auto_explain in make bench's throughput scenario)."""
-    wide = make_workflow(org, [{"key": f"t{i:03d}", "type": "noop"} for i in range(400)], name="wide")
-    history = [start_run(workflow=wide) for _ in range(3)]
-    with connection.cursor() as cur:
-        cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = ANY(%s)",
-                    [[r.pk for r in history]])
-        cur.execute("ANALYZE core_taskrun")
+        if scenario == "never-analyzed-big-run-mostly-finished":
+            cur.execute("DELETE FROM pg_statistic WHERE starelid = 'core_taskrun'::regclass")
+            cur.execute("UPDATE pg_class SET reltuples = -1, relpages = 0 WHERE oid = 'core_taskrun'::regclass")
+        else:
+            history = [start_run(workflow=wide) for _ in range(3)]
+            cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = ANY(%s)",
+                        [[r.pk for r in history]])
+            cur.execute("ANALYZE core_taskrun")  # nothing open: the idle statistics
     run = start_run(workflow=wide)
     with connection.cursor() as cur:
-        cur.execute("""UPDATE core_taskrun t SET state = 'succeeded' FROM core_task k
-                       WHERE k.id = t.task_id AND t.workflow_run_id = %s AND k.key < 't390' RETURNING t.id""",
-                    [run.pk])
-        done_id = cur.fetchone()[0]
-    plan = generic_plan(queries["run_finish_if_done_many"], {"ids": [done_id]})
-    probes = [s for s in task_run_scans(plan, "t") if s[0] != "Bitmap Heap Scan"]
-    assert probes, plan
-    for _node, index, rows, loops in probes:
-        assert index == "idx_taskrun_run_state", plan
-        assert rows * loops <= 1, plan  # the first open entry, none of the 390 finished
+        if scenario == "idle-statistics-beside-another-runs-backlog":
+            start_run(workflow=wide)  # 400 ready task runs of another run
+            cur.execute("UPDATE core_taskrun SET state = 'succeeded' WHERE workflow_run_id = %s", [run.pk])
+        elif scenario == "many-failed-one-open":
+            cur.execute("""UPDATE core_taskrun t SET state = 'failed' FROM core_task k
+                           WHERE k.id = t.task_id AND t.workflow_run_id = %s AND k.key < 't399'""", [run.pk])
+        else:  # 390 of 400 finished, 10 still ready
+            cur.execute("""UPDATE core_taskrun t SET state = 'succeeded' FROM core_task k
+                           WHERE k.id = t.task_id AND t.workflow_run_id = %s AND k.key < 't390'""", [run.pk])
+        cur.execute("SELECT id FROM core_taskrun WHERE workflow_run_id = %s LIMIT 1", [run.pk])
+        (any_id,) = cur.fetchone()
+    plan = generic_plan(queries["run_finish_if_done_many"], {"ids": [any_id]})
+    if scenario == "never-analyzed-big-run-mostly-finished":
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE core_taskrun")  # statistics again, for the tests after this one
+    assert "idx_taskrun_state_age" not in plan and "uniq_taskrun_per_run_task" not in plan, plan
+    node, index, rows, loops, cond = _finish_probe(plan)
+    assert (node, index) == ("Index Only Scan", "idx_taskrun_run_state"), plan
+    # The scan starts after the run's 'failed' entries: both bound it (not only the run).
+    assert "(workflow_run_id = " in cond and "> 'failed'" in cond, cond
+    assert rows * loops <= 1, plan
+    assert "Sort" not in plan.split("core_taskrun t (")[0].rsplit("Limit", 1)[-1], plan  # nothing sorted
 
 
 @pytest.mark.django_db
