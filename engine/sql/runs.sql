@@ -106,19 +106,21 @@ WITH runs AS (
 ), done_runs AS (
     -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
     -- probe (as an anti-join the planner may read every open task run of every run). The
-    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped': the
-    -- scan starts at the run's first entry after 'failed' and stops at its first open one.
-    -- The upper bound is a row comparison, which idx_taskrun_state_age (state first) cannot
-    -- use: as "state IN (...)" (or as a state range), a generic plan made under the
-    -- statistics of an idle table (nothing open) took that index and walked every open task
-    -- run of the deployment, other organizations' backlogs included, for each run it asked
-    -- about; "state > 'failed'" alone covers nearly every row of it (succeeded), so it is
-    -- never the cheap way in. Without the run equality and ORDER BY state, a plan took
-    -- uniq_taskrun_per_run_task and sorted the whole run (tests/unit/test_hot_statement_plans.py).
+    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped',
+    -- written as row comparisons, which only idx_taskrun_run_state can use: any condition on
+    -- the state alone ("state IN (...)", a state range, even "state > 'failed'") lets a
+    -- generic plan made under the statistics of an idle table (nothing open) take
+    -- idx_taskrun_state_age (state first), filtered by run, which walked every open task run
+    -- of the deployment, other organizations' backlogs included, for each run it asked about.
+    -- The run equality and ORDER BY state keep it off uniq_taskrun_per_run_task and a sort of
+    -- the whole run. The scan starts at the run's first entry: its cancelled and failed
+    -- entries (deduplicated in the index) come before the first open one
+    -- (tests/unit/test_hot_statement_plans.py).
     SELECT r.id, c.failed, c.keys, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE t.workflow_run_id = r.id AND t.state > 'failed'
+                       WHERE t.workflow_run_id = r.id
+                         AND (t.workflow_run_id, t.state) > (r.id, 'failed')
                          AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
                        ORDER BY t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs (index only).
@@ -205,19 +207,21 @@ WITH runs AS (
 ), done_runs AS (
     -- One probe of idx_taskrun_run_state per run. LATERAL ... LIMIT 1 keeps it a per-run
     -- probe (as an anti-join the planner may read every open task run of every run). The
-    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped': the
-    -- scan starts at the run's first entry after 'failed' and stops at its first open one.
-    -- The upper bound is a row comparison, which idx_taskrun_state_age (state first) cannot
-    -- use: as "state IN (...)" (or as a state range), a generic plan made under the
-    -- statistics of an idle table (nothing open) took that index and walked every open task
-    -- run of the deployment, other organizations' backlogs included, for each run it asked
-    -- about; "state > 'failed'" alone covers nearly every row of it (succeeded), so it is
-    -- never the cheap way in. Without the run equality and ORDER BY state, a plan took
-    -- uniq_taskrun_per_run_task and sorted the whole run (tests/unit/test_hot_statement_plans.py).
+    -- open states (pending, ready, running) are the ones between 'failed' and 'skipped',
+    -- written as row comparisons, which only idx_taskrun_run_state can use: any condition on
+    -- the state alone ("state IN (...)", a state range, even "state > 'failed'") lets a
+    -- generic plan made under the statistics of an idle table (nothing open) take
+    -- idx_taskrun_state_age (state first), filtered by run, which walked every open task run
+    -- of the deployment, other organizations' backlogs included, for each run it asked about.
+    -- The run equality and ORDER BY state keep it off uniq_taskrun_per_run_task and a sort of
+    -- the whole run. The scan starts at the run's first entry: its cancelled and failed
+    -- entries (deduplicated in the index) come before the first open one
+    -- (tests/unit/test_hot_statement_plans.py).
     SELECT r.id, c.failed, c.cancelled
     FROM runs r
     LEFT JOIN LATERAL (SELECT 1 AS one FROM core_taskrun t
-                       WHERE t.workflow_run_id = r.id AND t.state > 'failed'
+                       WHERE t.workflow_run_id = r.id
+                         AND (t.workflow_run_id, t.state) > (r.id, 'failed')
                          AND (t.workflow_run_id, t.state) < (r.id, 'skipped')
                        ORDER BY t.state LIMIT 1) o ON true
     -- Counted once per run, when it is done: one pass over its task runs.
