@@ -371,7 +371,9 @@ class TaskRun(models.Model):
     # No index of its own: idx_taskrun_run_state and uniq_taskrun_per_run_task lead with it
     # (seed 000, "Implicit indexes and a known redundancy"; migration 0011).
     workflow_run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="task_runs", db_index=False)
-    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs")
+    # No index of its own: idx_taskrun_task_run leads with it, and serves WHERE task_id = ?
+    # as the foreign key's own index did (seed 000, "TaskRun.task_id is not redundant").
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="task_runs", db_index=False)
     state = models.CharField(max_length=20, choices=TaskRunState.choices, default=TaskRunState.PENDING)
     attempt = models.IntegerField(default=1)
     # Attempts used before a person last reopened the task run (engine.recovery: resume,
@@ -445,6 +447,12 @@ class TaskRun(models.Model):
             models.Index(fields=["state", "created_at"], name="idx_taskrun_state_age"),
             # Run progress and terminal-state derivation: GROUP BY state for one run (seed 000).
             models.Index(fields=["workflow_run", "state"], name="idx_taskrun_run_state"),
+            # A task's task runs (WHERE task_id = ?: the foreign key's index, seed 000), with
+            # the run beside it: a hop's probe by (run, task) reads one entry through this index
+            # or uniq_taskrun_per_run_task alike. With task_id alone, a generic plan made under
+            # statistics that price both at one row took it and read an entry for every run of
+            # the task (migration 0036).
+            models.Index(fields=["task", "workflow_run"], name="idx_taskrun_task_run"),
             # The lease reaper: WHERE state = 'running' AND lease_expires_at < now() (seed 000).
             models.Index(fields=["lease_expires_at"], name="idx_taskrun_lease_expiry", condition=Q(state="running")),
             # The fair claim: per queue ('' for the shared workers) and organization, highest

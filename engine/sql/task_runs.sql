@@ -371,7 +371,8 @@ SELECT s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config, s.at
                               sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d                   -- uniq_taskdep_edge
                        JOIN core_task uk ON uk.id = d.depends_on_id
-                       -- One probe of uniq_taskrun_per_run_task per edge. As a plain join the
+                       -- One probe by (run, task) per edge (one entry of
+                       -- uniq_taskrun_per_run_task or idx_taskrun_task_run). As a plain join the
                        -- generic plan could walk the whole run's task runs for every start
                        -- (measured: 3.8 ms and 12,000 buffers per start in a run of 2,000);
                        -- the LIMIT keeps the subquery from being flattened into one.
@@ -524,7 +525,8 @@ SELECT 's', s.id, s.workflow_run_id, s.organization_id, s.key, s.type, s.config,
                               sum(octet_length(COALESCE(u.output, 'null'::jsonb)::text)) OVER (ORDER BY uk.key) AS total
                        FROM core_taskdependency d                   -- uniq_taskdep_edge
                        JOIN core_task uk ON uk.id = d.depends_on_id
-                       -- One probe of uniq_taskrun_per_run_task per edge. As a plain join the
+                       -- One probe by (run, task) per edge (one entry of
+                       -- uniq_taskrun_per_run_task or idx_taskrun_task_run). As a plain join the
                        -- generic plan could walk the whole run's task runs for every start
                        -- (measured: 3.8 ms and 12,000 buffers per start in a run of 2,000);
                        -- the LIMIT keeps the subquery from being flattened into one.
@@ -550,7 +552,7 @@ FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
 -- name: task_run_promote_dependents
--- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
 -- The claim that follows in the same transaction (task_run_claim_fair) takes them within
 -- their organization's room, permits and buckets. The default rule only, in main's form
 -- (an anti-join that stops at the first upstream not succeeded): the rules' general
@@ -565,13 +567,17 @@ WITH me AS (
 ), promoted AS (
     UPDATE core_taskrun d
     SET state = 'ready', ready_at = clock_timestamp(), skip_reason = ''
+    -- Each dependent found by (run, task), one probe per edge (its LIMIT keeps the run and the
+    -- task together in its index condition: joined, the generic plan could probe by the task
+    -- alone, the run a join filter, reading an entry for every run of the task), not by
+    -- scanning the run's pending rows; a dependent of two of these tasks is updated once.
     FROM me JOIN core_taskdependency dep ON dep.depends_on_id = me.task
          JOIN core_task k ON k.id = dep.task_id
-    -- Each dependent found by (run, task) (uniq_taskrun_per_run_task), not by scanning the
-    -- run's pending rows; a dependent of two of these tasks is updated once.
-    WHERE d.workflow_run_id = me.run AND d.task_id = dep.task_id AND (d.state || '') = 'pending'
+         CROSS JOIN LATERAL (SELECT x.id FROM core_taskrun x
+                             WHERE x.workflow_run_id = me.run AND x.task_id = dep.task_id LIMIT 1) c
+    WHERE d.id = c.id AND (d.state || '') = 'pending'   -- by primary key
       AND k.trigger_rule = 'all_success'
-      -- One probe of uniq_taskrun_per_run_task per dependency edge (the LIMIT keeps the
+      -- One probe by (run, task) per dependency edge (the LIMIT keeps the
       -- subquery from being flattened into a join): as a plain join, the generic plan read
       -- every task run of the run for each dependent, 5,000 x 5,000 rows for one success
       -- with 4,999 dependents (20 s, holding its worker process's batch and its
@@ -615,7 +621,7 @@ SELECT n FROM others;
 
 
 -- name: task_run_settle_dependents
--- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
 -- What follows a finish other than the worker's batch of successes (task_runs.settle_dependents,
 -- after task_run_skip_descendants), and a success whose task has a dependent with a rule
 -- other than all_success (task_run_promote_dependents counts those). Rules
@@ -638,14 +644,17 @@ WITH me AS (
     FROM core_taskrun t JOIN unnest(%(ids)s::uuid[]) AS a(id) ON t.id = a.id
     WHERE (t.state || '') IN ('succeeded', 'failed', 'skipped', 'cancelled')   -- by primary key (file header)
 ), cand AS (
-    -- Each pending dependent once, found by (run, task) (uniq_taskrun_per_run_task), not by
+    -- Each pending dependent once, found by (run, task), not by
     -- scanning the run's pending rows, with its rule.
+    -- One probe per edge, as in task_run_promote_dependents.
     SELECT d.id, d.workflow_run_id, d.task_id, k.trigger_rule AS rule, bool_or(me.bad) AS after_bad
     FROM me
     JOIN core_taskdependency dep ON dep.depends_on_id = me.task
-    JOIN core_taskrun d ON d.workflow_run_id = me.run AND d.task_id = dep.task_id
     JOIN core_task k ON k.id = dep.task_id
-    WHERE (d.state || '') = 'pending'
+    CROSS JOIN LATERAL (SELECT x.id, x.workflow_run_id, x.task_id FROM core_taskrun x
+                        WHERE x.workflow_run_id = me.run AND x.task_id = dep.task_id
+                          AND (x.state || '') = 'pending'
+                        LIMIT 1) d
     GROUP BY d.id, d.workflow_run_id, d.task_id, k.trigger_rule
 ), verdict AS MATERIALIZED (
     -- Materialized: each row's verdict is worked out once (inlined, the UPDATE below would
@@ -954,7 +963,7 @@ ORDER BY lease_expires_at LIMIT %(limit)s;
 
 
 -- name: task_run_skip_descendants
--- The pending descendants of the failed or skipped task runs in ids that their trigger rules skip whatever else happens, each skipped with a 'skipped' event (skip_reason upstream_failed below a failure, else trigger_rule); uniq_taskrun_per_run_task, core_taskrun_pkey.
+-- The pending descendants of the failed or skipped task runs in ids that their trigger rules skip whatever else happens, each skipped with a 'skipped' event (skip_reason upstream_failed below a failure, else trigger_rule); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
 -- The closure, in one statement rather than a level at a time: below a failure or a skip,
 -- an all_success task is skipped, and below a failure a none_failed one, and so on down
 -- through what these skip. Dependents with the other rules (all_done, always, one_failed,
@@ -973,7 +982,7 @@ WITH RECURSIVE src AS (
     FROM below b
     JOIN core_taskdependency e ON e.depends_on_id = b.task
     JOIN core_task k ON k.id = e.task_id
-    -- One probe of uniq_taskrun_per_run_task per edge (the LIMIT keeps it from being
+    -- One probe by (run, task) per edge (the LIMIT keeps it from being
     -- flattened into a join): as a join, the generic plan read the run's pending task runs
     -- for each row of the level (a failed root with 4,999 dependents: 16.7 s).
     CROSS JOIN LATERAL (SELECT d.state FROM core_taskrun d
