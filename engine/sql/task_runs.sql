@@ -552,7 +552,7 @@ FROM started s JOIN core_workflowrun r ON r.id = s.workflow_run_id;
 
 
 -- name: task_run_promote_dependents
--- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
+-- The success path's promotion (the worker's batch): each pending all_success dependent of the generations in (ids, tokens) now succeeded whose dependencies have all succeeded goes pending -> ready (ready_at) with a 'promoted' event; returns how many of their tasks' dependents have another trigger rule (decide those next: task_run_settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (each probe by run and task), core_taskrun_pkey.
 -- The claim that follows in the same transaction (task_run_claim_fair) takes them within
 -- their organization's room, permits and buckets. The default rule only, in main's form
 -- (an anti-join that stops at the first upstream not succeeded): the rules' general
@@ -621,7 +621,7 @@ SELECT n FROM others;
 
 
 -- name: task_run_settle_dependents
--- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
+-- The trigger rules: each pending dependent of the finished task runs in ids goes pending -> ready (a 'promoted' event) or pending -> skipped (a 'skipped' event, skip_reason) once its trigger rule is decided by its upstream outcomes, else stays pending; returns (id, new state) of each it decided (settle the dependents of those it skipped next: task_runs.settle_dependents); uniq_taskrun_per_run_task or idx_taskrun_task_run (each probe by run and task), core_taskrun_pkey.
 -- What follows a finish other than the worker's batch of successes (task_runs.settle_dependents,
 -- after task_run_skip_descendants), and a success whose task has a dependent with a rule
 -- other than all_success (task_run_promote_dependents counts those). Rules
@@ -963,7 +963,7 @@ ORDER BY lease_expires_at LIMIT %(limit)s;
 
 
 -- name: task_run_skip_descendants
--- The pending descendants of the failed or skipped task runs in ids that their trigger rules skip whatever else happens, each skipped with a 'skipped' event (skip_reason upstream_failed below a failure, else trigger_rule); uniq_taskrun_per_run_task or idx_taskrun_task_run (by run and task: one entry either way), core_taskrun_pkey.
+-- The pending descendants of the failed or skipped task runs in ids that their trigger rules skip whatever else happens, each skipped with a 'skipped' event (skip_reason upstream_failed below a failure, else trigger_rule); uniq_taskrun_per_run_task or idx_taskrun_task_run (each probe by run and task), core_taskrun_pkey.
 -- The closure, in one statement rather than a level at a time: below a failure or a skip,
 -- an all_success task is skipped, and below a failure a none_failed one, and so on down
 -- through what these skip. Dependents with the other rules (all_done, always, one_failed,
@@ -996,10 +996,14 @@ WITH RECURSIVE src AS (
     WHERE NOT EXISTS (SELECT 1 FROM src s WHERE s.run = b.run AND s.task = b.task)
     GROUP BY b.run, b.task
 ), open AS (
-    -- Lock them in id order first (fewer deadlocks with completions).
-    SELECT d.id, x.failure FROM core_taskrun d
-    JOIN doomed x ON d.workflow_run_id = x.run AND d.task_id = x.task
-    WHERE (d.state || '') = 'pending'
+    -- Lock them in id order first (fewer deadlocks with completions); each found by one
+    -- probe by (run, task) (joined, a generic plan made under the statistics of small runs
+    -- probed by the run alone and filtered by task: half the run per skipped task).
+    SELECT d.id, x.failure FROM doomed x
+    CROSS JOIN LATERAL (SELECT p.id FROM core_taskrun p
+                        WHERE p.workflow_run_id = x.run AND p.task_id = x.task LIMIT 1) p
+    JOIN core_taskrun d ON d.id = p.id
+    WHERE (d.state || '') = 'pending'   -- by primary key
     ORDER BY d.id
     FOR UPDATE OF d
 ), skipped AS (

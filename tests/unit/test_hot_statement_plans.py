@@ -255,7 +255,17 @@ def test_a_failure_skips_a_wide_fan_out_one_probe_per_dependency_edge(seeded, or
     pins the probe form's plan rather than reproducing that one."""
     tasks = [{"key": "root", "type": "noop"}] + [
         {"key": f"c{i:03d}", "type": "noop", "depends_on": ["root"]} for i in range(300)]
-    run = start_run(workflow=make_workflow(org, tasks, name="fan"))
+    fan = make_workflow(org, tasks, name="fan")
+    # Statistics of small runs (a review: 20 runs of a 2-task workflow) made the lock of the
+    # skipped task runs, joined by (run, task), probe by the run alone and filter by task:
+    # 150 entries for each of the 300 (this test failed so on 3848491: idx_taskrun_run_state,
+    # 150 rows filtered per loop).
+    small = make_workflow(org, [{"key": "x", "type": "noop"}, {"key": "y", "type": "noop"}], name="small")
+    for _ in range(20):
+        start_run(workflow=small, claim_roots=False)
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE core_taskrun")
+    run = start_run(workflow=fan)
     with connection.cursor() as cur:
         cur.execute("""UPDATE core_taskrun t SET state = 'failed'
                        FROM core_task k WHERE k.id = t.task_id AND k.key = 'root' AND t.workflow_run_id = %s
@@ -270,6 +280,8 @@ def test_a_failure_skips_a_wide_fan_out_one_probe_per_dependency_edge(seeded, or
         # A probe by (run, task) or by id reads one row; a scan of the run's task runs runs
         # once per statement, never once per dependent.
         assert node == "Index Scan" and (rows <= 1 or loops == 1), plan
+    for node, index, rows, _loops, removed, cond in taskrun_scans(plan):  # and none filters
+        assert node != "Seq Scan" and removed == 0, (node, index, rows, removed, cond, plan)
 
 
 def unseen_outbox_backlog(org, make_workflow) -> list:
@@ -418,12 +430,12 @@ def test_the_open_task_run_states_are_the_ones_between_failed_and_skipped():
     assert between == sorted(TASK_OPEN_STATES)
 
 
-def run_task_probes(plan: str) -> list[tuple[str, int, int, str]]:
-    """(index, rows per loop, rows removed by its filter, index condition) of each executed
-    index scan of core_taskrun whose condition names a task (task_id) in an EXPLAIN ANALYZE."""
+def taskrun_scans(plan: str) -> list[tuple[str, str, int, int, int, str]]:
+    """(node, index or '', rows per loop, loops, rows removed by its filter, index condition)
+    of each executed scan of core_taskrun, under any alias, in an EXPLAIN ANALYZE."""
     lines, found = plan.splitlines(), []
     for i, line in enumerate(lines):
-        m = re.search(r"Index Scan using (\w+) on core_taskrun \w+ \(actual time=[\d.]+\.\.[\d.]+ "
+        m = re.search(r"(\w[\w ]*Scan)(?: using (\w+))? on core_taskrun \w+ \(actual time=[\d.]+\.\.[\d.]+ "
                       r"rows=(\d+) loops=(\d+)\)", line)
         if not m:
             continue
@@ -435,8 +447,7 @@ def run_task_probes(plan: str) -> list[tuple[str, int, int, str]]:
             below.append(nxt.strip())
         cond = next((b for b in below if b.startswith("Index Cond:")), "")
         removed = next((int(b.rsplit(" ", 1)[1]) for b in below if b.startswith("Rows Removed by Filter:")), 0)
-        if "task_id" in cond:
-            found.append((m.group(1), int(m.group(2)), removed, cond))
+        found.append((m.group(1).strip(), m.group(2) or "", int(m.group(3)), int(m.group(4)), removed, cond))
     return found
 
 
@@ -449,16 +460,21 @@ TIED_STATISTICS = ["one-run-per-task", "never-analyzed"]
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("statistics", TIED_STATISTICS)
 @pytest.mark.parametrize("name", ["task_run_promote_dependents", "task_run_settle_dependents", "task_run_start_many",
-                                  "task_run_start_and_succeed_many"])
+                                  "task_run_start_and_succeed_many", "task_run_skip_descendants"])
 def test_a_run_and_task_probe_reads_one_entry_behind_a_tasks_many_runs(org, make_workflow, statistics, name):
-    """A hop's probes by (run, task) (the success's dependents and their upstreams, under the
-    default rule or the others, a start's upstream outputs) read one index entry each, however many runs the task has had: under
-    statistics that estimate both at one row, the generic plan took the task's index
-    (task_id alone) and filtered by run, reading an entry for every run of the task
-    (auto_explain in make bench's warm-up: a 10-chain's probes read up to 190 entries each,
-    growing with its runs)."""
-    chain = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]}],
-                          name="chain")
+    """A hop's probes by (run, task) (the dependents of a success, under the default rule or
+    the others, and their upstreams; a start's upstream outputs; the dependents a failure
+    skips) read one index entry each, however many runs the task has had and however wide
+    the run: every scan of core_taskrun returns at most one row and filters none out.
+    Under statistics that price a probe of the task's index (task_id alone, before migration
+    0036) and of uniq_taskrun_per_run_task at one row each, the generic plan took the task's
+    index and filtered by run, reading an entry for every run of the task (auto_explain in
+    make bench's warm-up: a 10-chain's probes read up to 190 entries each, growing with its
+    runs); a review found a probe joined by (run, task) taking idx_taskrun_run_state and
+    filtering by task (half the run per skipped task)."""
+    fillers = [{"key": f"f{i:02d}", "type": "noop"} for i in range(30)]  # runs of 32: a run-only probe shows
+    chain = make_workflow(org, [{"key": "a", "type": "noop"}, {"key": "b", "type": "noop", "depends_on": ["a"]},
+                                *fillers], name="chain")
     with connection.cursor() as cur:
         if statistics == "never-analyzed":
             cur.execute("DELETE FROM pg_statistic WHERE starelid = 'core_taskrun'::regclass")
@@ -471,9 +487,10 @@ def test_a_run_and_task_probe_reads_one_entry_behind_a_tasks_many_runs(org, make
         runs = [start_run(workflow=chain, claim_roots=False) for _ in range(150)]
         run = runs[-1]
         with connection.cursor() as cur:
-            cur.execute("""UPDATE core_taskrun t SET state = 'succeeded', fencing_token = 1, output = '{"n": 1}'::jsonb
+            outcome = "failed" if name == "task_run_skip_descendants" else "succeeded"
+            cur.execute("""UPDATE core_taskrun t SET state = %s, fencing_token = 1, output = '{"n": 1}'::jsonb
                            FROM core_task k WHERE k.id = t.task_id AND k.key = 'a' AND t.workflow_run_id = ANY(%s)
-                           RETURNING t.id, t.workflow_run_id""", [[r.pk for r in runs]])
+                           RETURNING t.id, t.workflow_run_id""", [outcome, [r.pk for r in runs]])
             a_id = next(i for i, r in cur.fetchall() if r == run.pk)
             if name.startswith("task_run_start"):  # b's generation 1 claimed, not started
                 cur.execute("""UPDATE core_taskrun t SET state = 'running', fencing_token = 1,
@@ -491,8 +508,10 @@ def test_a_run_and_task_probe_reads_one_entry_behind_a_tasks_many_runs(org, make
         if statistics == "never-analyzed":
             with connection.cursor() as cur:
                 cur.execute("ANALYZE core_taskrun")  # statistics again, for the tests after this one
-    probes = run_task_probes(plan)
-    assert probes, plan  # the probes are there: b depends on a
-    for index, rows, removed, cond in probes:
-        assert "workflow_run_id = " in cond, (index, cond, plan)  # bounded by its run, not the task's runs
-        assert rows <= 1 and removed == 0, (index, rows, removed, plan)
+    scans = taskrun_scans(plan)
+    assert any("task_id" in cond for *_rest, cond in scans), plan  # the probes are there: b depends on a
+    # b was decided (promoted, or skipped below the failure; started: its generation's row).
+    assert re.search(r"on core_taskrun \w+ \(actual time=[\d.]+\.\.[\d.]+ rows=1 loops=1\)", plan), plan
+    for node, index, rows, _loops, removed, cond in scans:
+        assert node != "Seq Scan", plan
+        assert rows <= 1 and removed == 0, (node, index, rows, removed, cond, plan)

@@ -105,11 +105,13 @@ def test_partial_indexes_print_their_where_clause():
 
 
 def test_foreign_keys_led_by_a_composite_index_have_no_index_of_their_own_but_keep_their_constraint():
-    """Migration 0011: each of these columns leads a seed index, so its own index only
-    cost writes; the foreign-key constraint itself stays — except on the partitioned event
+    """Migrations 0011 and 0036: each of these columns leads a composite index, so its own
+    index only cost writes; the foreign-key constraint itself stays — except on the partitioned event
     table, whose rows keep no constraint since migration 0033 (engine.partitions)."""
     covered = {
         ("core_taskrun", "workflow_run_id"): "idx_taskrun_run_state",
+        # Seed 000 keeps an index for WHERE task_id = ?: since migration 0036, (task, run).
+        ("core_taskrun", "task_id"): "idx_taskrun_task_run",
         ("core_taskrunevent", "workflow_run_id"): "uniq_event_run_seq",
         ("core_taskrunevent", "task_run_id"): "idx_event_taskrun_created",
         ("core_outboxmessage", "task_run_id"): "uniq_outbox_per_taskrun_generation",
