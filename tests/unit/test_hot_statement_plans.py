@@ -208,12 +208,26 @@ def test_a_start_reads_its_dependencies_outputs_one_probe_per_edge_in_a_wide_run
     assert all(rows <= 1 and loops <= 1 for rows, loops in scans), plan
 
 
-def task_run_scans(plan: str, alias: str) -> list[tuple[str, str, int, int]]:
-    """(node, index, rows per loop, loops) of each executed scan of core_taskrun under
-    ``alias`` (``u``, or ``u_1``, ``u_2`` ... as the planner renames it) in an EXPLAIN ANALYZE."""
-    pattern = re.compile(rf"(\w[\w ]*Scan)(?: using (\w+))? on core_taskrun {alias}(?:_\d+)? "
-                         r"\(actual time=[\d.]+\.\.[\d.]+ rows=(\d+) loops=(\d+)\)")
-    return [(node, index, int(rows), int(loops)) for node, index, rows, loops in pattern.findall(plan)]
+def taskrun_scans(plan: str, alias: str = r"\w+") -> list[tuple[str, str, int, int, int, str]]:
+    """(node, index or '', rows per loop, loops, rows removed by its filter, index condition)
+    of each executed scan of core_taskrun in an EXPLAIN ANALYZE: under ``alias`` (``u``, or
+    ``u_1``, ``u_2`` ... as the planner renames it), or under any alias."""
+    lines, found = plan.splitlines(), []
+    for i, line in enumerate(lines):
+        m = re.search(rf"(\w[\w ]*Scan)(?: using (\w+))? on core_taskrun {alias}(?:_\d+)? \(actual time=[\d.]+\.\.[\d.]+ "
+                      r"rows=(\d+) loops=(\d+)\)", line)
+        if not m:
+            continue
+        depth = len(line) - len(line.lstrip())
+        below = []
+        for nxt in lines[i + 1:]:
+            if len(nxt) - len(nxt.lstrip()) <= depth or "->" in nxt:
+                break
+            below.append(nxt.strip())
+        cond = next((b for b in below if b.startswith("Index Cond:")), "")
+        removed = next((int(b.rsplit(" ", 1)[1]) for b in below if b.startswith("Rows Removed by Filter:")), 0)
+        found.append((m.group(1).strip(), m.group(2) or "", int(m.group(3)), int(m.group(4)), removed, cond))
+    return found
 
 
 @pytest.mark.django_db(transaction=True)
@@ -238,9 +252,9 @@ def test_a_success_decides_a_wide_fan_out_one_probe_per_dependency_edge(seeded, 
     name = "task_run_promote_dependents" if rule == "all_success" else "task_run_settle_dependents"
     params = dict(_params_for(name, seeded), ids=[root_id], tokens=[1])
     plan = generic_plan(queries[name], params)
-    scans = task_run_scans(plan, "u")
+    scans = taskrun_scans(plan, "u")
     assert scans, plan  # the upstream check is there
-    for node, index, rows, _loops in scans:
+    for node, index, rows, _loops, _removed, _cond in scans:
         assert node == "Index Scan" and index in RUN_TASK_INDEXES, plan
         assert rows <= 1, plan  # per loop: one edge, one task run
 
@@ -274,9 +288,9 @@ def test_a_failure_skips_a_wide_fan_out_one_probe_per_dependency_edge(seeded, or
     plan = generic_plan(queries["task_run_skip_descendants"],
                         dict(_params_for("task_run_skip_descendants", seeded), ids=[root_id]))
     assert "rows=300" in plan, plan  # all 300 skipped
-    scans = task_run_scans(plan, "d")
+    scans = taskrun_scans(plan, "d")
     assert scans, plan
-    for node, _index, rows, loops in scans:
+    for node, _index, rows, loops, _removed, _cond in scans:
         # A probe by (run, task) or by id reads one row; a scan of the run's task runs runs
         # once per statement, never once per dependent.
         assert node == "Index Scan" and (rows <= 1 or loops == 1), plan
@@ -428,27 +442,6 @@ def test_the_open_task_run_states_are_the_ones_between_failed_and_skipped():
                     [[state.value for state in TaskRunState]])
         (between,) = cur.fetchone()
     assert between == sorted(TASK_OPEN_STATES)
-
-
-def taskrun_scans(plan: str) -> list[tuple[str, str, int, int, int, str]]:
-    """(node, index or '', rows per loop, loops, rows removed by its filter, index condition)
-    of each executed scan of core_taskrun, under any alias, in an EXPLAIN ANALYZE."""
-    lines, found = plan.splitlines(), []
-    for i, line in enumerate(lines):
-        m = re.search(r"(\w[\w ]*Scan)(?: using (\w+))? on core_taskrun \w+ \(actual time=[\d.]+\.\.[\d.]+ "
-                      r"rows=(\d+) loops=(\d+)\)", line)
-        if not m:
-            continue
-        depth = len(line) - len(line.lstrip())
-        below = []
-        for nxt in lines[i + 1:]:
-            if len(nxt) - len(nxt.lstrip()) <= depth or "->" in nxt:
-                break
-            below.append(nxt.strip())
-        cond = next((b for b in below if b.startswith("Index Cond:")), "")
-        removed = next((int(b.rsplit(" ", 1)[1]) for b in below if b.startswith("Rows Removed by Filter:")), 0)
-        found.append((m.group(1).strip(), m.group(2) or "", int(m.group(3)), int(m.group(4)), removed, cond))
-    return found
 
 
 # Statistics of a table where a task's runs look unique (one run each of many single-run
