@@ -997,8 +997,9 @@ WITH RECURSIVE src AS (
     GROUP BY b.run, b.task
 ), open AS (
     -- Lock them in id order first (fewer deadlocks with completions); each found by one
-    -- probe by (run, task) (joined, a generic plan made under the statistics of small runs
-    -- probed by the run alone and filtered by task: half the run per skipped task).
+    -- probe by (run, task). Joined, under the statistics of small runs, the plan probed by
+    -- the run alone and filtered by task (half the run per skipped task), or read the whole
+    -- table (a review: 44,850 rows filtered out for 300 skipped, 60 ms).
     SELECT d.id, x.failure FROM doomed x
     CROSS JOIN LATERAL (SELECT p.id FROM core_taskrun p
                         WHERE p.workflow_run_id = x.run AND p.task_id = x.task LIMIT 1) p
