@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 
 import dramatiq
 from django.conf import settings
@@ -40,53 +40,41 @@ PUBLISH_BACKOFF_MAX_SECONDS = 60.0
 _Q = sql.queries
 
 
-def group_rows[T](rows: Sequence[T], fanout: int, per_message: int = 1) -> list[list[T]]:
-    """Deal ``rows`` (oldest first) into the messages of one publish: ceil(len(rows) /
-    ``per_message``) messages, never more than ``fanout``, with rows dealt round-robin
-    (message i takes rows i, i + n, ...), so each message holds the oldest rows not yet
-    dealt and their sizes differ by at most one.
+def group_rows[T](rows: Sequence[T], fanout: int) -> list[list[T]]:
+    """Deal ``rows`` (oldest first) into the messages of one publish: one row per message
+    while there are at most ``fanout`` rows, otherwise exactly ``fanout`` messages with
+    rows dealt round-robin (message i takes rows i, i + fanout, ...), so each message
+    holds the oldest rows not yet dealt and their sizes differ by at most one.
 
-    With ``per_message`` 1 that is one row per message while there are at most ``fanout``
-    rows, otherwise exactly ``fanout`` messages: a publish of a claim burst costs ``fanout``
-    broker messages instead of one per generation, and with ``fanout`` at least the number
-    of worker threads the burst still reaches every thread. A larger ``per_message``
-    (``_publish_rows``: when enough of the organization's generations already wait for
-    every thread) packs a small publish into fewer messages. ``fanout`` < 1 means one row
-    per message. Returns the groups, none empty."""
-    if fanout < 1:
+    A publish of a claim burst thus costs ``fanout`` broker messages instead of one per
+    generation, and never fewer messages than ``fanout``: with ``fanout`` at least the
+    number of worker threads, a burst still reaches every thread. ``fanout`` < 1 means
+    one row per message. Returns the groups, none empty."""
+    if fanout < 1 or len(rows) <= fanout:
         return [[row] for row in rows]
-    count = min(fanout, -(-len(rows) // max(1, per_message)))
-    return [list(rows[i::count]) for i in range(count)]
+    return [list(rows[i::fanout]) for i in range(fanout)]
 
 
-def _publish_rows(rows: list[tuple], packed: Set[uuid.UUID] = frozenset()) -> tuple[
-        list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
+def _publish_rows(rows: list[tuple]) -> tuple[list[uuid.UUID], list[tuple[uuid.UUID, str]]]:
     """Publish (outbox_id, routing_key, payload) rows, oldest first, as execute messages
     (several generations per message when there are more rows than
     FLOWFORGE_DISPATCH_FANOUT: ``group_rows``), in one pipelined broker round trip;
     returns (published ids, [(failed id, error)]). A message the broker refused fails
-    every row it carried.
-
-    The bulk lane's rows in ``packed`` (``publish_claimed``: their organization already
-    had enough generations waiting to keep every thread busy) go FLOWFORGE_DISPATCH_PACK
-    to a message, in messages of their own after the others': each broker message costs a
-    worker its fetch, ack and dispatch, and spreading them would reach no idle thread."""
-    # Grouped per queue (the bulk lane, TASK_QUEUE, and the first lane, TASK_FIRST_QUEUE),
-    # and whether packed.
-    by_queue: dict[tuple[str, bool], list[tuple[uuid.UUID, tuple[str, int]]]] = {}
+    every row it carried."""
+    # Grouped per queue (the bulk lane, TASK_QUEUE, and the first lane, TASK_FIRST_QUEUE).
+    by_queue: dict[str, list[tuple[uuid.UUID, tuple[str, int]]]] = {}
     for outbox_id, routing_key, payload in rows:
         if isinstance(payload, str):  # Django's psycopg setup hands jsonb back as text
             payload = json.loads(payload)
-        by_queue.setdefault((routing_key, outbox_id in packed), []).append(
+        by_queue.setdefault(routing_key, []).append(
             (outbox_id, (str(payload["task_run_id"]), payload["fencing_token"]))
         )
     messages: list[dramatiq.Message] = []
     carried: list[list[uuid.UUID]] = []
-    for (queue_name, pack), items in sorted(by_queue.items(), key=lambda kv: kv[0][1]):
+    for queue_name, items in by_queue.items():
         # The first lane's messages carry one generation each (dispatch_message).
         fanout = 0 if queue_name == TASK_FIRST_QUEUE else settings.FLOWFORGE_DISPATCH_FANOUT
-        per_message = settings.FLOWFORGE_DISPATCH_PACK if pack else 1
-        for group in group_rows(items, fanout, per_message):
+        for group in group_rows(items, fanout):
             carried.append([outbox_id for outbox_id, _pair in group])
             messages.append(dispatch_message([pair for _id, pair in group], queue_name))
     ok: list[uuid.UUID] = []
@@ -158,13 +146,7 @@ def publish_claimed(dispatches: Sequence) -> tuple[int, int]:
     ]
     if not rows:
         return (0, 0)
-    # Generations of an organization that already had enough waiting to fill a message
-    # for each of FLOWFORGE_DISPATCH_FANOUT threads (at least the deployment's) even packed:
-    # spreading these would reach no idle thread, only cost more messages.
-    enough = settings.FLOWFORGE_DISPATCH_FANOUT * settings.FLOWFORGE_DISPATCH_PACK
-    packed = {d.outbox_id for d in dispatches
-              if d.outbox_id is not None and d.backlog is not None and d.backlog >= enough}
-    ok, failed = _publish_rows(rows, packed)
+    ok, failed = _publish_rows(rows)
     if connection.in_atomic_block or not connection.get_autocommit() or failed:
         # Inside a caller's transaction, or the rare failed publish (a plain transaction).
         with transaction.atomic(), connection.cursor() as cur:

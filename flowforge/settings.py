@@ -415,16 +415,6 @@ FLOWFORGE_INLINE_CONTINUATIONS = int(os.environ.get("FLOWFORGE_INLINE_CONTINUATI
 # FLOWFORGE_DISPATCH_AHEAD 128 against 64): 0.30 against 0.24 of raw Dramatiq's throughput,
 # since fewer broker messages (fetch, ack, enqueue) carry the same generations.
 FLOWFORGE_DISPATCH_FANOUT = int(os.environ.get("FLOWFORGE_DISPATCH_FANOUT", "16"))
-# Generations per message of a claim whose organization already had FANOUT x PACK
-# claimed-not-started generations waiting (a refill under a backlog: even packed, they
-# fill a message for every thread), instead of one per message up to the fan-out: fewer
-# broker messages (a fetch, an ack and a dispatch each) for the same generations. 1: as
-# any other claim. Measured against 1: README, "How a task runs".
-FLOWFORGE_DISPATCH_PACK = int(os.environ.get("FLOWFORGE_DISPATCH_PACK", "4"))
-if FLOWFORGE_DISPATCH_PACK < 1:
-    from django.core.exceptions import ImproperlyConfigured
-
-    raise ImproperlyConfigured(f"FLOWFORGE_DISPATCH_PACK ({FLOWFORGE_DISPATCH_PACK}) must be at least 1")
 # Seconds one such message may run before the generations in it not yet started are
 # handed back to the broker, one message each, for other threads (engine.worker.handoff.HandOff).
 FLOWFORGE_GROUP_HANDOFF_SECONDS = env_float("FLOWFORGE_GROUP_HANDOFF_SECONDS", 1.0)

@@ -91,14 +91,13 @@ def _json_text(value: Any) -> str:
 def _dispatches(rows: list[tuple]) -> list[Dispatch]:
     """The Dispatches of a claim's rows (a row per claimed generation with a NULL sixth
     column, its wait in seconds seventh, its lane eighth, its place in the claim's order
-    ninth and tenth, whether it counted into a rate bucket eleventh and its
-    organization's claimed-not-started generations before the claim twelfth, then a row
-    per outbox row written), in claim order: the order they are published in, so a
+    ninth and tenth and whether it counted into a rate bucket eleventh, then a row per
+    outbox row written), in claim order: the order they are published in, so a
     higher-priority generation is never sent behind a lower one of the same claim."""
     outbox_ids = {row[0]: row[5] for row in rows if row[5] is not None}
     claimed = sorted((row for row in rows if row[5] is None), key=lambda r: (r[8], r[9], str(r[0])))
     return [Dispatch(*row[:5], outbox_ids.get(row[0]), float(row[6]) if row[6] is not None else None, row[7],
-                     bool(row[10]), int(row[11]))
+                     bool(row[10]))
             for row in claimed]
 
 

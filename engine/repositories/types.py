@@ -28,10 +28,6 @@ class Dispatch:
     queue: str = TASK_QUEUE
     #: True when the claim counted it into a rate-limit bucket (its task has a rate_limit).
     rate_limited: bool = False
-    #: Generations of its organization claimed but not started (waiting in the broker or a
-    #: worker's prefetch) when the claim began; None when not known. With enough of them
-    #: waiting, the publish packs several generations into a message (engine.relay).
-    backlog: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -234,10 +234,7 @@ WITH now_ AS (
               EXTRACT(EPOCH FROM clock_timestamp()
                       - COALESCE(GREATEST(picked.ready_at, picked.not_before), picked.created_at)) AS waited,
               -- Its place in picked's order (RETURNING keeps no order): the publish follows it.
-              picked.org_rn::float8 / picked.weight AS turn, picked.created_at AS made,
-              -- Its organization's claimed-not-started generations before this claim: with
-              -- enough of them waiting for every thread, the publish packs (engine.relay).
-              picked.dispatched AS backlog
+              picked.org_rn::float8 / picked.weight AS turn, picked.created_at AS made
 ), rate_count AS (
     -- One upsert per bucket (seed 001): the claims of this statement, counted in the
     -- bucket's open window, or in a new window opening now once the last one has closed.
@@ -293,14 +290,14 @@ WITH now_ AS (
            e.ev_from, e.ev_to, e.attempt, e.fencing_token, e.ev_detail, n.at, s.run_created_at
     FROM ev_rows e JOIN ev_seq s ON s.id = e.workflow_run_id, now_ n
 )
--- A row per claimed generation (with the seconds it waited, its lane, its place in the claim's order, whether it
--- counted into a rate bucket and its organization's backlog before the claim), then a row per outbox row written
--- (joined in Python: as a join here, planned with nested loops only, it would compare every pair).
+-- A row per claimed generation (with the seconds it waited, its lane, its place in the claim's order and whether it
+-- counted into a rate bucket), then a row per outbox row written (joined in Python: as a join here, planned with
+-- nested loops only, it would compare every pair).
 SELECT c.id, c.workflow_run_id, c.organization_id, c.attempt, c.fencing_token, NULL::uuid, c.waited, c.lane,
-       c.turn, c.made, c.rate_key IS NOT NULL, c.backlog
+       c.turn, c.made, c.rate_key IS NOT NULL
 FROM claimed c
 UNION ALL
-SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL, NULL, NULL, NULL, NULL FROM outbox o;
+SELECT o.task_run_id, NULL, NULL, NULL, NULL, o.id, NULL, NULL, NULL, NULL, NULL FROM outbox o;
 
 
 -- name: task_run_start_many

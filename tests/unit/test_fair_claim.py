@@ -132,25 +132,6 @@ def test_claimed_not_started_stays_under_dispatch_ahead_times_weight(make_org, m
 
 
 @pytest.mark.django_db
-def test_a_claim_reports_each_organizations_generations_waiting_before_it(make_org, make_workflow, settings):
-    """``Dispatch.backlog``: its organization's claimed-not-started generations when the
-    claim began (what the publish packs by), per organization, whatever this claim adds."""
-    settings.FLOWFORGE_DISPATCH_AHEAD = 3
-    a, b = make_org(), make_org()
-    for org in (a, b):
-        limits(org, max_running=1000)
-    start(wide(make_workflow, a, 10))
-    first = claim()
-    assert [d.backlog for d in first] == [0, 0, 0]  # nothing of a's was waiting
-    start_all(first[:1])  # one left the broker: two still wait
-    start(wide(make_workflow, b, 2))
-    settings.FLOWFORGE_DISPATCH_AHEAD = 6
-    second = claim()
-    # a: room 6 - 2 = 4, each reporting the 2 waiting; b: nothing waiting, both its rows.
-    assert sorted((d.organization_id == a.pk, d.backlog) for d in second) == [(False, 0)] * 2 + [(True, 2)] * 4
-
-
-@pytest.mark.django_db
 def test_a_worker_batch_refills_its_organizations_room(make_org, make_workflow, settings):
     settings.FLOWFORGE_DISPATCH_AHEAD = 4
     a = make_org()

@@ -472,13 +472,6 @@ def test_group_rows_deals_the_oldest_rows_round_robin_into_fanout_messages():
     assert group_rows([10, 11, 12], 3) == [[10], [11], [12]]
     assert group_rows([10, 11], 0) == [[10], [11]]
     assert group_rows([], 3) == []
-    # Packed (``per_message``): ceil(rows / per_message) messages, still at most ``fanout``.
-    assert group_rows(list(range(5)), 3, 2) == [[0, 3], [1, 4], [2]]
-    assert group_rows(list(range(4)), 3, 2) == [[0, 2], [1, 3]]
-    assert group_rows(list(range(4)), 8, 4) == [[0, 1, 2, 3]]
-    assert group_rows(list(range(13)), 3, 2) == [[0, 3, 6, 9, 12], [1, 4, 7, 10], [2, 5, 8, 11]]
-    assert group_rows([10, 11], 0, 4) == [[10], [11]]
-    assert group_rows([], 3, 2) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -505,56 +498,6 @@ def test_a_claim_burst_over_the_fanout_goes_out_as_fanout_messages_that_run_ever
     assert worker.execute_many([(t, token) for t, token in messages[0].args[0]]) == ["ignored"] * len(
         messages[0].args[0])
     assert event_kinds(run.pk).count("started") == 7
-    assert_gap_free(run.pk)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_claim_behind_its_organizations_backlog_packs_its_generations_into_fewer_messages(
-    org, make_workflow, broker, settings
-):
-    """Once an organization has FLOWFORGE_DISPATCH_FANOUT x FLOWFORGE_DISPATCH_PACK
-    generations waiting for a worker (packed, still a message for every thread), a claim's
-    publish puts FLOWFORGE_DISPATCH_PACK in a message; with fewer waiting (the first claim
-    of a burst, or a backlog that packed would leave threads without a message) it still
-    spreads. Every generation is in exactly one message and runs once."""
-    settings.FLOWFORGE_DISPATCH_FANOUT = 3
-    settings.FLOWFORGE_DISPATCH_PACK = 2  # packs from 3 x 2 = 6 waiting
-    settings.FLOWFORGE_DISPATCH_FIRST = 0  # every generation on the bulk lane, whose messages are grouped
-    settings.FLOWFORGE_DISPATCH_AHEAD = 3
-    wf = make_workflow(org, [{"key": f"t{i:02d}", "type": "noop"} for i in range(13)])
-    run = start_run(workflow=wf, run_input={})
-    seen: set[str] = set()
-
-    def new_messages() -> list[list[tuple[str, int]]]:
-        """The generations of each message sent since the last call."""
-        fresh = [m for m in queued_messages(broker) if m.message_id not in seen]
-        seen.update(m.message_id for m in fresh)
-        return [[(m.args[0], m.args[1])] if m.actor_name == "execute_task_run"
-                else [(t, token) for t, token in m.args[0]] for m in fresh]
-
-    assert schedule_once() == 3  # nothing waiting: one generation a message
-    first = new_messages()
-    assert sorted(map(len, first)) == [1, 1, 1]
-    settings.FLOWFORGE_DISPATCH_AHEAD = 7
-    assert schedule_once() == 4  # 3 waiting (the fan-out, under 6): spread over 3 messages
-    second = new_messages()
-    assert sorted(map(len, second)) == [1, 1, 2]
-    settings.FLOWFORGE_DISPATCH_AHEAD = 11
-    assert schedule_once() == 4  # 7 waiting: packed two a message, not 1 + 1 + 2
-    third = new_messages()
-    assert sorted(map(len, third)) == [2, 2]
-    settings.FLOWFORGE_DISPATCH_AHEAD = 100
-    assert schedule_once() == 2  # 11 waiting
-    fourth = new_messages()
-    assert list(map(len, fourth)) == [2]
-
-    messages = first + second + third + fourth
-    carried = [pair for pairs in messages for pair in pairs]
-    assert sorted(carried) == sorted(generations(run.pk))  # every generation once, in one message
-    for pairs in messages:  # what the execute_task_run(s) actors do with each
-        assert worker.execute_many(pairs) == ["succeeded"] * len(pairs)
-    assert WorkflowRun.objects.unscoped().get(pk=run.pk).state == "succeeded"
-    assert event_kinds(run.pk).count("started") == 13
     assert_gap_free(run.pk)
 
 
