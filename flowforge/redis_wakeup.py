@@ -31,6 +31,15 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
   several generations of a slow task was a whole message (240 ms against an idle 14 ms
   in ``tests/integration/test_scheduling.py``'s fairness scenario).
 
+- a consumer's acks are written behind (``AckWriter``): ``ack`` queues the message's ack
+  and returns, and one thread of the process sends every queued ack in one pipeline (one
+  round trip for all the acks of the process's threads meanwhile). A worker thread no
+  longer waits a broker round trip after each message (a fifth of an engine worker
+  thread's time under make bench's independent-task load, py-spy), and Redis runs the
+  acks of a round trip together. An ack not yet sent when the process dies is a message
+  the process fetched and did not ack: given back by ``flowforge.broker_recovery`` and
+  refused by the start's fencing check, as one the process died running.
+
 A lost notification (the listener reconnecting, a message enqueued by a client that
 does not publish) costs what upstream always costs: the next poll. Selected by
 ``flowforge.broker.build_broker`` for redis:// URLs; RabbitMQ's consumer is pushed
@@ -86,6 +95,109 @@ def wake_channel(namespace: str, queue_name: str) -> str:
     return f"{namespace}:wake:{queue_name}"
 
 
+class AckWriter:
+    """A process's acks, written behind (module docstring): ``submit`` queues one and
+    returns; a thread of its own (started with the first) sends all queued in one
+    pipeline of upstream's ``dispatch`` script's "ack" command, one round trip per turn,
+    and retries a turn whose connection failed (an ack sent twice is a no-op: the script
+    removes the id only if it is still in the consumer's ack set). ``flush`` sends what
+    is queued in the caller's thread (a consumer's close)."""
+
+    #: Seconds between two tries of a turn whose connection failed.
+    RETRY_SECONDS = 0.2
+
+    def __init__(self, broker: RedisBroker):
+        self._broker = broker
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, str]] = []  # (queue name, redis message id)
+        self._in_flight = 0  # acks of the pipeline being sent
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Held while a turn sends: a flush waits for the turn in flight, then sends the rest.
+        self._sending = threading.Lock()
+
+    def submit(self, queue_name: str, redis_message_id: str) -> None:
+        """Queue the ack of ``redis_message_id`` on ``queue_name`` (returns at once)."""
+        with self._lock:
+            self._pending.append((queue_name, redis_message_id))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="flowforge-broker-acks", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def flush(self) -> None:
+        """Send every queued ack now, in this thread. Raises redis.ConnectionError when
+        the broker cannot be reached (the acks stay queued for the writer's thread)."""
+        with self._sending:
+            self._send_pending()
+
+    def pending(self) -> int:
+        """How many acks were submitted and not sent yet (queued, or in a pipeline the
+        server has not answered)."""
+        with self._lock:
+            return len(self._pending) + self._in_flight
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                with self._sending:
+                    self._send_pending()
+            except redis.RedisError as exc:
+                log.warning("could not send %d acks to the broker (%s); trying again", self.pending(), exc)
+                time.sleep(self.RETRY_SECONDS)
+                self._wake.set()
+
+    def _send_pending(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._in_flight = len(batch)
+        try:
+            if batch and self._send(batch):
+                # NOSCRIPT: the server restarted or flushed its scripts since the broker
+                # loaded them; loaded again, the acks it refused are sent once more.
+                dispatch = self._broker.scripts["dispatch"]
+                try:
+                    dispatch.sha = self._broker.client.script_load(dispatch.script)
+                except redis.RedisError:
+                    with self._lock:
+                        self._pending[:0] = batch
+                    raise
+                if self._send(batch):
+                    log.warning("the broker refused %d acks: it knows no script %s even after loading it",
+                                len(batch), dispatch.sha)
+        finally:
+            with self._lock:
+                self._in_flight = 0
+
+    def _send(self, batch: list[tuple[str, str]]) -> bool:
+        """Send ``batch``'s acks in one pipeline; True when the server knew no such script
+        (nothing was acked). On a connection failure the batch goes back to the front of
+        the queue and the error is raised."""
+        broker = self._broker
+        dispatch = broker.scripts["dispatch"]
+        # Bare EVALSHAs: a redis-py pipeline holding Script calls first asks the server
+        # whether the scripts exist (SCRIPT EXISTS, a round trip of its own) on every execute.
+        pipe = broker.client.pipeline(transaction=False)
+        now = int(time.time() * 1000)
+        for queue_name, message_id in batch:
+            pipe.evalsha(dispatch.sha, 1, broker.namespace, "ack", now, queue_name, broker.broker_id,
+                         broker.heartbeat_timeout, broker.dead_message_ttl, 0, broker._max_unpack_size(), message_id)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError:
+            with self._lock:  # sent again by the next turn, before what came meanwhile
+                self._pending[:0] = batch
+            raise
+        errors = [reply for reply in replies if isinstance(reply, Exception)]
+        if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in errors):
+            return True
+        if errors:  # left in the ack set: given back by broker_recovery once the process is gone
+            log.warning("%d of %d acks were refused by the broker: %s", len(errors), len(batch), errors[0])
+        return False
+
+
 class WakingRedisBroker(RedisBroker):
     """``RedisBroker`` whose consumers wait on an event that enqueues and acks set
     (module docstring). Same constructor arguments as ``RedisBroker``."""
@@ -97,6 +209,7 @@ class WakingRedisBroker(RedisBroker):
         # are told of messages pushed to its head)
         self._consumers: dict[str, set[WakingConsumer]] = {}
         self._listener: threading.Thread | None = None
+        self.acks = AckWriter(self)
 
     @property
     def consumer_class(self):
@@ -212,9 +325,13 @@ class WakingConsumer(_RedisConsumer):
         self._etas: list[float] = []
 
     def ack(self, message: MessageProxy) -> None:
+        """Queue the message's ack (``AckWriter``: sent by the process's ack thread) and
+        make room for the next fetch."""
         try:
-            super().ack(message)
+            # On the queue consumed (a delayed message is acked where it was fetched from).
+            self.broker.acks.submit(self.queue_name, message.options["redis_message_id"])
         finally:
+            self.queued_message_ids.discard(message.message_id)
             self._wake_if_room()
 
     def nack(self, message: MessageProxy) -> None:
@@ -261,6 +378,10 @@ class WakingConsumer(_RedisConsumer):
 
     def close(self) -> None:
         self.broker.forget(self)
+        try:
+            self.broker.acks.flush()
+        except redis.RedisError as exc:  # given back by broker_recovery, refused by fencing
+            log.warning("could not send this process's last acks (%s): their messages are redelivered", exc)
         super().close()
 
     def __next__(self):
