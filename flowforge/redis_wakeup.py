@@ -35,7 +35,7 @@ back-off as the longest wait, but a consumer waits on an event instead of sleepi
   and returns, and one thread of the process sends every queued ack in one pipeline (one
   round trip for all the acks of the process's threads meanwhile). A worker thread no
   longer waits a broker round trip after each message (a fifth of an engine worker
-  thread's time under make bench's independent-task load, py-spy), and Redis runs the
+  thread's time under make bench's independent no-op tasks, py-spy), and Redis runs the
   acks of a round trip together. An ack not yet sent when the process dies is a message
   the process fetched and did not ack: given back by ``flowforge.broker_recovery`` and
   refused by the start's fencing check, as one the process died running.
@@ -98,13 +98,18 @@ def wake_channel(namespace: str, queue_name: str) -> str:
 class AckWriter:
     """A process's acks, written behind (module docstring): ``submit`` queues one and
     returns; a thread of its own (started with the first) sends all queued in one
-    pipeline of upstream's ``dispatch`` script's "ack" command, one round trip per turn,
-    and retries a turn whose connection failed (an ack sent twice is a no-op: the script
-    removes the id only if it is still in the consumer's ack set). ``flush`` sends what
-    is queued in the caller's thread (a consumer's close)."""
+    pipeline of upstream's ``dispatch`` script's "ack" command, one round trip per turn.
+    A turn that fails puts its acks back in front of the queue and is tried again,
+    RETRY_SECONDS doubling up to MAX_RETRY_SECONDS (an ack sent twice is a no-op: the
+    script removes the id only if it is still in the consumer's ack set); its warning is
+    logged once per LOG_EVERY_SECONDS at most. ``flush`` sends what is queued in the
+    caller's thread (a consumer's close); ``stop`` ends the thread (the broker's close)."""
 
-    #: Seconds between two tries of a turn whose connection failed.
+    #: Seconds before the first try again of a turn that failed; doubled up to MAX_RETRY_SECONDS.
     RETRY_SECONDS = 0.2
+    MAX_RETRY_SECONDS = 5.0
+    #: A broker down for long logs one warning per this many seconds, not one per try.
+    LOG_EVERY_SECONDS = 30.0
 
     def __init__(self, broker: RedisBroker):
         self._broker = broker
@@ -113,23 +118,34 @@ class AckWriter:
         self._in_flight = 0  # acks of the pipeline being sent
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._stopping = False
         # Held while a turn sends: a flush waits for the turn in flight, then sends the rest.
         self._sending = threading.Lock()
+        self._last_warning = float("-inf")
 
     def submit(self, queue_name: str, redis_message_id: str) -> None:
         """Queue the ack of ``redis_message_id`` on ``queue_name`` (returns at once)."""
         with self._lock:
             self._pending.append((queue_name, redis_message_id))
-            if self._thread is None or not self._thread.is_alive():
+            if not self._stopping and (self._thread is None or not self._thread.is_alive()):
                 self._thread = threading.Thread(target=self._loop, name="flowforge-broker-acks", daemon=True)
                 self._thread.start()
         self._wake.set()
 
     def flush(self) -> None:
-        """Send every queued ack now, in this thread. Raises redis.ConnectionError when
-        the broker cannot be reached (the acks stay queued for the writer's thread)."""
+        """Send every queued ack now, in this thread. Raises what the send raised
+        (redis.ConnectionError when the broker cannot be reached): the acks stay queued."""
         with self._sending:
             self._send_pending()
+
+    def stop(self) -> None:
+        """End the writer's thread after its turn in flight; what is still queued is not sent."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(10)
 
     def pending(self) -> int:
         """How many acks were submitted and not sent yet (queued, or in a pipeline the
@@ -138,15 +154,24 @@ class AckWriter:
             return len(self._pending) + self._in_flight
 
     def _loop(self) -> None:
+        delay = self.RETRY_SECONDS
         while True:
             self._wake.wait()
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 with self._sending:
                     self._send_pending()
-            except redis.RedisError as exc:
-                log.warning("could not send %d acks to the broker (%s); trying again", self.pending(), exc)
-                time.sleep(self.RETRY_SECONDS)
+                delay = self.RETRY_SECONDS
+            except Exception as exc:  # noqa: BLE001 - the acks are back in the queue; the thread must go on
+                now = time.monotonic()
+                if now - self._last_warning >= self.LOG_EVERY_SECONDS:
+                    self._last_warning = now
+                    log.warning("could not send %d acks to the broker (%s: %s); trying again every %g s at most",
+                                self.pending(), type(exc).__name__, exc, self.MAX_RETRY_SECONDS)
+                time.sleep(delay)
+                delay = min(delay * 2, self.MAX_RETRY_SECONDS)
                 self._wake.set()
 
     def _send_pending(self) -> None:
@@ -160,21 +185,26 @@ class AckWriter:
                 dispatch = self._broker.scripts["dispatch"]
                 try:
                     dispatch.sha = self._broker.client.script_load(dispatch.script)
-                except redis.RedisError:
-                    with self._lock:
-                        self._pending[:0] = batch
-                    raise
+                except redis.ResponseError as exc:
+                    # Not a passing fault (SCRIPT LOAD refused: an ACL): retrying would hold
+                    # every later ack behind these; they stay in the ack set, given back by
+                    # broker_recovery once the process is gone and refused by fencing.
+                    log.warning("the broker refused to load the ack script (%s); %d acks dropped", exc, len(batch))
+                    return
                 if self._send(batch):
                     log.warning("the broker refused %d acks: it knows no script %s even after loading it",
                                 len(batch), dispatch.sha)
+        except BaseException:
+            with self._lock:  # sent again by the next turn, before what came meanwhile
+                self._pending[:0] = batch
+            raise
         finally:
             with self._lock:
                 self._in_flight = 0
 
     def _send(self, batch: list[tuple[str, str]]) -> bool:
         """Send ``batch``'s acks in one pipeline; True when the server knew no such script
-        (nothing was acked). On a connection failure the batch goes back to the front of
-        the queue and the error is raised."""
+        (nothing was acked). Raises what the pipeline raised (a lost connection)."""
         broker = self._broker
         dispatch = broker.scripts["dispatch"]
         # Bare EVALSHAs: a redis-py pipeline holding Script calls first asks the server
@@ -184,16 +214,11 @@ class AckWriter:
         for queue_name, message_id in batch:
             pipe.evalsha(dispatch.sha, 1, broker.namespace, "ack", now, queue_name, broker.broker_id,
                          broker.heartbeat_timeout, broker.dead_message_ttl, 0, broker._max_unpack_size(), message_id)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError:
-            with self._lock:  # sent again by the next turn, before what came meanwhile
-                self._pending[:0] = batch
-            raise
+        replies = pipe.execute(raise_on_error=False)
         errors = [reply for reply in replies if isinstance(reply, Exception)]
         if any(isinstance(reply, redis.exceptions.NoScriptError) for reply in errors):
             return True
-        if errors:  # left in the ack set: given back by broker_recovery once the process is gone
+        if errors:  # left in the ack set: given back by broker_recovery once the process is gone (as upstream)
             log.warning("%d of %d acks were refused by the broker: %s", len(errors), len(batch), errors[0])
         return False
 
@@ -210,6 +235,12 @@ class WakingRedisBroker(RedisBroker):
         self._consumers: dict[str, set[WakingConsumer]] = {}
         self._listener: threading.Thread | None = None
         self.acks = AckWriter(self)
+
+    def close(self) -> None:
+        """Stop the ack writer's thread (after its turn in flight; the consumers' close
+        sent what was queued), then upstream's close."""
+        self.acks.stop()
+        super().close()
 
     @property
     def consumer_class(self):

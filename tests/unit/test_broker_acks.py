@@ -144,6 +144,34 @@ def test_acks_refused_for_a_script_the_server_lost_are_sent_once_it_is_loaded_ag
         own_broker.flush(queue)
 
 
+def test_a_turn_that_fails_unexpectedly_puts_its_acks_back_and_a_later_turn_sends_them(own_broker, monkeypatch):
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    fill(own_broker, queue, 3)
+    consumer = own_broker.consume(queue, prefetch=3, timeout=100)
+    writer = own_broker.acks
+    real_send = writer._send
+    calls = []
+
+    def fails_once(batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise RuntimeError("not a broker error")
+        return real_send(batch)
+
+    monkeypatch.setattr(writer, "_send", fails_once)
+    try:
+        messages = take(consumer, 3)
+        for m in messages:
+            consumer.ack(m)
+        assert wait_for(lambda: writer.pending() == 0 and not unacked(own_broker, queue))
+        assert calls[0] >= 1 and sum(calls[1:]) == 3  # every ack of the failed turn was sent later
+        assert writer._thread.is_alive()  # the writer survived the failure
+        assert stored(own_broker, queue) == 0
+    finally:
+        consumer.close()
+        own_broker.flush(queue)
+
+
 def test_a_consumers_close_sends_the_acks_still_queued(own_broker):
     queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
     fill(own_broker, queue, 2)
