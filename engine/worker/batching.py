@@ -119,7 +119,8 @@ class BatchCompleter:
 
     def __init__(self, run_batch: Callable[[list], list] | None = None, *, max_batch: int = 64,
                  refiller: Refiller | InlineRefiller | None = None):
-        self.combiner: Combiner = Combiner(run_batch or self._record, max_batch=max_batch)
+        self.combiner: Combiner = Combiner(run_batch or self._record, max_batch=max_batch,
+                                           linger_seconds=settings.FLOWFORGE_BATCH_LINGER_SECONDS)
         self.refiller = refiller if refiller is not None else Refiller()
 
     def _record(self, items: list[Start | Success]) -> list:

@@ -11,13 +11,17 @@ several tasks. Its rules, in short:
 - ``wait=False`` (write-behind): when busy, the request is queued and ``submit`` returns
   None at once; its ``on_result(result, error)`` is called by the thread that runs it;
 - nothing queued is left behind: a lead hands over to a waiting submitter, or runs the
-  write-behind requests itself before returning.
+  write-behind requests itself before returning;
+- linger (``linger_seconds``): a lead that starts right after a batch released several
+  waiting submitters waits, up to that long, for their next requests, so they share one
+  batch instead of the first one's write-behind going alone (below).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -43,20 +47,45 @@ class Combiner[Req, Res]:
     not called).
     Nothing queued is left behind: the thread that runs a batch hands the next one to a
     waiting submitter or, when only requests nobody waits for are queued, runs it itself.
+
+    With ``linger_seconds`` > 0: the waiting submitters a batch releases (R of them) are
+    the threads most likely to submit again at once (a worker thread records its
+    success, written behind, then starts its next generation). A lead that begins within
+    ``linger_seconds`` of such a release, R >= 2, waits until R - 1 waiting requests other
+    than its own are queued, or ``linger_seconds`` have passed, or none has arrived for
+    LINGER_GAP of it, before it takes the batch. Without it, under load, the first
+    released thread's write-behind success found the combiner idle and went alone, and
+    the others' next starts waited a whole batch behind it: batches alternated between
+    8 starts and none (2 x 8 threads, 2,000 independent no-op tasks: 45% of the batches
+    held no start). Released threads busy with handlers of real length send nothing, so
+    such a linger ends after LINGER_GAP x ``linger_seconds``.
     """
 
-    def __init__(self, run_batch: Callable[[list[Req]], list[Res]], *, max_batch: int = 64):
+    #: A linger also ends once no waiting request has arrived for this share of it.
+    LINGER_GAP = 0.25
+
+    def __init__(self, run_batch: Callable[[list[Req]], list[Res]], *, max_batch: int = 64,
+                 linger_seconds: float = 0.0):
         self._run_batch = run_batch
         self._max_batch = max_batch
+        self._linger = linger_seconds
         self._lock = threading.Lock()
         self._queue: list[_Slot] = []
         self._busy = False
+        # A lingering lead waits on this (with the lock) for waiting submitters to arrive.
+        self._arrived = threading.Condition(self._lock)
+        self._lingering = False
+        # The waiting submitters the last batch released, and when (time.monotonic()).
+        self._released = 0
+        self._released_at = float("-inf")
 
     def submit(self, request: Req, *, wait: bool = True,
                on_result: Callable[[Res | None, BaseException | None], None] | None = None) -> Res | None:
         slot = _Slot(request, wait, on_result)
         with self._lock:
             self._queue.append(slot)
+            if self._lingering and wait:
+                self._arrived.notify()
             if self._busy:
                 if not wait:
                     return None  # the thread running the current batch, or its successor, runs it
@@ -69,9 +98,12 @@ class Combiner[Req, Res]:
                 if not slot.lead:  # woken with its result
                     return slot.result()
             with self._lock:
+                self._gather(slot)
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+                self._released = sum(1 for s in batch if s.wait)
             self._run(batch)
             with self._lock:
+                self._released_at = time.monotonic()
                 successor = None
                 if not self._queue:  # (its own request ran: it was queued first)
                     self._busy = False
@@ -92,6 +124,34 @@ class Combiner[Req, Res]:
                 successor.set_ready()
             if finished:
                 return slot.result()
+
+    def _gather(self, lead: _Slot) -> None:
+        """The linger (class docstring), with the lock held: when the last batch released
+        two or more waiting submitters less than ``linger_seconds`` ago, wait until as
+        many waiting requests, ``lead``'s own aside, less one, are queued, until
+        ``linger_seconds`` have passed, or until none has arrived for LINGER_GAP of it."""
+        if self._linger <= 0 or self._released < 2:
+            return
+        now = time.monotonic()
+        if now - self._released_at > self._linger:
+            return  # not right after a release: nobody in particular to wait for
+        deadline = now + self._linger
+        gap = self._linger * self.LINGER_GAP
+        quiet_until = now + gap
+        wanted = self._released - 1
+        arrived = sum(1 for s in self._queue if s.wait and s is not lead)
+        self._lingering = True
+        try:
+            while arrived < wanted:
+                left = min(deadline, quiet_until) - time.monotonic()
+                if left <= 0:
+                    return
+                self._arrived.wait(left)
+                now_arrived = sum(1 for s in self._queue if s.wait and s is not lead)
+                if now_arrived > arrived:
+                    arrived, quiet_until = now_arrived, time.monotonic() + gap
+        finally:
+            self._lingering = False
 
     def _run(self, batch: list[_Slot]) -> None:
         try:

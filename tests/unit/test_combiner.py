@@ -4,6 +4,7 @@ write-behind submissions (``wait=False``). Pure threading, no database."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -176,3 +177,59 @@ def test_many_threads_each_get_their_own_result_and_every_request_runs_once(thre
     returned = [r for got in results.values() for r in got]
     assert sorted(returned + callbacks) == sorted(r.upper() for r in ran)
     assert c._queue == [] and c._busy is False
+
+
+# --- linger ---------------------------------------------------------------------------------------
+
+
+def _released_three(linger: float) -> tuple[Combiner, Recorder]:
+    """A Combiner with ``linger`` whose last batch released three waiting submitters just now
+    (batches ["first"], then ["w1", "w2", "w3"])."""
+    rec = Recorder()
+    c = Combiner(rec, linger_seconds=linger)
+    rec.hold.clear()
+    first = _in_thread(lambda: c.submit("first"))
+    assert rec.entered.wait(5)
+    waiters = [_in_thread(lambda r=r: c.submit(r)) for r in ("w1", "w2", "w3")]
+    _queued(c, 3)
+    rec.hold.set()
+    for t, _out in (first, *waiters):
+        t.join(5)
+    assert rec.batches == [["first"], ["w1", "w2", "w3"]]
+    return c, rec
+
+
+def test_a_lead_right_after_a_release_waits_for_the_released_threads_next_requests():
+    c, rec = _released_three(linger=5.0)
+    called = []
+    # The first released thread's write-behind finds the combiner idle and leads: it waits for
+    # the two other released threads' next requests instead of going alone.
+    behind, behind_out = _in_thread(lambda: c.submit("s1", wait=False, on_result=lambda *a: called.append(a)))
+    deadline = time.monotonic() + 5
+    while not c._lingering and time.monotonic() < deadline:
+        threading.Event().wait(0.001)
+    assert c._lingering, "the write-behind went alone instead of waiting for the released threads"
+    next_two = [_in_thread(lambda r=r: c.submit(r)) for r in ("n2", "n3")]
+    for t in (behind, *(t for t, _out in next_two)):
+        t.join(5)
+    assert rec.batches[2] == ["s1", "n2", "n3"]
+    assert behind_out == ["S1"] and [out for _t, out in next_two] == [["N2"], ["N3"]]
+    assert called == []  # the lead's own write-behind: its result returned to it
+
+
+def test_a_linger_ends_once_no_request_has_come_for_its_gap():
+    c, rec = _released_three(linger=1.0)  # gap: 0.25 s
+    began = time.monotonic()
+    assert c.submit("x") == "X"  # the released threads send nothing (busy with long handlers)
+    waited = time.monotonic() - began
+    assert 0.2 <= waited < 0.9, waited
+    assert rec.batches[2] == ["x"]
+
+
+def test_a_request_long_after_the_last_release_runs_at_once():
+    c, rec = _released_three(linger=1.0)
+    time.sleep(1.05)  # longer than the linger since the release: nobody to wait for
+    began = time.monotonic()
+    assert c.submit("y") == "Y"
+    assert time.monotonic() - began < 0.2
+    assert rec.batches[2] == ["y"]
