@@ -51,9 +51,12 @@ class Combiner[Req, Res]:
     With ``linger_seconds`` > 0: the waiting submitters a batch releases (R of them) are
     the threads most likely to submit again at once (a worker thread records its
     success, written behind, then starts its next generation). A lead that begins within
-    ``linger_seconds`` of such a release, R >= 2, waits until R - 1 waiting requests other
-    than its own are queued, or ``linger_seconds`` have passed, or none has arrived for
-    LINGER_GAP of it, before it takes the batch. Without it, under load, the first
+    ``linger_seconds`` of such a release, R >= 2, having found the combiner idle (not a
+    successor, nor a lead kept for write-behind requests: theirs waited a whole batch
+    already), waits until R - 1 waiting requests other than its own are queued (at most
+    a full batch), or ``linger_seconds`` have passed, or none has arrived for LINGER_GAP
+    of it, before it takes the batch (plus the wait for the interpreter lock, when the
+    process's other threads hold it, once the wait is over). Without it, under load, the first
     released thread's write-behind success found the combiner idle and went alone, and
     the others' next starts waited a whole batch behind it: batches alternated between
     8 starts and none (2 x 8 threads, 2,000 independent no-op tasks: 45% of the batches
@@ -92,13 +95,18 @@ class Combiner[Req, Res]:
             else:
                 self._busy = True
                 slot.lead = True
+        # Only a lead that found the combiner idle lingers: a successor's and a kept lead's
+        # requests waited through a whole batch already.
+        fresh = slot.lead
         while True:
             if not slot.lead:
                 slot.wait_ready()
                 if not slot.lead:  # woken with its result
                     return slot.result()
             with self._lock:
-                self._gather(slot)
+                if fresh:
+                    self._gather(slot)
+                    fresh = False
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 self._released = sum(1 for s in batch if s.wait)
             self._run(batch)
@@ -126,11 +134,12 @@ class Combiner[Req, Res]:
                 return slot.result()
 
     def _gather(self, lead: _Slot) -> None:
-        """The linger (class docstring), with the lock held: when the last batch released
-        two or more waiting submitters less than ``linger_seconds`` ago, wait until as
-        many waiting requests, ``lead``'s own aside, less one, are queued, until
+        """The linger (class docstring) of a lead that found the combiner idle, with the
+        lock held: when the last batch released two or more waiting submitters less than
+        ``linger_seconds`` ago, wait until as many waiting requests, ``lead``'s own aside,
+        less one (a full batch at most), are queued, until
         ``linger_seconds`` have passed, or until none has arrived for LINGER_GAP of it."""
-        if self._linger <= 0 or self._released < 2:
+        if self._linger <= 0 or self._released < 2 or len(self._queue) >= self._max_batch:
             return
         now = time.monotonic()
         if now - self._released_at > self._linger:
@@ -138,7 +147,7 @@ class Combiner[Req, Res]:
         deadline = now + self._linger
         gap = self._linger * self.LINGER_GAP
         quiet_until = now + gap
-        wanted = self._released - 1
+        wanted = min(self._released, self._max_batch) - 1
         arrived = sum(1 for s in self._queue if s.wait and s is not lead)
         self._lingering = True
         try:

@@ -233,3 +233,65 @@ def test_a_request_long_after_the_last_release_runs_at_once():
     assert c.submit("y") == "Y"
     assert time.monotonic() - began < 0.2
     assert rec.batches[2] == ["y"]
+
+
+def _gated(gates: dict[str, threading.Event], batches: list):
+    """A run_batch that records each batch and holds one holding a gated request until its gate opens."""
+    def run(requests: list[str]) -> list[str]:
+        batches.append(list(requests))
+        for r in requests:
+            if r in gates:
+                assert gates[r].wait(5)
+        return [r.upper() for r in requests]
+    return run
+
+
+def _wait_batches(batches: list, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(batches) < n and time.monotonic() < deadline:
+        threading.Event().wait(0.001)
+    assert len(batches) >= n
+
+
+def test_a_successor_takes_its_batch_at_once_without_lingering():
+    gates = {"first": threading.Event(), "w1": threading.Event()}
+    batches: list = []
+    c = Combiner(_gated(gates, batches), linger_seconds=5.0)  # a linger would last its gap: 1.25 s
+    first = _in_thread(lambda: c.submit("first"))
+    _wait_batches(batches, 1)
+    waiters = [_in_thread(lambda r=r: c.submit(r)) for r in ("w1", "w2", "w3")]
+    _queued(c, 3)
+    gates["first"].set()
+    _wait_batches(batches, 2)  # ["w1", "w2", "w3"] in flight: it releases three waiting submitters
+    x, x_out = _in_thread(lambda: c.submit("x"))
+    _queued(c, 1)
+    began = time.monotonic()
+    gates["w1"].set()
+    x.join(5)
+    assert x_out == ["X"] and time.monotonic() - began < 0.5  # it waited a batch already: no linger
+    assert batches == [["first"], ["w1", "w2", "w3"], ["x"]]
+    for t, _out in (first, *waiters):
+        t.join(5)
+
+
+def test_a_lead_kept_for_write_behind_requests_runs_them_at_once_without_lingering():
+    gates = {"first": threading.Event(), "w1": threading.Event()}
+    batches: list = []
+    called: list = []
+    c = Combiner(_gated(gates, batches), linger_seconds=5.0)
+    first = _in_thread(lambda: c.submit("first"))
+    _wait_batches(batches, 1)
+    waiters = [_in_thread(lambda r=r: c.submit(r)) for r in ("w1", "w2", "w3")]
+    _queued(c, 3)
+    gates["first"].set()
+    _wait_batches(batches, 2)  # w1 leads ["w1", "w2", "w3"], which releases three
+    assert c.submit("b1", wait=False, on_result=lambda *a: called.append(a)) is None
+    assert c.submit("b2", wait=False, on_result=lambda *a: called.append(a)) is None
+    began = time.monotonic()
+    gates["w1"].set()
+    lead, lead_out = waiters[0]
+    lead.join(5)  # w1 keeps the lead for b1 and b2 (nobody waits for them) and runs them before returning
+    assert lead_out == ["W1"] and time.monotonic() - began < 0.5
+    assert batches[2] == ["b1", "b2"] and sorted(called) == [("B1", None), ("B2", None)]
+    for t, _out in (first, *waiters[1:]):
+        t.join(5)

@@ -282,13 +282,16 @@ def test_an_unreachable_server_is_a_network_error_after_the_retries(fake: FakeFl
 
 
 def test_worker_calls_speak_the_protocol(fake: FakeFlowForge, worker_client: Client) -> None:
-    task_id = fake.enqueue("images", "resize", input={"width": 640})
+    # The input's secret holds letters no id, number or timestamp has: a check on "640" failed
+    # whenever a random UUID in the repr happened to contain those three digits.
+    task_id = fake.enqueue("images", "resize", input={"width": 640, "token": "sk-zqxw-never-printed"})
     info = WorkerInfo(id="w-1", name="resizer-1", host="box-7", sdk="flowforge-python/0.1.0", concurrency=4)
     polled = worker_client.worker.poll("images", worker=info, max_tasks=4, wait_seconds=1)
     (task,) = polled.tasks
     assert (task.task_run_id, task.fencing_token, task.attempt, task.name) == (task_id, 1, 1, "resize")
-    assert task.input == {"width": 640} and task.heartbeat_interval_seconds == 0.2
-    assert "640" not in repr(task)  # inputs may hold secrets: never in a repr
+    assert task.input == {"width": 640, "token": "sk-zqxw-never-printed"}
+    assert task.heartbeat_interval_seconds == 0.2
+    assert "sk-zqxw" not in repr(task) and "width" not in repr(task)  # inputs may hold secrets: never in a repr
     assert fake.calls_to("/worker/poll")[0].body == {
         "queue": "images", "max_tasks": 4, "wait_seconds": 1,
         "worker": {"id": "w-1", "name": "resizer-1", "host": "box-7", "sdk": "flowforge-python/0.1.0",
