@@ -701,6 +701,16 @@ def _validate_document(doc: Any, *, new: bool) -> dict[str, Any]:
                 if label_key not in listed:
                     errors.append({"path": f"tasks[{t['key']}].edge_labels",
                                    "message": f"{label_key!r} is not a dependency"})
+    # A concurrency key's {{ input.<path> }} that no input the schema accepts can have:
+    # every start of the version would be refused, so the definition is (issue 16).
+    if isinstance(schema, dict) and not any(e["path"].startswith("input_schema") for e in errors):
+        for t in normalized:
+            template = (t.get("concurrency") or {}).get("key") or ""
+            for field_path in placeholders(template):
+                reason = input_schemas.field_cannot_exist(schema, field_path)
+                if reason is not None:
+                    errors.append({"path": f"tasks[{t['key']}].concurrency.key",
+                                   "message": f"{{{{ input.{field_path} }}}} can never be filled: {reason}"})
     if not errors:
         cycle = _find_cycle(keys, {t["key"]: [d for d in t["depends_on"] if d != t["key"]] for t in normalized})
         if cycle:

@@ -436,6 +436,45 @@ class InputSchema:
 # --- definition time -------------------------------------------------------------------------
 
 
+# Keywords whose effect on which fields exist field_cannot_exist does not work out: a
+# schema using one on the way is taken to allow the field.
+_NOT_FOLLOWED = ("$ref", "$dynamicRef", "allOf", "anyOf", "oneOf", "not", "if", "then", "else",
+                 "dependentSchemas", "unevaluatedProperties", "propertyNames")
+
+
+def field_cannot_exist(schema: Any, path: str) -> str | None:
+    """Why the dotted ``path`` (``customer.id``) can never be a field of a run input that
+    ``schema`` (a valid Draft 2020-12 schema, ``check_schema``) accepts, or None when it
+    can, or when the schema is too involved to tell (a keyword of _NOT_FOLLOWED on the
+    way). It cannot when a schema on the way is ``false``, declares a ``type`` that is
+    not "object", or lists ``properties`` without the next name and forbids others
+    (``additionalProperties: false`` and no ``patternProperties``). Used for a concurrency
+    key's ``{{ input.<path> }}`` at definition time: a key no run can fill is refused
+    there, not at every start."""
+    node = schema
+    walked = "input"
+    for part in path.split("."):
+        if node is False:
+            return f"the input_schema admits no value at {walked}"
+        if not isinstance(node, dict) or any(k in node for k in _NOT_FOLLOWED):
+            return None
+        declared = node.get("type")
+        types = [declared] if isinstance(declared, str) else declared if isinstance(declared, list) else None
+        if types is not None and "object" not in types:
+            return f"the input_schema makes {walked} {' or '.join(map(str, types))}, which has no field {part!r}"
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        if part in properties:
+            node = properties[part]
+            walked = f"{walked}.{part}"
+            continue
+        if node.get("additionalProperties") is False and not node.get("patternProperties"):
+            listed = ", ".join(sorted(properties)) or "none"
+            return (f"the input_schema allows no field {part!r} in {walked} "
+                    f"(additionalProperties is false; its properties: {listed})")
+        return None
+    return None
+
+
 def check_schema(schema: Any) -> list[dict[str, str]]:
     """The problems of ``schema`` as a workflow's ``input_schema``, each {"path", "message"}
     with the path in the definition (``input_schema.properties.x.type``); [] when it is

@@ -485,3 +485,41 @@ def test_an_api_key_with_a_trailing_newline_does_not_parse():
     raw = "ffk_abcdefghijkl_" + "A" * 43
     assert parse_key(raw) == ("abcdefghijkl", "A" * 43)
     assert parse_key(raw + "\n") is None
+
+
+# --- a key the input schema cannot fill ------------------------------------------------------------
+
+CLOSED = {"type": "object", "properties": {"region": {"type": "string"},
+                                           "customer": {"type": "object", "properties": {"id": {"type": "string"}},
+                                                        "additionalProperties": False}},
+          "required": ["region"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("region-{{ input.regoin }}", "{{ input.regoin }} can never be filled: the input_schema allows no field "
+     "'regoin' in input (additionalProperties is false; its properties: customer, region)"),
+    ("c-{{ input.customer.name }}", "{{ input.customer.name }} can never be filled: the input_schema allows no "
+     "field 'name' in input.customer (additionalProperties is false; its properties: id)"),
+    ("r-{{ input.region.code }}", "{{ input.region.code }} can never be filled: the input_schema makes "
+     "input.region string, which has no field 'code'"),
+])
+@pytest.mark.django_db
+def test_a_key_that_no_input_the_schema_accepts_can_fill_is_refused_and_nothing_stored(org, template, message):
+    document = doc(task("pull", concurrency={"key": template, "limit": 2}), input_schema=CLOSED)
+    with pytest.raises(DefinitionError) as excinfo:
+        validate_document(document)
+    assert excinfo.value.errors == [{"path": "tasks[pull].concurrency.key", "message": message}]
+    with pytest.raises(DefinitionError):
+        apply_definition(organization=org, document=document)
+    assert not Workflow.objects.for_organization(org).filter(name="charges").exists()
+
+
+@pytest.mark.parametrize(("schema", "template"), [
+    (CLOSED, "region-{{ input.region }}:{{ input.customer.id }}"),  # declared fields
+    ({"type": "object", "properties": {"region": {"type": "string"}}}, "c-{{ input.other }}"),  # others allowed
+    ({"type": "object", "patternProperties": {"^c": {}}, "additionalProperties": False}, "c-{{ input.cid }}"),
+    ({"type": "object", "anyOf": [{"properties": {"x": {}}}], "additionalProperties": False}, "{{ input.x }}"),
+])
+def test_a_key_the_schema_allows_or_cannot_rule_out_is_accepted(schema, template):
+    normalized = validate_document(doc(task("pull", concurrency={"key": template, "limit": 2}), input_schema=schema))
+    assert normalized["tasks"][0]["concurrency"]["key"] == template
