@@ -5,6 +5,7 @@ consumer's close sends what is still queued."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -51,6 +52,21 @@ def take(consumer: WakingConsumer, n: int) -> list:
     return got
 
 
+@contextlib.contextmanager
+def fetched(broker: WakingRedisBroker, n: int):
+    """``n`` messages enqueued on a queue of the test's own and fetched by a consumer of it
+    (prefetch ``n``): yields (queue, consumer, messages); afterwards the consumer is closed
+    and the queue removed."""
+    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
+    fill(broker, queue, n)
+    consumer = broker.consume(queue, prefetch=n, timeout=100)
+    try:
+        yield queue, consumer, take(consumer, n)
+    finally:
+        consumer.close()
+        broker.flush(queue)
+
+
 def unacked(broker: WakingRedisBroker, queue: str, client: redis.Redis | None = None) -> set[str]:
     """The message ids in this broker's ack set of ``queue`` (fetched, not acked), read
     with ``client`` (default the broker's)."""
@@ -72,11 +88,7 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
 
 
 def test_acks_from_many_threads_are_all_sent_and_free_the_prefetch_at_once(own_broker):
-    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
-    fill(own_broker, queue, 40)
-    consumer = own_broker.consume(queue, prefetch=40, timeout=100)
-    try:
-        messages = take(consumer, 40)
+    with fetched(own_broker, 40) as (queue, consumer, messages):
         assert len(unacked(own_broker, queue)) == 40
         threads = [threading.Thread(target=lambda part=messages[i::8]: [consumer.ack(m) for m in part])
                    for i in range(8)]
@@ -90,64 +102,48 @@ def test_acks_from_many_threads_are_all_sent_and_free_the_prefetch_at_once(own_b
         assert own_broker.acks.pending() == 0
         assert unacked(own_broker, queue) == set()
         assert stored(own_broker, queue) == 0  # the acked messages' bodies are gone too
-    finally:
-        consumer.close()
-        own_broker.flush(queue)
 
 
 def test_acks_wait_out_a_lost_connection_and_are_sent_once_it_is_back(own_broker, caplog):
-    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
-    fill(own_broker, queue, 3)
-    consumer = own_broker.consume(queue, prefetch=3, timeout=100)
     client = own_broker.client
-    try:
-        messages = take(consumer, 3)
-        ids = {m.options["redis_message_id"] for m in messages}
-        own_broker.client = dead_client()
-        for m in messages:
-            consumer.ack(m)  # returns: the ack waits in the writer, not in this thread
-        time.sleep(3 * AckWriter.RETRY_SECONDS)
-        assert own_broker.acks.pending() == 3
-        with pytest.raises(redis.ConnectionError):
-            own_broker.acks.flush()
-        assert own_broker.acks.pending() == 3  # a failed flush loses none of them
-        assert unacked(own_broker, queue, client) == ids
-        assert "could not send 3 acks" in caplog.text
-        own_broker.client = client  # the broker is back: the writer's next try sends them
-        assert wait_for(lambda: own_broker.acks.pending() == 0 and not unacked(own_broker, queue))
-        assert stored(own_broker, queue) == 0
-    finally:
-        own_broker.client = client
-        consumer.close()
-        own_broker.flush(queue)
+    with fetched(own_broker, 3) as (queue, consumer, messages):
+        try:
+            ids = {m.options["redis_message_id"] for m in messages}
+            own_broker.client = dead_client()
+            for m in messages:
+                consumer.ack(m)  # returns: the ack waits in the writer, not in this thread
+            time.sleep(3 * AckWriter.RETRY_SECONDS)
+            assert own_broker.acks.pending() == 3
+            with pytest.raises(redis.ConnectionError):
+                own_broker.acks.flush()
+            assert own_broker.acks.pending() == 3  # a failed flush loses none of them
+            assert unacked(own_broker, queue, client) == ids
+            assert "could not send 3 acks" in caplog.text
+            own_broker.client = client  # the broker is back: the writer's next try sends them
+            assert wait_for(lambda: own_broker.acks.pending() == 0 and not unacked(own_broker, queue))
+            assert stored(own_broker, queue) == 0
+        finally:
+            own_broker.client = client
 
 
 def test_acks_refused_for_a_script_the_server_lost_are_sent_once_it_is_loaded_again(own_broker):
-    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
-    fill(own_broker, queue, 2)
-    consumer = own_broker.consume(queue, prefetch=2, timeout=100)
     script = own_broker.scripts["dispatch"]
     real_sha = script.sha
-    try:
-        messages = take(consumer, 2)
-        # As after a server restart: the sha the broker holds names no script the server has.
-        script.sha = "0" * 40
-        for m in messages:
-            consumer.ack(m)
-        own_broker.acks.flush()
-        assert wait_for(lambda: not unacked(own_broker, queue))
-        assert stored(own_broker, queue) == 0
-        assert script.sha == real_sha
-    finally:
-        script.sha = real_sha
-        consumer.close()
-        own_broker.flush(queue)
+    with fetched(own_broker, 2) as (queue, consumer, messages):
+        try:
+            # As after a server restart: the sha the broker holds names no script the server has.
+            script.sha = "0" * 40
+            for m in messages:
+                consumer.ack(m)
+            own_broker.acks.flush()
+            assert wait_for(lambda: not unacked(own_broker, queue))
+            assert stored(own_broker, queue) == 0
+            assert script.sha == real_sha
+        finally:
+            script.sha = real_sha
 
 
 def test_a_turn_that_fails_unexpectedly_puts_its_acks_back_and_a_later_turn_sends_them(own_broker, monkeypatch):
-    queue = f"{TASK_QUEUE}.test-{uuid.uuid4().hex}"
-    fill(own_broker, queue, 3)
-    consumer = own_broker.consume(queue, prefetch=3, timeout=100)
     writer = own_broker.acks
     real_send = writer._send
     calls = []
@@ -159,17 +155,13 @@ def test_a_turn_that_fails_unexpectedly_puts_its_acks_back_and_a_later_turn_send
         return real_send(batch)
 
     monkeypatch.setattr(writer, "_send", fails_once)
-    try:
-        messages = take(consumer, 3)
+    with fetched(own_broker, 3) as (queue, consumer, messages):
         for m in messages:
             consumer.ack(m)
         assert wait_for(lambda: writer.pending() == 0 and not unacked(own_broker, queue))
         assert calls[0] >= 1 and sum(calls[1:]) == 3  # every ack of the failed turn was sent later
         assert writer._thread.is_alive()  # the writer survived the failure
         assert stored(own_broker, queue) == 0
-    finally:
-        consumer.close()
-        own_broker.flush(queue)
 
 
 def test_a_consumers_close_sends_the_acks_still_queued(own_broker):
